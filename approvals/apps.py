@@ -1,0 +1,11 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class ApprovalsConfig(AppConfig):
+    name = "approvals"
+    verbose_name = "Approvals and audit"
+
+    def ready(self) -> None:
+        from . import receivers  # noqa: F401

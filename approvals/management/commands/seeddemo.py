@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import secrets
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from approvals.models import GateRule
+from runs.engine import run_advance_until_settled
+from runs.models import Run
+from runs.services import run_create
+from tools.demo import DEMO_TASK, seed_world
+
+GROUPS = ("reviewers", "senior-reviewers", "admins")
+# username, groups, superuser
+USERS = (
+    ("admin", ("admins",), True),
+    ("reviewer", ("reviewers",), False),
+    ("senior", ("reviewers", "senior-reviewers"), False),
+    ("requester", (), False),
+)
+# name, tool, field, operator, value, effect, priority, group
+RULES = (
+    ("Refunds up to ₹500", "refund_item", "", "gt", "", "allow", 0, None),
+    ("Refunds over ₹500", "refund_item", "amount", "gt", "500", "needs_approval", 10, "reviewers"),
+    ("Refunds over ₹5,000", "refund_item", "amount", "gt", "5000", "needs_approval", 20,
+     "senior-reviewers"),
+    ("Emails to customers", "send_email", "", "gt", "", "needs_approval", 10, "reviewers"),
+    ("Closing tickets", "close_ticket", "", "gt", "", "allow", 0, None),
+    ("Internal notes", "add_note", "", "gt", "", "allow", 0, None),
+)
+
+
+class Command(BaseCommand):
+    help = "Demo users, gate rules and world data. Idempotent."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--demo-run", action="store_true",
+            help="also start the refund-desk demo run (if there is no run yet) up to its first gate",
+        )
+
+    def handle(self, *args, demo_run, **options):
+        seed_world()
+        with transaction.atomic():
+            password, created = self._users()
+            self._rules()
+        if created and password and not settings.DESK_DEMO_PASSWORD:
+            path = settings.VAR_DIR / "demo-password.txt"
+            path.write_text(password + "\n")
+            path.chmod(0o600)
+            self.stdout.write(f"Demo users {', '.join(u[0] for u in USERS)} created; "
+                              f"password: {password} (also in {path})")
+        elif settings.DESK_DEMO_PASSWORD:
+            self.stdout.write("Demo users ready; password from DESK_DEMO_PASSWORD.")
+        else:
+            self.stdout.write("Demo users already exist; password unchanged.")
+        self.stdout.write(f"World seeded; {GateRule.objects.count()} gate rules.")
+        if demo_run and not Run.objects.exists():
+            requester = get_user_model().objects.get(username="requester")
+            run = run_create(agent_name="refund-desk", task=DEMO_TASK, requester=requester,
+                             enqueue=False)
+            run_advance_until_settled(run.pk)
+            run.refresh_from_db()
+            self.stdout.write(f"Demo run {run.pk}: {run.status} at step {run.step}.")
+
+    def _users(self) -> tuple[str, bool]:
+        User = get_user_model()
+        decide = Permission.objects.get(codename="decide_approvalrequest")
+        groups = {}
+        for name in GROUPS:
+            groups[name], _ = Group.objects.get_or_create(name=name)
+        for name in ("reviewers", "senior-reviewers", "admins"):
+            groups[name].permissions.add(decide)
+        password = settings.DESK_DEMO_PASSWORD or secrets.token_urlsafe(12)
+        created_any = False
+        for username, group_names, superuser in USERS:
+            user, created = User.objects.get_or_create(
+                username=username,
+                defaults={"email": f"{username}@countersign.local", "first_name": username.title(),
+                          "is_staff": superuser, "is_superuser": superuser},
+            )
+            if created or settings.DESK_DEMO_PASSWORD:
+                user.set_password(password)
+                user.save()
+            created_any |= created
+            user.groups.add(*(groups[g] for g in group_names))
+        return password, created_any
+
+    def _rules(self) -> None:
+        for name, tool, field, operator, value, effect, priority, group in RULES:
+            if GateRule.objects.filter(name=name).exists():
+                continue
+            GateRule.objects.create(
+                name=name, tool=tool, field=field, operator=operator, value=value, effect=effect,
+                priority=priority, required_group=Group.objects.get(name=group) if group else None,
+            )

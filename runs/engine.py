@@ -1,0 +1,541 @@
+"""The agent loop: advance a run step by step, exactly once.
+
+The database is the source of truth; a Celery message is only a nudge to
+"advance run X". ``run_advance`` follows the step protocol (docs/architecture.md):
+
+1. claim the run's lease (a conditional UPDATE; losing the race means stop);
+2. unless the transcript ends with an assistant turn whose calls are
+   unresolved, ask the model (outside any transaction) and save its reply,
+   one ToolCall per tool_use and every call's gate verdict in one transaction;
+3. execute allowed/approved calls, writes with a committed intent
+   (``executing``) before the effect; reconcile calls found ``executing``;
+4. pause while any call awaits a decision;
+5. close the step in one transaction: the user message with every
+   tool_result in tool_use order, and the Step checkpoint (O(1)).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import StrEnum
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from tools.registry import (
+    ToolContext,
+    ToolError,
+    ToolSpec,
+    UnknownOutcome,
+    find_tool,
+    get_agent,
+    idempotency_key,
+    input_hash,
+)
+
+from . import gate as gate_module
+from .failpoints import failpoint
+from .llm import (
+    LLM,
+    AnthropicLLM,
+    PermanentLLMError,
+    Reply,
+    ScenarioError,
+    ScriptedLLM,
+    TransientLLMError,
+)
+from .models import Message, Run, Step, ToolCall
+from .services import TransitionConflict, lease_deadline, run_transition
+from .signals import run_transitioned, tool_call_transitioned
+
+log = logging.getLogger(__name__)
+S = Run.Status
+C = ToolCall.Status
+
+# A write whose outcome stays unknown after this many attempts stops the run
+# for a human: we never retry blind.
+MAX_UNKNOWN_OUTCOME_ATTEMPTS = 3
+
+
+class Outcome(StrEnum):
+    PAUSED = "paused"  # waiting for a decision
+    FINISHED = "finished"  # done, failed or cancelled
+    BUSY = "busy"  # someone else holds the lease, or the run is not runnable
+    RETRY = "retry"  # a transient LLM error: try again after retry_after seconds
+    LOST = "lost"  # the lease was taken from us mid-way
+
+
+@dataclass
+class AdvanceResult:
+    outcome: Outcome
+    retry_after: float | None = None
+
+
+class LeaseLost(Exception):
+    pass
+
+
+def new_lease_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def lease_claim(run_id: int, owner: str) -> bool:
+    """Take the run's lease if it is free or expired. Losing the race is normal."""
+    now = timezone.now()
+    free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+    with transaction.atomic():
+        old = (
+            Run.objects.filter(free, pk=run_id, status__in=[S.QUEUED, S.RUNNING])
+            .values_list("status", flat=True)
+            .first()
+        )
+        if old is None:
+            return False
+        claimed = Run.objects.filter(free, pk=run_id, status=old).update(
+            status=S.RUNNING, lease_owner=owner, lease_until=lease_deadline(), updated_at=now
+        )
+        if not claimed:
+            return False
+        if old != S.RUNNING:
+            run_transitioned.send(Run, run_id=run_id, old=old, new=S.RUNNING, actor=None,
+                                  reason=f"claimed by {owner}")
+    return True
+
+
+def llm_for_run(run: Run) -> LLM:
+    if run.llm == Run.LLMKind.ANTHROPIC:
+        if not settings.ANTHROPIC_API_KEY:
+            raise PermanentLLMError("this run uses Anthropic but ANTHROPIC_API_KEY is not set")
+        return AnthropicLLM(
+            api_key=settings.ANTHROPIC_API_KEY,
+            model=settings.ANTHROPIC_MODEL,
+            base_url=settings.ANTHROPIC_BASE_URL,
+        )
+    script = run.script if run.script is not None else get_agent(run.agent).demo_script
+    try:
+        return ScriptedLLM(script)
+    except ScenarioError as exc:
+        raise PermanentLLMError(f"bad scenario: {exc}") from exc
+
+
+def run_advance(run_id: int, *, owner: str | None = None, llm: LLM | None = None) -> AdvanceResult:
+    """Advance the run until it pauses, ends, or must retry later."""
+    owner = owner or new_lease_owner()
+    if not lease_claim(run_id, owner):
+        return AdvanceResult(Outcome.BUSY)
+    run = Run.objects.get(pk=run_id)
+    try:
+        loop = _Loop(run, owner, llm)
+        while True:
+            result = loop.step()
+            if result is not None:
+                return result
+    except LeaseLost:
+        log.warning("run %s: lease lost by %s; stopping", run_id, owner)
+        return AdvanceResult(Outcome.LOST)
+    except TransientLLMError as exc:
+        return _hold_for_retry(run, owner, exc)
+    except PermanentLLMError as exc:
+        _fail(run, owner, f"LLM error: {exc}")
+        return AdvanceResult(Outcome.FINISHED)
+
+
+def run_advance_until_settled(run_id: int, *, llm: LLM | None = None, sleep=None) -> AdvanceResult:
+    """Advance in this process (``--sync``): wait out transient errors here.
+
+    Only the command line does this; workers re-schedule instead of sleeping.
+    """
+    import time
+
+    sleep = sleep or time.sleep
+    while True:
+        result = run_advance(run_id, llm=llm)
+        if result.outcome != Outcome.RETRY:
+            return result
+        sleep(result.retry_after or 1)
+
+
+def _hold_for_retry(run: Run, owner: str, exc: TransientLLMError) -> AdvanceResult:
+    attempts = run.llm_attempts + 1
+    if attempts >= settings.DESK_LLM_MAX_ATTEMPTS:
+        _fail(run, owner, f"LLM unavailable after {attempts} attempts: {exc}")
+        return AdvanceResult(Outcome.FINISHED)
+    delay = exc.retry_after if exc.retry_after is not None else min(2**attempts, 300)
+    # The lease doubles as "not before": nobody claims the run until the
+    # backoff is over, and then any worker (or the sweeper's nudge) may.
+    Run.objects.filter(pk=run.pk, lease_owner=owner).update(
+        lease_owner="", lease_until=timezone.now() + timedelta(seconds=delay),
+        llm_attempts=attempts, error=f"retrying: {exc}",
+    )
+    log.info("run %s: transient LLM error (%s); retry %s in %.1fs", run.pk, exc, attempts, delay)
+    return AdvanceResult(Outcome.RETRY, retry_after=delay)
+
+
+def _fail(run: Run, owner: str, reason: str) -> None:
+    with transaction.atomic():
+        try:
+            run_transition(run_id=run.pk, old=S.RUNNING, new=S.FAILED, owner=owner,
+                           reason=reason, error=reason)
+        except TransitionConflict:
+            log.warning("run %s: could not mark failed (%s): no longer ours", run.pk, reason)
+
+
+def tool_result_block(call: ToolCall) -> dict:
+    result = call.result
+    text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
+    block = {"type": "tool_result", "tool_use_id": call.tool_use_id, "content": text}
+    if call.is_error:
+        block["is_error"] = True
+    return block
+
+
+class _Loop:
+    """One claim's worth of work on one run. Holds the transcript in memory so a
+    step costs the same at step 2,000 as at step 2."""
+
+    def __init__(self, run: Run, owner: str, llm: LLM | None) -> None:
+        self.run = run
+        self.owner = owner
+        self.agent = get_agent(run.agent)
+        self.tools_for_model = [t.for_model() for t in self.agent.tools]
+        self.llm = llm or llm_for_run(run)
+        self.gate = gate_module.get_gate()
+        # Loaded once per claim; appended to as we write (we hold the lease).
+        self.transcript = [m.as_model_message() for m in run.messages.order_by("seq")]
+        self.dirty: list[ToolCall] = []  # read results not yet written
+
+    # --- leases -----------------------------------------------------------
+    def _own(self, **fields) -> None:
+        """Renew the lease (and write run fields) or find out we lost it."""
+        fields["lease_until"] = lease_deadline()
+        if not Run.objects.filter(pk=self.run.pk, lease_owner=self.owner, status=S.RUNNING).update(
+            **fields
+        ):
+            raise LeaseLost()
+
+    # --- the step ---------------------------------------------------------
+    def step(self) -> AdvanceResult | None:
+        run = self.run
+        if not self.transcript:
+            raise PermanentLLMError("the run has no transcript")
+        if self.transcript[-1]["role"] == Message.Role.USER:
+            if run.step >= run.max_steps:
+                _fail(run, self.owner, f"step budget exhausted ({run.max_steps} steps)")
+                return AdvanceResult(Outcome.FINISHED)
+            calls = self._ask_model()
+            if calls is None:
+                return AdvanceResult(Outcome.FINISHED)
+        else:
+            calls = list(ToolCall.objects.filter(run=run, step=run.step).order_by("position"))
+            if not calls:  # an assistant turn without calls ended the run
+                _fail(run, self.owner, "transcript ends with a final reply but the run was not closed")
+                return AdvanceResult(Outcome.FINISHED)
+        return self._work(calls)
+
+    def _ask_model(self) -> list[ToolCall] | None:
+        run = self.run
+        # Slow I/O outside any transaction: nothing is locked while the model thinks.
+        reply = self.llm.reply(
+            system=self.agent.system, messages=self.transcript, tools=self.tools_for_model
+        )
+        _check_reply(reply)
+        seen = len(self.transcript)
+        run.input_tokens += reply.usage.input_tokens
+        run.output_tokens += reply.usage.output_tokens
+        run.cost += reply.usage.cost
+        calls: list[ToolCall] = []
+        for position, block in enumerate(reply.tool_uses):
+            calls.append(self._new_call(position, block, calls))
+        with transaction.atomic():
+            usage = {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens,
+                     "cost": run.cost, "llm_attempts": 0}
+            self._own(message_count=seen + 1, **usage)
+            Message.objects.create(run=run, seq=seen, role=Message.Role.ASSISTANT, content=reply.content)
+            if not calls:
+                # A reply with no tool call ends the run.
+                Step.objects.create(run=run, number=run.step, message_count=seen,
+                                    status=S.DONE, **_usage_fields(run))
+                run_transition(run_id=run.pk, old=S.RUNNING, new=S.DONE, owner=self.owner,
+                               reason="final reply", step=run.step + 1, error="")
+            else:
+                ToolCall.objects.bulk_create(calls)
+                for call in calls:
+                    if call.status == C.AWAITING_APPROVAL:
+                        self.gate.hold(run=run, call=call, verdict=call._verdict)
+                    if call.status != C.APPROVED or not find_tool(call.tool_name).is_read:
+                        tool_call_transitioned.send(ToolCall, call=call, old="", new=call.status,
+                                                    actor=None, reason=call.verdict_reason)
+        run.message_count = seen + 1
+        self.transcript.append({"role": Message.Role.ASSISTANT, "content": reply.content})
+        failpoint("after_model_reply", run.step)
+        if not calls:
+            run.step += 1
+            return None
+        return calls
+
+    def _new_call(self, position: int, block: dict, batch: list[ToolCall]) -> ToolCall:
+        """Build the call for one tool_use block and decide it (saved by the caller)."""
+        run = self.run
+        tool_input = block.get("input")
+        call = ToolCall(
+            run=run, step=run.step, position=position, tool_use_id=block["id"],
+            tool_name=block["name"], input=tool_input, input_hash=input_hash(tool_input),
+            idempotency_key=idempotency_key(run_id=run.pk, tool_name=block["name"],
+                                            tool_input=tool_input),
+        )
+        spec = find_tool(call.tool_name) if call.tool_name in self.agent.tool_names else None
+        if spec is None:
+            available = ", ".join(self.agent.tool_names)
+            return _resolved(call, C.FAILED, f"Unknown tool {call.tool_name!r}. "
+                             f"Available tools: {available}. Nothing was done.", reason="unknown tool")
+        errors = spec.validation_errors(tool_input) if isinstance(tool_input, dict) else [
+            "input must be a JSON object"]
+        if errors:
+            return _resolved(call, C.FAILED, f"Invalid input for {call.tool_name}: "
+                             f"{'; '.join(errors)}. Nothing was done.", reason="invalid input")
+        if not spec.is_read:
+            twin = next((c for c in batch if c.idempotency_key == call.idempotency_key
+                         and c.status not in (C.FAILED, C.DENIED)), None)
+            if twin is not None:
+                call.verdict = gate_module.ALLOW
+                return _resolved(call, C.FAILED, f"Duplicate of {twin.tool_use_id} in the same "
+                                 "reply; it is done once, not repeated.", reason="duplicate in reply")
+            repeat = self._repeat_of(call)
+            if repeat is not None:
+                return repeat
+        verdict = self.gate.review(run=run, call=call, spec=spec)
+        call.verdict, call.verdict_rule, call.verdict_reason = verdict.effect, verdict.rule, verdict.reason
+        call._verdict = verdict
+        if verdict.effect == gate_module.ALLOW:
+            call.status = C.APPROVED
+            call.approved_hash = call.input_hash
+        elif verdict.effect == gate_module.NEEDS_APPROVAL:
+            call.status = C.AWAITING_APPROVAL
+        else:
+            rule = f" ({verdict.rule})" if verdict.rule else ""
+            _resolved(call, C.DENIED, f"Denied by policy{rule}: {verdict.reason}. Do not retry.",
+                      reason=verdict.reason)
+            call.verdict = gate_module.DENY
+        return call
+
+    def _repeat_of(self, call: ToolCall) -> ToolCall | None:
+        """The model asking again for a write it already asked for: never twice."""
+        earlier = (
+            ToolCall.objects.filter(run=self.run, idempotency_key=call.idempotency_key)
+            .exclude(status__in=[C.FAILED, C.DECLINED, C.DENIED, C.COMPENSATED])
+            .order_by("-id")
+            .first()
+        )
+        if earlier is None:
+            return None
+        if earlier.status == C.COMMITTED:
+            result = {
+                "note": f"This exact {call.tool_name} call already ran at step {earlier.step} "
+                        "and was not repeated. Its result is below.",
+                "earlier_result": earlier.result,
+            }
+            _resolved(call, C.COMMITTED, result, is_error=False,
+                      reason=f"repeat of call {earlier.tool_use_id} (step {earlier.step})")
+        else:
+            _resolved(call, C.FAILED, f"The same {call.tool_name} call from step {earlier.step} "
+                      f"is still {earlier.status}; this repeat was not executed.",
+                      reason=f"repeat of pending call {earlier.tool_use_id}")
+        call.verdict = gate_module.ALLOW
+        return call
+
+    def _work(self, calls: list[ToolCall]) -> AdvanceResult | None:
+        for call in calls:
+            spec = find_tool(call.tool_name)
+            if call.status == C.APPROVED:
+                self._execute(call, spec)
+            elif call.status == C.EXECUTING:
+                outcome = self._recover(call, spec)
+                if outcome is not None:
+                    return outcome
+        if any(call.status == C.AWAITING_APPROVAL for call in calls):
+            return self._pause(calls)
+        return self._close_step(calls)
+
+    def _ctx(self, call: ToolCall) -> ToolContext:
+        return ToolContext(run_id=self.run.pk, step=call.step, idempotency_key=call.idempotency_key)
+
+    def _execute(self, call: ToolCall, spec: ToolSpec) -> None:
+        if call.approved_hash != input_hash(call.input):
+            self._resolve_now(call, C.FAILED, "The arguments differ from the ones approved; "
+                              "not executed.", is_error=True)
+            return
+        if spec.is_read:
+            # Reads have no effect to make exactly once: no intent row, the
+            # result is written with the step (a crash just reads again).
+            result, is_error = _invoke(spec, self._ctx(call), call.input)
+            call.status = C.FAILED if is_error else C.COMMITTED
+            call.result, call.is_error, call.finished_at = result, is_error, timezone.now()
+            self.dirty.append(call)
+            return
+        with transaction.atomic():
+            self._own()
+            started = ToolCall.objects.filter(pk=call.pk, status=C.APPROVED).update(
+                status=C.EXECUTING, attempts=F("attempts") + 1, started_at=timezone.now()
+            )
+            if not started:
+                raise LeaseLost()
+            call.status, call.attempts = C.EXECUTING, call.attempts + 1
+            tool_call_transitioned.send(ToolCall, call=call, old=C.APPROVED, new=C.EXECUTING,
+                                        actor=None, reason="intent")
+        failpoint("before_tool_effect", call.step)
+        try:
+            result, is_error = _invoke(spec, self._ctx(call), call.input)
+        except UnknownOutcome as exc:
+            log.warning("run %s: %s outcome unknown (%s); reconciling", self.run.pk, call, exc)
+            self._recover(call, spec)
+            return
+        failpoint("after_tool_effect", call.step)
+        self._commit(call, result, is_error, reason="executed")
+
+    def _commit(self, call: ToolCall, result, is_error: bool, *, reason: str) -> None:
+        new = C.FAILED if is_error else C.COMMITTED
+        with transaction.atomic():
+            done = ToolCall.objects.filter(pk=call.pk, status=C.EXECUTING).update(
+                status=new, result=result, is_error=is_error, finished_at=timezone.now()
+            )
+            if not done:
+                raise LeaseLost()
+            call.status, call.result, call.is_error = new, result, is_error
+            tool_call_transitioned.send(ToolCall, call=call, old=C.EXECUTING, new=new, actor=None,
+                                        reason=reason)
+
+    def _recover(self, call: ToolCall, spec: ToolSpec) -> AdvanceResult | None:
+        """A write found ``executing``: its outcome is unknown. Never retry blind."""
+        ctx = self._ctx(call)
+        found = spec.reconcile(ctx, call.input) if spec.reconcile else None
+        if found is not None:
+            self._commit(call, found, False, reason="reconciled by idempotency key")
+            return None
+        if not spec.honours_key:
+            self._commit(call, f"The outcome of this {call.tool_name} call is unknown (the worker "
+                         "stopped mid-call) and the tool cannot be safely retried. It was not "
+                         "retried. Do not retry it; report it instead.", True,
+                         reason="unknown outcome, not retried")
+            return None
+        if call.attempts >= MAX_UNKNOWN_OUTCOME_ATTEMPTS:
+            _fail(self.run, self.owner, f"{call.tool_name} (call {call.tool_use_id}) outcome still "
+                  f"unknown after {call.attempts} attempts; check the world and resume by hand")
+            return AdvanceResult(Outcome.FINISHED)
+        # The effect did not happen and the downstream system deduplicates on
+        # the key: running again with the same key is safe.
+        with transaction.atomic():
+            self._own()
+            ToolCall.objects.filter(pk=call.pk, status=C.EXECUTING).update(
+                attempts=F("attempts") + 1, started_at=timezone.now()
+            )
+            call.attempts += 1
+        try:
+            result, is_error = _invoke(spec, ctx, call.input)
+        except UnknownOutcome as exc:
+            log.warning("run %s: %s outcome unknown again (%s)", self.run.pk, call, exc)
+            return self._recover(call, spec)
+        failpoint("after_tool_effect", call.step)
+        self._commit(call, result, is_error, reason="re-run with the same idempotency key")
+        return None
+
+    def _resolve_now(self, call: ToolCall, status: str, result, *, is_error: bool) -> None:
+        old = call.status
+        with transaction.atomic():
+            ToolCall.objects.filter(pk=call.pk, status=old).update(
+                status=status, result=result, is_error=is_error, finished_at=timezone.now()
+            )
+            call.status, call.result, call.is_error = status, result, is_error
+            tool_call_transitioned.send(ToolCall, call=call, old=old, new=status, actor=None,
+                                        reason=str(result))
+
+    def _flush_dirty(self) -> None:
+        if self.dirty:
+            ToolCall.objects.bulk_update(self.dirty, ["status", "result", "is_error", "finished_at"])
+            self.dirty = []
+
+    def _pause(self, calls: list[ToolCall]) -> AdvanceResult | None:
+        run = self.run
+        with transaction.atomic():
+            # Lock the run row so a decision landing now either sees us
+            # waiting (and wakes us) or is seen by us here.
+            Run.objects.select_for_update().filter(pk=run.pk).first()
+            self._flush_dirty()
+            still_pending = ToolCall.objects.filter(
+                run=run, step=run.step, status=C.AWAITING_APPROVAL
+            ).exists()
+            if still_pending:
+                run_transition(run_id=run.pk, old=S.RUNNING, new=S.WAITING_APPROVAL, owner=self.owner,
+                               reason="waiting for approval", lease_owner="", lease_until=None)
+                return AdvanceResult(Outcome.PAUSED)
+        # Decided while we were working: carry on with the fresh rows.
+        return None
+
+    def _close_step(self, calls: list[ToolCall]) -> None:
+        run = self.run
+        results = [tool_result_block(call) for call in calls]
+        seen = len(self.transcript) - 1  # what the model saw when it made these calls
+        seq = len(self.transcript)
+        with transaction.atomic():
+            self._own(step=run.step + 1, message_count=seq + 1)
+            self._flush_dirty()
+            Message.objects.create(run=run, seq=seq, role=Message.Role.USER, content=results)
+            Step.objects.create(run=run, number=run.step, message_count=seen, status=S.RUNNING,
+                                **_usage_fields(run))
+        self.transcript.append({"role": Message.Role.USER, "content": results})
+        run.message_count = seq + 1
+        failpoint("after_step_commit", run.step)
+        run.step += 1
+        return None
+
+
+def _usage_fields(run: Run) -> dict:
+    return {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens, "cost": run.cost}
+
+
+def _resolved(call: ToolCall, status: str, result, *, is_error: bool = True, reason: str = "") -> ToolCall:
+    call.status, call.result, call.is_error = status, result, is_error
+    call.verdict_reason = reason
+    call.finished_at = timezone.now()
+    return call
+
+
+def _invoke(spec: ToolSpec, ctx: ToolContext, tool_input: dict) -> tuple[object, bool]:
+    """Run a tool; a clean refusal becomes an error result the model can read."""
+    try:
+        return spec.function(ctx, tool_input), False
+    except ToolError as exc:
+        return f"{spec.name} failed: {exc}", True
+    except UnknownOutcome:
+        raise
+    except Exception as exc:
+        if spec.is_read:
+            log.exception("read tool %s crashed", spec.name)
+            return f"{spec.name} failed: {type(exc).__name__}: {exc}", True
+        # A write that crashed in an unexpected way may or may not have taken
+        # effect: treat it as an unknown outcome, never as a clean failure.
+        log.exception("write tool %s crashed; treating the outcome as unknown", spec.name)
+        raise UnknownOutcome(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _check_reply(reply: Reply) -> None:
+    """A malformed reply fails the run with a clear reason; nothing is saved."""
+    if not isinstance(reply.content, list) or not reply.content:
+        raise PermanentLLMError("the model's reply has no content blocks")
+    ids = set()
+    for block in reply.content:
+        if not isinstance(block, dict) or block.get("type") not in ("text", "tool_use"):
+            raise PermanentLLMError(f"the model's reply has an unsupported block: {block!r:.200}")
+        if block["type"] == "tool_use":
+            if not isinstance(block.get("id"), str) or not block["id"] or block["id"] in ids:
+                raise PermanentLLMError("the model's reply has a tool_use without a unique id")
+            if not isinstance(block.get("name"), str) or not block["name"]:
+                raise PermanentLLMError("the model's reply has a tool_use without a name")
+            ids.add(block["id"])

@@ -1,0 +1,223 @@
+"""LLM adapters behind one small protocol: ``reply(system, messages, tools) -> Reply``.
+
+``ScriptedLLM`` replays a scenario file and picks its turn by transcript
+position, so a resumed run gets the same reply. ``AnthropicLLM`` uses the
+official SDK with tool use. Errors come out as ``TransientLLMError`` (retry
+later, by re-scheduling the task) or ``PermanentLLMError`` (fail the run).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class LLMError(Exception):
+    pass
+
+
+class TransientLLMError(LLMError):
+    """Worth retrying later: rate limited, overloaded, a 5xx, a timeout."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class PermanentLLMError(LLMError):
+    """Will never succeed as asked: a bad request, bad credentials, a bad script."""
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot be replayed; the message says where."""
+
+
+@dataclass
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: Decimal = Decimal("0")
+
+
+@dataclass
+class Reply:
+    content: list[dict]
+    usage: Usage = field(default_factory=Usage)
+
+    @property
+    def tool_uses(self) -> list[dict]:
+        return [block for block in self.content if block.get("type") == "tool_use"]
+
+
+class LLM(Protocol):
+    def reply(self, *, system: str, messages: list[dict], tools: list[dict]) -> Reply: ...
+
+
+# --- scripted ---------------------------------------------------------------
+def validate_scenario(data: Any) -> dict:
+    """Check a scenario's shape; raise ScenarioError naming the first problem."""
+    if not isinstance(data, dict) or not isinstance(data.get("turns"), list):
+        raise ScenarioError('a scenario is a JSON object with a "turns" list')
+    extra = set(data) - {"turns"}
+    if extra:
+        raise ScenarioError(f"unknown scenario keys: {', '.join(sorted(extra))}")
+    for i, turn in enumerate(data["turns"]):
+        where = f"turns[{i}]"
+        if not isinstance(turn, dict):
+            raise ScenarioError(f"{where} must be an object")
+        extra = set(turn) - {"text", "tool_calls"}
+        if extra:
+            raise ScenarioError(f"{where}: unknown keys {', '.join(sorted(extra))}")
+        if not isinstance(turn.get("text", ""), str):
+            raise ScenarioError(f"{where}.text must be a string")
+        calls = turn.get("tool_calls", [])
+        if not isinstance(calls, list):
+            raise ScenarioError(f"{where}.tool_calls must be a list")
+        for j, call in enumerate(calls):
+            cwhere = f"{where}.tool_calls[{j}]"
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
+                raise ScenarioError(f'{cwhere} must be an object with a "name" string')
+            extra = set(call) - {"name", "input"}
+            if extra:
+                raise ScenarioError(f"{cwhere}: unknown keys {', '.join(sorted(extra))}")
+            if "input" in call and not isinstance(call["input"], dict):
+                raise ScenarioError(f"{cwhere}.input must be an object")
+        if not turn.get("text") and not calls:
+            raise ScenarioError(f"{where} has neither text nor tool_calls")
+    return data
+
+
+def load_scenario(path: str | Path) -> dict:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(f"cannot read scenario {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ScenarioError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    return validate_scenario(data)
+
+
+def _estimate_tokens(value: Any) -> int:
+    return max(1, len(json.dumps(value, ensure_ascii=False)) // 4)
+
+
+class ScriptedLLM:
+    """Replays a scenario; the turn is the number of assistant turns so far."""
+
+    def __init__(self, scenario: dict) -> None:
+        self.turns = validate_scenario(scenario)["turns"]
+
+    def reply(self, *, system: str, messages: list[dict], tools: list[dict]) -> Reply:
+        turn_index = sum(1 for m in messages if m["role"] == "assistant")
+        usage = Usage(input_tokens=_estimate_tokens([system, messages]))
+        if turn_index >= len(self.turns):
+            content = [{"type": "text", "text": "(end of script)"}]
+        else:
+            turn = self.turns[turn_index]
+            content = [{"type": "text", "text": turn["text"]}] if turn.get("text") else []
+            for j, call in enumerate(turn.get("tool_calls", [])):
+                content.append({
+                    "type": "tool_use",
+                    # Deterministic, so a replayed turn carries the same ids.
+                    "id": f"toolu_s{turn_index:04d}_{j}",
+                    "name": call["name"],
+                    "input": call.get("input", {}),
+                })
+        usage.output_tokens = _estimate_tokens(content)
+        return Reply(content=content, usage=usage)
+
+
+# --- Anthropic --------------------------------------------------------------
+# US dollars per million tokens (input, output), by model family.
+PRICES = {
+    "opus": (Decimal("15"), Decimal("75")),
+    "sonnet": (Decimal("3"), Decimal("15")),
+    "haiku": (Decimal("1"), Decimal("5")),
+}
+TRANSIENT_STATUSES = {408, 409, 429, 500, 502, 503, 504, 529}
+
+
+def price(model: str, input_tokens: int, output_tokens: int) -> Decimal:
+    family = next((f for f in PRICES if f in model), "sonnet")
+    per_in, per_out = PRICES[family]
+    return (per_in * input_tokens + per_out * output_tokens) / Decimal(1_000_000)
+
+
+class AnthropicLLM:
+    def __init__(
+        self,
+        *,
+        api_key: str,
+        model: str,
+        base_url: str | None = None,
+        max_tokens: int = 2048,
+        timeout: float = 120.0,
+    ) -> None:
+        import anthropic
+
+        self.model = model
+        self.max_tokens = max_tokens
+        # max_retries=0: a transient error goes back to Celery, which re-schedules
+        # the task with backoff instead of holding a worker in a sleep.
+        self.client = anthropic.Anthropic(
+            api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout
+        )
+
+    def reply(self, *, system: str, messages: list[dict], tools: list[dict]) -> Reply:
+        import anthropic
+
+        try:
+            response = self.client.messages.create(
+                model=self.model,
+                max_tokens=self.max_tokens,
+                system=system,
+                messages=messages,
+                tools=tools,
+            )
+        except anthropic.APIStatusError as exc:
+            message = f"Anthropic API {exc.status_code}: {_error_message(exc)}"
+            if exc.status_code in TRANSIENT_STATUSES or exc.status_code >= 500:
+                raise TransientLLMError(message, retry_after=_retry_after(exc)) from exc
+            raise PermanentLLMError(message) from exc
+        except (anthropic.APITimeoutError, anthropic.APIConnectionError) as exc:
+            raise TransientLLMError(f"Anthropic API unreachable: {exc}") from exc
+
+        content = []
+        for block in response.content:
+            if block.type == "text":
+                content.append({"type": "text", "text": block.text})
+            elif block.type == "tool_use":
+                content.append(
+                    {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+                )
+        if not content:
+            raise PermanentLLMError(f"Anthropic reply had no text or tool_use (stop: {response.stop_reason})")
+        usage = Usage(
+            input_tokens=response.usage.input_tokens,
+            output_tokens=response.usage.output_tokens,
+        )
+        usage.cost = price(self.model, usage.input_tokens, usage.output_tokens)
+        return Reply(content=content, usage=usage)
+
+
+def _error_message(exc: Any) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+    return str(getattr(exc, "message", exc))
+
+
+def _retry_after(exc: Any) -> float | None:
+    response = getattr(exc, "response", None)
+    value = response.headers.get("retry-after") if response is not None else None
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None

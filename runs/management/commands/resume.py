@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+from django.utils import timezone
+
+from runs.engine import run_advance_until_settled
+from runs.models import Run
+from runs.services import lease_release_for_resume, run_enqueue, run_wake_if_ready
+
+from ._common import run_by_id
+
+
+class Command(BaseCommand):
+    help = "Resume a stopped run: waits for its lease to expire, or --steal it now."
+
+    def add_arguments(self, parser):
+        parser.add_argument("run_id")
+        parser.add_argument("--sync", action="store_true", help="advance here, without a worker")
+        parser.add_argument(
+            "--steal", action="store_true",
+            help="take the lease at once (you vouch that its owner is dead)",
+        )
+
+    def handle(self, *args, run_id, sync, steal, **options):
+        run = run_by_id(run_id)
+        if run.is_finished:
+            raise CommandError(f"Run {run.pk} is {run.status}; there is nothing to resume.")
+        if run.status == Run.Status.WAITING_APPROVAL:
+            with transaction.atomic():
+                woken = run_wake_if_ready(run_id=run.pk)
+            if not woken:
+                raise CommandError(f"Run {run.pk} is waiting for an approval; decide it first.")
+        else:
+            deadline = time.monotonic() + settings.DESK_LEASE_SECONDS + 5
+            while not lease_release_for_resume(run=run, steal=steal):
+                if time.monotonic() > deadline:
+                    raise CommandError(f"Run {run.pk} is still leased by {run.lease_owner}.")
+                wait = max(0.2, min(2.0, (run.lease_until - timezone.now()).total_seconds()))
+                self.stdout.write(f"waiting for the lease of {run.lease_owner} ({wait:.1f}s)")
+                time.sleep(wait)
+                run.refresh_from_db()
+                if run.is_finished:
+                    raise CommandError(f"Run {run.pk} finished while waiting: {run.status}.")
+        if sync:
+            result = run_advance_until_settled(run.pk)
+            run.refresh_from_db()
+            self.stdout.write(f"run {run.pk}: {run.status} at step {run.step} ({result.outcome})")
+        else:
+            with transaction.atomic():
+                run_enqueue(run.pk)
+            self.stdout.write(f"run {run.pk}: queued for a worker")

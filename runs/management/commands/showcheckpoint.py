@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from runs.selectors import checkpoint
+
+from ._common import run_by_id
+
+
+def _block_text(block: dict) -> str:
+    kind = block.get("type")
+    if kind == "text":
+        return block["text"]
+    if kind == "tool_use":
+        return f"[tool_use {block['id']}] {block['name']}({json.dumps(block.get('input'), ensure_ascii=False)})"
+    if kind == "tool_result":
+        flag = " ERROR" if block.get("is_error") else ""
+        return f"[tool_result {block['tool_use_id']}{flag}] {block.get('content')}"
+    return json.dumps(block, ensure_ascii=False)
+
+
+class Command(BaseCommand):
+    help = "Show what the model had seen at step N of a run (and what it replied)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("run_id")
+        parser.add_argument("--step", type=int, required=True)
+        parser.add_argument("--json", action="store_true", dest="as_json")
+
+    def handle(self, *args, run_id, step, as_json, **options):
+        run = run_by_id(run_id)
+        data = checkpoint(run, step)
+        if data is None:
+            raise CommandError(f"Run {run.pk} has no checkpoint for step {step} (closed steps: {run.step}).")
+        if as_json:
+            self.stdout.write(json.dumps(data, indent=2, ensure_ascii=False))
+            return
+        self.stdout.write(
+            f"Run {run.pk} step {data['step']}: the model had seen {data['message_count']} messages "
+            f"(status after: {data['status']}, tokens in/out {data['usage']['input_tokens']}/"
+            f"{data['usage']['output_tokens']})"
+        )
+        for message in data["seen"]:
+            for block in message["content"]:
+                self.stdout.write(f"  #{message['seq']} {message['role']}: {_block_text(block)}")
+        if data["reply"]:
+            for block in data["reply"]:
+                self.stdout.write(f"  -> reply: {_block_text(block)}")

@@ -1,0 +1,186 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+# Spelled out for the CHECK constraints (a Meta cannot see its model's choices).
+RUN_STATUSES = ["queued", "running", "waiting_approval", "done", "failed", "cancelled",
+                "handed_over", "rolled_back"]
+CALL_STATUSES = ["proposed", "awaiting_approval", "approved", "executing", "committed", "failed",
+                 "declined", "denied", "compensated"]
+
+
+class Run(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        WAITING_APPROVAL = "waiting_approval"
+        DONE = "done"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+        HANDED_OVER = "handed_over"
+        ROLLED_BACK = "rolled_back"
+
+    class LLMKind(models.TextChoices):
+        SCRIPTED = "scripted"
+        ANTHROPIC = "anthropic"
+
+    agent = models.CharField(max_length=100)
+    # Hash of the system prompt and tool schemas the run started with.
+    agent_version = models.CharField(max_length=16)
+    task = models.TextField()
+    requester = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
+    )
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED)
+    llm = models.CharField(max_length=20, choices=LLMKind.choices, default=LLMKind.SCRIPTED)
+    # The scenario a scripted run replays (None: the agent's built-in demo script).
+    script = models.JSONField(null=True, blank=True)
+    # Number of closed steps = the number of the step in progress.
+    step = models.PositiveIntegerField(default=0)
+    # Length of the transcript: the next message's sequence number.
+    message_count = models.PositiveIntegerField(default=0)
+    max_steps = models.PositiveIntegerField(default=50)
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+    lease_owner = models.CharField(max_length=120, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    llm_attempts = models.PositiveSmallIntegerField(default=0)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["status", "lease_until"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=RUN_STATUSES), name="run_status_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"Run {self.pk} ({self.agent}, {self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED_RUN_STATUSES
+
+
+FINISHED_RUN_STATUSES = frozenset({
+    Run.Status.DONE, Run.Status.FAILED, Run.Status.CANCELLED, Run.Status.HANDED_OVER,
+    Run.Status.ROLLED_BACK,
+})
+
+
+class Message(models.Model):
+    """One turn of the transcript, append-only, in Anthropic's content-block format."""
+
+    class Role(models.TextChoices):
+        USER = "user"
+        ASSISTANT = "assistant"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="messages")
+    seq = models.PositiveIntegerField()
+    role = models.CharField(max_length=10, choices=Role.choices)
+    content = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="message_run_seq_unique")]
+
+    def as_model_message(self) -> dict:
+        return {"role": self.role, "content": self.content}
+
+
+class Step(models.Model):
+    """The checkpoint of one step. O(1) to write: it never copies the transcript.
+
+    What the model saw at step N is the first ``message_count`` messages.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    number = models.PositiveIntegerField()
+    message_count = models.PositiveIntegerField()
+    # Run totals after this step.
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+    status = models.CharField(max_length=20, choices=Run.Status.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "number"]
+        constraints = [models.UniqueConstraint(fields=["run", "number"], name="step_run_number_unique")]
+
+
+class ToolCall(models.Model):
+    """The saga log: one row per tool_use block the model emitted."""
+
+    class Status(models.TextChoices):
+        PROPOSED = "proposed"
+        AWAITING_APPROVAL = "awaiting_approval"
+        APPROVED = "approved"
+        EXECUTING = "executing"
+        COMMITTED = "committed"
+        FAILED = "failed"
+        DECLINED = "declined"
+        DENIED = "denied"
+        COMPENSATED = "compensated"
+
+    class Verdict(models.TextChoices):
+        ALLOW = "allow"
+        DENY = "deny"
+        NEEDS_APPROVAL = "needs_approval"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls")
+    step = models.PositiveIntegerField()
+    # Order of the tool_use block within its reply.
+    position = models.PositiveSmallIntegerField()
+    tool_use_id = models.CharField(max_length=100)
+    tool_name = models.CharField(max_length=100)
+    input = models.JSONField()
+    input_hash = models.CharField(max_length=64)
+    idempotency_key = models.CharField(max_length=40)
+    # Hash of the arguments a reviewer approved; execution re-checks it.
+    approved_hash = models.CharField(max_length=64, blank=True)
+    verdict = models.CharField(max_length=20, choices=Verdict.choices, blank=True)
+    verdict_rule = models.CharField(max_length=200, blank=True)
+    verdict_reason = models.TextField(blank=True)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.PROPOSED)
+    result = models.JSONField(null=True, blank=True)
+    is_error = models.BooleanField(default=False)
+    # What a compensation will need, captured before the effect (saga layer).
+    pre_state = models.JSONField(null=True, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "step", "position"]
+        indexes = [models.Index(fields=["run", "idempotency_key"])]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "tool_use_id"], name="toolcall_run_tool_use_unique"),
+            models.CheckConstraint(
+                condition=Q(status__in=CALL_STATUSES), name="toolcall_status_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name} (run {self.run_id}, step {self.step})"
+
+    @property
+    def is_resolved(self) -> bool:
+        return self.status in RESOLVED_CALL_STATUSES
+
+
+RESOLVED_CALL_STATUSES = frozenset({
+    ToolCall.Status.COMMITTED, ToolCall.Status.FAILED, ToolCall.Status.DECLINED,
+    ToolCall.Status.DENIED, ToolCall.Status.COMPENSATED,
+})

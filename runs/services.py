@@ -1,0 +1,217 @@
+"""Writes on runs: creation, status transitions, decisions applied to tool calls.
+
+Every status change is a conditional UPDATE filtered on the status that was
+loaded, with its row count checked: a process that lost a race finds out
+instead of overwriting. ``approvals`` calls these to apply decisions.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from tools.registry import find_tool, get_agent, idempotency_key, input_hash
+
+from .llm import validate_scenario
+from .models import FINISHED_RUN_STATUSES, Message, Run, ToolCall
+from .signals import run_finished, run_transitioned, tool_call_transitioned
+
+log = logging.getLogger(__name__)
+S = Run.Status
+
+# source -> allowed targets; anything else raises IllegalTransition.
+RUN_TRANSITIONS: dict[str, frozenset[str]] = {
+    S.QUEUED: frozenset({S.RUNNING, S.CANCELLED, S.FAILED}),
+    S.RUNNING: frozenset({S.WAITING_APPROVAL, S.DONE, S.FAILED, S.QUEUED, S.CANCELLED}),
+    S.WAITING_APPROVAL: frozenset({S.QUEUED, S.CANCELLED, S.FAILED}),
+    S.DONE: frozenset({S.ROLLED_BACK}),
+    S.FAILED: frozenset({S.ROLLED_BACK}),
+    S.CANCELLED: frozenset({S.ROLLED_BACK}),
+    S.HANDED_OVER: frozenset(),
+    S.ROLLED_BACK: frozenset(),
+}
+
+
+class IllegalTransition(Exception):
+    pass
+
+
+class TransitionConflict(Exception):
+    """The row was not in the expected state: another process got there first."""
+
+
+def run_transition(
+    *,
+    run_id: int,
+    old: str,
+    new: str,
+    actor=None,
+    reason: str = "",
+    owner: str | None = None,
+    **fields,
+) -> None:
+    if new not in RUN_TRANSITIONS[old]:
+        raise IllegalTransition(f"run {run_id}: {old} -> {new} is not allowed")
+    rows = Run.objects.filter(pk=run_id, status=old)
+    if owner is not None:
+        rows = rows.filter(lease_owner=owner)
+    if new in FINISHED_RUN_STATUSES:
+        fields.setdefault("finished_at", timezone.now())
+        fields.setdefault("lease_owner", "")
+        fields.setdefault("lease_until", None)
+    if rows.update(status=new, updated_at=timezone.now(), **fields) != 1:
+        raise TransitionConflict(f"run {run_id} is no longer {old}")
+    run_transitioned.send(Run, run_id=run_id, old=old, new=new, actor=actor, reason=reason)
+    if new in FINISHED_RUN_STATUSES:
+        transaction.on_commit(lambda: run_finished.send(Run, run_id=run_id, status=new))
+
+
+def run_enqueue(run_id: int, *, countdown: float | None = None) -> None:
+    """Nudge a worker to advance the run, once the current transaction commits."""
+    from .tasks import advance_run
+
+    transaction.on_commit(lambda: advance_run.apply_async(args=[run_id], countdown=countdown))
+
+
+def default_llm_kind(script: dict | None) -> str:
+    if script is None and settings.ANTHROPIC_API_KEY:
+        return Run.LLMKind.ANTHROPIC
+    return Run.LLMKind.SCRIPTED
+
+
+def run_create(
+    *,
+    agent_name: str,
+    task: str,
+    requester=None,
+    script: dict | None = None,
+    llm: str | None = None,
+    max_steps: int | None = None,
+    enqueue: bool = True,
+) -> Run:
+    agent = get_agent(agent_name)
+    task = task.strip()
+    if not task:
+        raise ValueError("a run needs a task")
+    if script is not None:
+        validate_scenario(script)
+    with transaction.atomic():
+        run = Run.objects.create(
+            agent=agent.name,
+            agent_version=agent.version,
+            task=task,
+            requester=requester,
+            llm=llm or default_llm_kind(script),
+            script=script,
+            max_steps=max_steps or settings.DESK_MAX_STEPS,
+            message_count=1,
+        )
+        Message.objects.create(
+            run=run, seq=0, role=Message.Role.USER, content=[{"type": "text", "text": task}]
+        )
+        run_transitioned.send(
+            Run, run_id=run.pk, old="", new=S.QUEUED, actor=requester, reason="created"
+        )
+        if enqueue:
+            run_enqueue(run.pk)
+    return run
+
+
+def run_cancel(*, run: Run, actor=None, reason: str = "cancelled") -> None:
+    with transaction.atomic():
+        run_transition(
+            run_id=run.pk, old=run.status, new=S.CANCELLED, actor=actor, reason=reason,
+            error=reason,
+        )
+
+
+def lease_release_for_resume(*, run: Run, steal: bool, actor=None) -> bool:
+    """Let a stopped run be advanced again: wait for (or steal) its lease.
+
+    Returns False if the lease is still held and not stolen.
+    """
+    now = timezone.now()
+    if run.status not in (S.RUNNING, S.QUEUED):
+        return False
+    if run.lease_until and run.lease_until > now and not steal:
+        return False
+    with transaction.atomic():
+        rows = Run.objects.filter(pk=run.pk, status=run.status, lease_owner=run.lease_owner)
+        if rows.update(lease_owner="", lease_until=None, llm_attempts=0) != 1:
+            return False
+        if steal and run.lease_owner:
+            run_transitioned.send(
+                Run, run_id=run.pk, old=run.status, new=run.status, actor=actor,
+                reason=f"lease of {run.lease_owner} stolen",
+            )
+    return True
+
+
+# --- decisions applied to tool calls (called by approvals) -----------------
+def _call_transition(*, call: ToolCall, new: str, actor, reason: str, **fields) -> None:
+    old = call.status
+    rows = ToolCall.objects.filter(pk=call.pk, status=old)
+    if rows.update(status=new, **fields) != 1:
+        raise TransitionConflict(f"tool call {call.pk} is no longer {old}")
+    for name, value in fields.items():
+        setattr(call, name, value)
+    call.status = new
+    tool_call_transitioned.send(ToolCall, call=call, old=old, new=new, actor=actor, reason=reason)
+
+
+def tool_call_approve(*, call: ToolCall, actor, edited_input: dict | None = None) -> None:
+    """Approve exactly the arguments shown (or the reviewer's edit of them)."""
+    fields: dict = {"approved_hash": call.input_hash}
+    reason = "approved"
+    if edited_input is not None and input_hash(edited_input) != call.input_hash:
+        spec = find_tool(call.tool_name)
+        errors = spec.validation_errors(edited_input) if spec else ["unknown tool"]
+        if errors:
+            raise ValueError("; ".join(errors))
+        new_hash = input_hash(edited_input)
+        fields = {
+            "input": edited_input,
+            "input_hash": new_hash,
+            "approved_hash": new_hash,
+            "idempotency_key": idempotency_key(
+                run_id=call.run_id, tool_name=call.tool_name, tool_input=edited_input
+            ),
+        }
+        reason = "approved with edited arguments"
+    _call_transition(call=call, new=ToolCall.Status.APPROVED, actor=actor, reason=reason, **fields)
+
+
+def tool_call_resolve_without_running(
+    *, call: ToolCall, actor, status: str, text: str, is_error: bool
+) -> None:
+    """Decline (or answer) a call: the text becomes its tool_result; nothing runs."""
+    _call_transition(
+        call=call, new=status, actor=actor, reason=status, result=text, is_error=is_error,
+        finished_at=timezone.now(),
+    )
+
+
+def run_wake_if_ready(*, run_id: int, actor=None) -> bool:
+    """If the run waits and nothing is pending any more, queue it (enqueued on commit).
+
+    The run row is locked first so this and the engine's pause are serialised
+    (on SQLite the IMMEDIATE transaction already is).
+    """
+    run = Run.objects.select_for_update().get(pk=run_id)
+    if run.status != S.WAITING_APPROVAL:
+        return False
+    if run.tool_calls.filter(status=ToolCall.Status.AWAITING_APPROVAL).exists():
+        return False
+    run_transition(
+        run_id=run_id, old=S.WAITING_APPROVAL, new=S.QUEUED, actor=actor,
+        reason="nothing pending", lease_owner="", lease_until=None,
+    )
+    return True
+
+
+def lease_deadline():
+    return timezone.now() + timedelta(seconds=settings.DESK_LEASE_SECONDS)

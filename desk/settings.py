@@ -112,7 +112,8 @@ def database_from_url(url: str, test_name: str) -> dict:
         config["OPTIONS"] = dict(SQLITE_OPTIONS)
         # Cross-process tests (a real worker, concurrent deciders) need the
         # test database to be a file every process can open.
-        config["TEST"] = {"NAME": str(VAR_DIR / test_name)}
+        # One file per test process, so two suites can run side by side.
+        config["TEST"] = {"NAME": str(VAR_DIR / f"{os.getpid()}-{test_name}")}
     else:
         config["TEST"] = {"NAME": test_name.replace(".sqlite3", "").replace("-", "_")}
     return config
@@ -183,26 +184,31 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 
 # --- Email -----------------------------------------------------------------
-def _email_from_url(url: str) -> dict:
-    if not url:
-        return {"EMAIL_BACKEND": "django.core.mail.backends.console.EmailBackend"}
+# EMAIL_URL: unset or console:// prints mail; locmem:// keeps it in memory;
+# smtp://user:pass@host:port (smtp+tls:// for STARTTLS, smtps:// for TLS).
+def mailer_from_url(url: str) -> dict:
     parsed = urlparse(url)
-    if parsed.scheme == "console":
-        return {"EMAIL_BACKEND": "django.core.mail.backends.console.EmailBackend"}
+    if not url or parsed.scheme == "console":
+        return {"BACKEND": "django.core.mail.backends.console.EmailBackend"}
     if parsed.scheme == "locmem":
-        return {"EMAIL_BACKEND": "django.core.mail.backends.locmem.EmailBackend"}
+        return {"BACKEND": "django.core.mail.backends.locmem.EmailBackend"}
+    if parsed.scheme not in ("smtp", "smtp+tls", "smtps"):
+        raise ValueError(f"EMAIL_URL: unsupported scheme {parsed.scheme!r}")
     return {
-        "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend",
-        "EMAIL_HOST": parsed.hostname or "localhost",
-        "EMAIL_PORT": parsed.port or 25,
-        "EMAIL_HOST_USER": unquote(parsed.username or ""),
-        "EMAIL_HOST_PASSWORD": unquote(parsed.password or ""),
-        "EMAIL_USE_TLS": parsed.scheme == "smtp+tls",
-        "EMAIL_USE_SSL": parsed.scheme == "smtps",
+        "BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+        "OPTIONS": {
+            "host": parsed.hostname or "localhost",
+            "port": parsed.port,
+            "username": unquote(parsed.username or "") or None,
+            "password": unquote(parsed.password or "") or None,
+            "use_tls": parsed.scheme == "smtp+tls",
+            "use_ssl": parsed.scheme == "smtps",
+            "timeout": 10,
+        },
     }
 
 
-globals().update(_email_from_url(env_str("EMAIL_URL")))
+MAILERS = {"default": mailer_from_url(env_str("EMAIL_URL"))}
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Countersign <desk@countersign.local>")
 
 

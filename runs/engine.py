@@ -354,12 +354,13 @@ class _Loop:
     def _work(self, calls: list[ToolCall]) -> AdvanceResult | None:
         for call in calls:
             spec = find_tool(call.tool_name)
+            outcome = None
             if call.status == C.APPROVED:
-                self._execute(call, spec)
+                outcome = self._execute(call, spec)
             elif call.status == C.EXECUTING:
                 outcome = self._recover(call, spec)
-                if outcome is not None:
-                    return outcome
+            if outcome is not None:
+                return outcome
         if any(call.status == C.AWAITING_APPROVAL for call in calls):
             return self._pause(calls)
         return self._close_step(calls)
@@ -367,11 +368,11 @@ class _Loop:
     def _ctx(self, call: ToolCall) -> ToolContext:
         return ToolContext(run_id=self.run.pk, step=call.step, idempotency_key=call.idempotency_key)
 
-    def _execute(self, call: ToolCall, spec: ToolSpec) -> None:
+    def _execute(self, call: ToolCall, spec: ToolSpec) -> AdvanceResult | None:
         if call.approved_hash != input_hash(call.input):
             self._resolve_now(call, C.FAILED, "The arguments differ from the ones approved; "
                               "not executed.", is_error=True)
-            return
+            return None
         if spec.is_read:
             # Reads have no effect to make exactly once: no intent row, the
             # result is written with the step (a crash just reads again).
@@ -379,7 +380,7 @@ class _Loop:
             call.status = C.FAILED if is_error else C.COMMITTED
             call.result, call.is_error, call.finished_at = result, is_error, timezone.now()
             self.dirty.append(call)
-            return
+            return None
         with transaction.atomic():
             self._own()
             started = ToolCall.objects.filter(pk=call.pk, status=C.APPROVED).update(
@@ -395,10 +396,10 @@ class _Loop:
             result, is_error = _invoke(spec, self._ctx(call), call.input)
         except UnknownOutcome as exc:
             log.warning("run %s: %s outcome unknown (%s); reconciling", self.run.pk, call, exc)
-            self._recover(call, spec)
-            return
+            return self._recover(call, spec)
         failpoint("after_tool_effect", call.step)
         self._commit(call, result, is_error, reason="executed")
+        return None
 
     def _commit(self, call: ToolCall, result, is_error: bool, *, reason: str) -> None:
         new = C.FAILED if is_error else C.COMMITTED

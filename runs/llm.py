@@ -186,21 +186,28 @@ class AnthropicLLM:
             raise PermanentLLMError(message) from exc
         except (anthropic.APITimeoutError, anthropic.APIConnectionError) as exc:
             raise TransientLLMError(f"Anthropic API unreachable: {exc}") from exc
+        except (anthropic.APIResponseValidationError, json.JSONDecodeError) as exc:
+            raise TransientLLMError(f"Anthropic API returned an unreadable reply: {exc}") from exc
 
+        # A 2xx that is not a Messages response (a proxy's page, a stray JSON body):
+        # the SDK hands back a str or a half-built Message rather than raising.
+        blocks = getattr(response, "content", None)
+        tokens = [getattr(getattr(response, "usage", None), name, None)
+                  for name in ("input_tokens", "output_tokens")]
+        if not isinstance(blocks, list) or not all(isinstance(t, int) for t in tokens):
+            raise TransientLLMError(f"Anthropic API returned an unreadable reply: {str(response)[:200]}")
         content = []
-        for block in response.content:
-            if block.type == "text":
+        for block in blocks:
+            kind = getattr(block, "type", None)
+            if kind == "text":
                 content.append({"type": "text", "text": block.text})
-            elif block.type == "tool_use":
+            elif kind == "tool_use":
                 content.append(
                     {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
                 )
         if not content:
             raise PermanentLLMError(f"Anthropic reply had no text or tool_use (stop: {response.stop_reason})")
-        usage = Usage(
-            input_tokens=response.usage.input_tokens,
-            output_tokens=response.usage.output_tokens,
-        )
+        usage = Usage(input_tokens=tokens[0], output_tokens=tokens[1])
         usage.cost = price(self.model, usage.input_tokens, usage.output_tokens)
         return Reply(content=content, usage=usage)
 

@@ -4,7 +4,6 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-
 # Spelled out for the CHECK constraints (a Meta cannot see its model's choices).
 RUN_STATUSES = ["queued", "running", "waiting_approval", "done", "failed", "cancelled",
                 "handed_over", "rolled_back"]
@@ -94,6 +93,9 @@ class Message(models.Model):
         ordering = ["run", "seq"]
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="message_run_seq_unique")]
 
+    def __str__(self) -> str:
+        return f"{self.role} message {self.seq} of run {self.run_id}"
+
     def as_model_message(self) -> dict:
         return {"role": self.role, "content": self.content}
 
@@ -117,6 +119,9 @@ class Step(models.Model):
     class Meta:
         ordering = ["run", "number"]
         constraints = [models.UniqueConstraint(fields=["run", "number"], name="step_run_number_unique")]
+
+    def __str__(self) -> str:
+        return f"step {self.number} of run {self.run_id}"
 
 
 class ToolCall(models.Model):

@@ -19,6 +19,11 @@ def checkpoint(run: Run, number: int) -> dict | None:
     transcript, never a copy.
     """
     step = Step.objects.filter(run=run, number=number).first()
+    if step is None and number == run.step and not run.is_finished and run.message_count % 2 == 0:
+        # The step in progress (e.g. waiting for a decision): its reply is
+        # saved, its checkpoint not yet written. The model saw all but the reply.
+        step = Step(run=run, number=number, message_count=run.message_count - 1, status=run.status,
+                    input_tokens=run.input_tokens, output_tokens=run.output_tokens, cost=run.cost)
     if step is None:
         return None
     messages = list(Message.objects.filter(run=run, seq__lte=step.message_count).order_by("seq"))
@@ -26,6 +31,7 @@ def checkpoint(run: Run, number: int) -> dict | None:
     return {
         "run": run.pk,
         "step": step.number,
+        "open": step.pk is None,
         "status": step.status,
         "message_count": step.message_count,
         "usage": {
@@ -33,7 +39,7 @@ def checkpoint(run: Run, number: int) -> dict | None:
             "output_tokens": step.output_tokens,
             "cost": str(step.cost),
         },
-        "created_at": step.created_at.isoformat(),
+        "created_at": step.created_at.isoformat() if step.created_at else None,
         "seen": [{"seq": m.seq, "role": m.role, "content": m.content} for m in seen],
         "reply": reply[0].content if reply else None,
     }

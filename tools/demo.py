@@ -5,6 +5,7 @@ Scripts and tests rely on this exactly as ``docs/architecture.md`` describes.
 
 from __future__ import annotations
 
+import contextlib
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from django.db import IntegrityError, transaction
@@ -133,10 +134,8 @@ def reconcile_note(ctx: ToolContext, args: dict) -> dict | None:
 
 def _refund_facts(args: dict) -> dict:
     facts = dict(args)
-    try:
+    with contextlib.suppress(InvalidOperation, ValueError):
         facts["amount"] = Decimal(str(args.get("amount")))
-    except (InvalidOperation, ValueError):
-        pass
     return facts
 
 

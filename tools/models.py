@@ -49,6 +49,9 @@ class Note(models.Model):
     idempotency_key = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    def __str__(self) -> str:
+        return f"note {self.pk} on {self.order_id}"
+
 
 class OutboxEmail(models.Model):
     """An email the world has accepted for delivery: what a customer receives."""
@@ -58,6 +61,9 @@ class OutboxEmail(models.Model):
     body = models.TextField()
     idempotency_key = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"email to {self.to}: {self.subject}"
 
 
 class Payment(models.Model):
@@ -73,6 +79,9 @@ class Payment(models.Model):
     reason = models.CharField(max_length=500, blank=True)
     idempotency_key = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.amount} on {self.order_id}"
 
 
 class ProviderFault(models.Model):
@@ -90,3 +99,6 @@ class ProviderFault(models.Model):
 
     kind = models.CharField(max_length=30, choices=Kind.choices)
     remaining = models.PositiveIntegerField(default=1)
+
+    def __str__(self) -> str:
+        return f"{self.kind} x{self.remaining}"

@@ -36,11 +36,12 @@ def refunded_total(order: Order) -> Decimal:
 
 
 def refund(*, order_id: str, amount: Decimal, reason: str, idempotency_key: str) -> Payment:
-    fault = None
+    existing = Payment.objects.filter(idempotency_key=idempotency_key).first()
+    if existing is not None:
+        return existing
+    # Taken in its own transaction: an injected timeout must not roll it back.
+    fault = _take_fault()
     with transaction.atomic(using="world"):
-        existing = Payment.objects.filter(idempotency_key=idempotency_key).first()
-        if existing is not None:
-            return existing
         order = Order.objects.filter(order_id=order_id).first()
         if order is None:
             raise ToolError(f"Payment provider: no order {order_id}.")
@@ -50,7 +51,6 @@ def refund(*, order_id: str, amount: Decimal, reason: str, idempotency_key: str)
                 f"Payment provider: refund of {amount} exceeds the refundable "
                 f"{refundable} on order {order_id}."
             )
-        fault = _take_fault()
         if fault == ProviderFault.Kind.TIMEOUT_BEFORE_APPLY:
             raise ProviderTimeout("Payment provider timed out.")
         payment = Payment.objects.create(

@@ -14,7 +14,8 @@ def _block_text(block: dict) -> str:
     if kind == "text":
         return block["text"]
     if kind == "tool_use":
-        return f"[tool_use {block['id']}] {block['name']}({json.dumps(block.get('input'), ensure_ascii=False)})"
+        args = json.dumps(block.get("input"), ensure_ascii=False)
+        return f"[tool_use {block['id']}] {block['name']}({args})"
     if kind == "tool_result":
         flag = " ERROR" if block.get("is_error") else ""
         return f"[tool_result {block['tool_use_id']}{flag}] {block.get('content')}"

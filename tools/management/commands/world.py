@@ -47,7 +47,9 @@ class Command(BaseCommand):
                               f"{o['customer']} <{o['email']}> ticket {o['ticket']}")
         self.stdout.write(f"Payments ledger ({len(data['payments'])}):")
         for p in data["payments"]:
-            self.stdout.write(f"  #{p['id']} {p['kind']} {p['order_id']} ₹{p['amount']} key {p['idempotency_key'][:12]}…")
+            self.stdout.write(
+                f"  #{p['id']} {p['kind']} {p['order_id']} ₹{p['amount']} key {p['idempotency_key'][:12]}…"
+            )
         self.stdout.write(f"Outbox ({len(data['outbox'])}):")
         for e in data["outbox"]:
             self.stdout.write(f"  #{e['id']} to {e['to']}: {e['subject']}")

@@ -1,0 +1,50 @@
+# Two commands: `make run` (the desk with a working demo) and `make test`.
+SHELL := /bin/bash
+# Django 6 needs Python 3.12+; take the newest one this machine has.
+PYTHON ?= $(shell for p in python3.13 python3.12 /root/.pyenv/versions/3.13.*/bin/python3 /root/.pyenv/versions/3.12.*/bin/python3; do \
+	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' && { command -v $$p; break; }; done)
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test lint bench install install-dev migrate clean
+
+$(BIN)/python:
+	@test -n "$(PYTHON)" || { echo "Python 3.12 or newer is needed (Django 6)."; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: requirements.txt | $(BIN)/python
+	$(BIN)/pip install -q -r requirements.txt
+	touch $@
+
+$(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(BIN)/python
+	$(BIN)/pip install -q -r requirements-dev.txt
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+migrate: install
+	$(BIN)/python manage.py migrate --noinput -v0
+	$(BIN)/python manage.py migrate --database world --noinput -v0
+
+run: migrate
+	$(BIN)/python manage.py seeddemo --demo-run
+	@echo
+	@echo "  Countersign: http://127.0.0.1:8000/  (sign in as reviewer; password above or in var/demo-password.txt)"
+	@echo
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho start
+
+test: install-dev
+	$(BIN)/python -m ruff check .
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: install-dev
+	$(BIN)/python -m ruff check .
+	$(BIN)/python -m ruff format --check .
+
+bench: install
+	$(BIN)/python bench/step_overhead.py
+
+clean:
+	rm -rf var/ .pytest_cache

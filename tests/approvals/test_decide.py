@@ -1,0 +1,162 @@
+from __future__ import annotations
+
+import pytest
+from django.core import mail
+
+from approvals.models import ApprovalRequest, AuditEvent, GateRule
+from approvals.services import (
+    AlreadyDecided,
+    DecisionError,
+    NotAllowed,
+    StaleDecision,
+    approval_decide,
+)
+from runs.models import Run, ToolCall
+from runs.services import run_cancel
+from tests.runs.helpers import script, start, turn
+from tools.models import Payment
+
+pytestmark = pytest.mark.django_db(databases=["default", "world"])
+
+BIG_REFUND = script(
+    turn(("refund_item", {"order_id": "A-1003", "amount": 12000, "reason": "Dead on arrival"})),
+    {"text": "Done."},
+)
+
+
+def the_approval(run) -> ApprovalRequest:
+    return ApprovalRequest.objects.select_related("tool_call").get(run=run)
+
+
+def decide(approval, user, **kwargs):
+    kwargs.setdefault("approve", True)
+    return approval_decide(approval_id=approval.pk, reviewer=user, enqueue=False, **kwargs)
+
+
+def test_the_requester_cannot_approve_their_own_run(users):
+    requester = users["reviewer"]  # a reviewer who started the run themselves
+    run = start(requester=requester)
+    with pytest.raises(NotAllowed, match="You requested this run"):
+        decide(the_approval(run), requester)
+    assert the_approval(run).status == ApprovalRequest.Status.PENDING
+
+
+def test_a_rule_may_allow_self_approval(users):
+    GateRule.objects.filter(name="Refunds over ₹500").update(allow_self_approval=True)
+    run = start(requester=users["reviewer"])
+    decide(the_approval(run), users["reviewer"])
+    assert the_approval(run).status == ApprovalRequest.Status.APPROVED
+
+
+def test_someone_without_the_permission_cannot_decide(users):
+    run = start(requester=users["senior"])
+    with pytest.raises(NotAllowed, match="permission"):
+        decide(the_approval(run), users["requester"])
+
+
+def test_a_big_refund_needs_a_senior_reviewer(users):
+    run = start(BIG_REFUND, requester=users["requester"])
+    approval = the_approval(run)
+    assert approval.required_group.name == "senior-reviewers"
+    with pytest.raises(NotAllowed, match="Only members of senior-reviewers"):
+        decide(approval, users["reviewer"])
+    decide(approval, users["senior"])
+    assert the_approval(run).decided_by == users["senior"]
+
+
+def test_the_second_decision_is_told_who_decided_first(users):
+    run = start(requester=users["requester"])
+    approval = the_approval(run)
+    decide(approval, users["reviewer"])
+    with pytest.raises(AlreadyDecided, match=r"already approved by reviewer at \d{4}-"):
+        decide(approval, users["senior"], approve=False, comment="no")
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.APPROVED
+    assert approval.decided_by == users["reviewer"]
+
+
+def test_a_decision_on_stale_arguments_is_refused(users):
+    run = start(requester=users["requester"])
+    with pytest.raises(StaleDecision):
+        decide(the_approval(run), users["reviewer"], args_hash="0" * 64)
+    assert the_approval(run).status == ApprovalRequest.Status.PENDING
+
+
+def test_a_decline_needs_a_reason(users):
+    run = start(requester=users["requester"])
+    with pytest.raises(DecisionError, match="needs a reason"):
+        decide(the_approval(run), users["reviewer"], approve=False, comment="   ")
+    assert the_approval(run).status == ApprovalRequest.Status.PENDING
+
+
+def test_an_approval_with_edited_arguments_executes_the_edit(users):
+    run = start(requester=users["requester"])
+    approval = the_approval(run)
+    edited = dict(approval.tool_call.input, amount=1500)
+    decide(approval, users["reviewer"], edited_input=edited)
+    from runs.engine import run_advance_until_settled
+
+    run_advance_until_settled(run.pk)
+    assert Payment.objects.get().amount == 1500
+    call = ToolCall.objects.get(pk=approval.tool_call_id)
+    assert call.input["amount"] == 1500 and call.approved_hash == call.input_hash
+
+
+def test_edited_arguments_must_fit_the_tool_schema(users):
+    run = start(requester=users["requester"])
+    approval = the_approval(run)
+    with pytest.raises(DecisionError, match="not valid"):
+        decide(approval, users["reviewer"], edited_input={"order_id": "A-1001", "amount": "x"})
+    assert the_approval(run).status == ApprovalRequest.Status.PENDING
+
+
+def test_every_transition_and_decision_is_audited(users):
+    run = start(requester=users["requester"])
+    decide(the_approval(run), users["reviewer"])
+    actions = list(AuditEvent.objects.filter(run=run).values_list("action", flat=True))
+    assert actions[:2] == ["run.created", "run.running"]
+    assert "call.awaiting_approval" in actions
+    assert "run.waiting_approval" in actions
+    assert "approval.approved" in actions
+    assert actions[-1] == "run.queued"
+    decision = AuditEvent.objects.get(action="approval.approved")
+    assert decision.actor == users["reviewer"] and decision.before == "pending"
+
+
+def test_reviewers_allowed_to_decide_are_emailed_after_commit(users, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        run = start(requester=users["requester"])
+    [email] = mail.outbox
+    assert sorted(email.to) == ["admin@countersign.local", "reviewer@countersign.local",
+                                "senior@countersign.local"]
+    approval = the_approval(run)
+    assert f"http://127.0.0.1:8000/desk/approvals/{approval.pk}/" in email.body
+    assert "amount: 2900.0" in email.body
+
+
+def test_only_seniors_hear_about_big_refunds(users, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        start(BIG_REFUND, requester=users["requester"])
+    [email] = mail.outbox
+    assert sorted(email.to) == ["admin@countersign.local", "senior@countersign.local"]
+
+
+def test_an_approval_records_the_rule_version_it_was_asked_under(users):
+    rule = GateRule.objects.get(name="Refunds over ₹500")
+    rule.value = "400"
+    rule.save()
+    assert rule.version == 2
+    run = start(requester=users["requester"])
+    approval = the_approval(run)
+    assert approval.rule_version == 2
+    assert approval.reason == "amount 2900.0 > 400"
+
+
+def test_cancelling_a_run_cancels_its_pending_approvals(users):
+    run = start(requester=users["requester"])
+    run_cancel(run=run, actor=users["admin"])
+    run.refresh_from_db()
+    assert run.status == Run.Status.CANCELLED
+    assert the_approval(run).status == ApprovalRequest.Status.CANCELLED
+    with pytest.raises(AlreadyDecided):
+        decide(the_approval(run), users["reviewer"])

@@ -1,0 +1,119 @@
+"""Cross-process fixtures: a real Celery worker on the file-system broker, and
+the command line in subprocesses, all sharing the file-backed test databases."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connections
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+
+
+class Desk:
+    """The environment every subprocess of one test shares."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.workers: list[Worker] = []
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": "sqlite:///" + connections["default"].settings_dict["NAME"],
+            "WORLD_DATABASE_URL": "sqlite:///" + connections["world"].settings_dict["NAME"],
+            "CELERY_BROKER_URL": "filesystem://",
+            "DESK_BROKER_DIR": str(tmp_path / "broker"),
+            "DESK_LEASE_SECONDS": "3",
+            "DESK_TESTING": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.env.pop("DESK_FAILPOINTS", None)
+
+    def manage(self, *args: str, check: bool = True, env: dict | None = None,
+               timeout: float = 60) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            [PYTHON, "manage.py", *args], cwd=ROOT, env={**self.env, **(env or {})},
+            capture_output=True, text=True, timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"manage.py {' '.join(args)} failed ({result.returncode}):\n"
+                                 f"{result.stdout}\n{result.stderr}")
+        return result
+
+    def manage_async(self, *args: str, env: dict | None = None) -> subprocess.Popen:
+        return subprocess.Popen(
+            [PYTHON, "manage.py", *args], cwd=ROOT, env={**self.env, **(env or {})},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    def status(self, run_id: int) -> dict:
+        return json.loads(self.manage("runstatus", str(run_id), "--json").stdout)
+
+    def world(self) -> dict:
+        return json.loads(self.manage("world", "--json").stdout)
+
+    def start_worker(self, *, failpoints: str = "", name: str = "") -> Worker:
+        worker = Worker(self, failpoints=failpoints, name=name or f"w{len(self.workers)}")
+        self.workers.append(worker)
+        return worker
+
+    def wait_for(self, run_id: int, *statuses: str, timeout: float = 30) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            data = self.status(run_id)
+            if data["status"] in statuses:
+                return data
+            if time.monotonic() > deadline:
+                logs = "\n".join(w.log() for w in self.workers)
+                raise AssertionError(f"run {run_id} is {data['status']}, not {statuses}:\n{logs}")
+            time.sleep(0.2)
+
+
+class Worker:
+    def __init__(self, desk: Desk, *, failpoints: str, name: str) -> None:
+        self.log_path = desk.tmp_path / f"worker-{name}.log"
+        env = dict(desk.env)
+        if failpoints:
+            env["DESK_FAILPOINTS"] = failpoints
+        with self.log_path.open("w") as log:
+            self.process = subprocess.Popen(
+                [PYTHON, "-m", "celery", "-A", "desk", "worker", "--pool=solo", "--without-gossip",
+                 "--without-mingle", "--without-heartbeat", "--loglevel=INFO", "-n", f"{name}@%h"],
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        deadline = time.monotonic() + 30
+        while "ready." not in self.log():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"worker did not start:\n{self.log()}")
+            time.sleep(0.1)
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def wait_exit(self, timeout: float = 30) -> int:
+        return self.process.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+@pytest.fixture
+def desk(transactional_db, tmp_path, demo):
+    """Demo data committed to the file-backed test databases, and a Desk to drive them."""
+    desk = Desk(tmp_path)
+    yield desk
+    for worker in desk.workers:
+        worker.stop()

@@ -146,6 +146,11 @@ def run_advance(run_id: int, *, owner: str | None = None, llm: LLM | None = None
     except PermanentLLMError as exc:
         _fail(run, owner, f"LLM error: {exc}")
         return AdvanceResult(Outcome.FINISHED)
+    except Exception as exc:
+        # A bug or an outage (database locked, world unreachable): every write
+        # so far was transactional, so retry later, a bounded number of times.
+        log.exception("run %s: unexpected error; will retry", run_id)
+        return _hold_for_retry(run, owner, TransientLLMError(f"{type(exc).__name__}: {exc}"))
 
 
 def run_advance_until_settled(run_id: int, *, llm: LLM | None = None, sleep=None) -> AdvanceResult:
@@ -166,9 +171,10 @@ def run_advance_until_settled(run_id: int, *, llm: LLM | None = None, sleep=None
 def _hold_for_retry(run: Run, owner: str, exc: TransientLLMError) -> AdvanceResult:
     attempts = run.llm_attempts + 1
     if attempts >= settings.DESK_LLM_MAX_ATTEMPTS:
-        _fail(run, owner, f"LLM unavailable after {attempts} attempts: {exc}")
+        _fail(run, owner, f"gave up after {attempts} attempts: {exc}")
         return AdvanceResult(Outcome.FINISHED)
-    delay = exc.retry_after if exc.retry_after is not None else min(2**attempts, 300)
+    delay = exc.retry_after if exc.retry_after is not None else 2**attempts
+    delay = min(max(delay, 1.0), 300.0)
     # The lease doubles as "not before": nobody claims the run until the
     # backoff is over, and then any worker (or the sweeper's nudge) may.
     Run.objects.filter(pk=run.pk, lease_owner=owner).update(
@@ -256,7 +262,7 @@ class _Loop:
             calls.append(self._new_call(position, block, calls))
         with transaction.atomic():
             usage = {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens,
-                     "cost": run.cost, "llm_attempts": 0}
+                     "cost": run.cost, "llm_attempts": 0, "error": ""}
             self._own(message_count=seen + 1, **usage)
             Message.objects.create(run=run, seq=seen, role=Message.Role.ASSISTANT, content=reply.content)
             if not calls:
@@ -273,7 +279,7 @@ class _Loop:
                     if call.status != C.APPROVED or not find_tool(call.tool_name).is_read:
                         tool_call_transitioned.send(ToolCall, call=call, old="", new=call.status,
                                                     actor=None, reason=call.verdict_reason)
-        run.message_count = seen + 1
+        run.message_count, run.llm_attempts, run.error = seen + 1, 0, ""
         self.transcript.append({"role": Message.Role.ASSISTANT, "content": reply.content})
         failpoint("after_model_reply", run.step)
         if not calls:

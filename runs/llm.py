@@ -181,7 +181,9 @@ class AnthropicLLM:
             )
         except anthropic.APIStatusError as exc:
             message = f"Anthropic API {exc.status_code}: {_error_message(exc)}"
-            if exc.status_code in TRANSIENT_STATUSES or exc.status_code >= 500:
+            # A spend limit answers 429 but waiting will not lift it.
+            spend_limit = "spend_limit" in _error_type(exc)
+            if not spend_limit and (exc.status_code in TRANSIENT_STATUSES or exc.status_code >= 500):
                 raise TransientLLMError(message, retry_after=_retry_after(exc)) from exc
             raise PermanentLLMError(message) from exc
         except (anthropic.APITimeoutError, anthropic.APIConnectionError) as exc:
@@ -207,6 +209,9 @@ class AnthropicLLM:
                 )
         if not content:
             raise PermanentLLMError(f"Anthropic reply had no text or tool_use (stop: {response.stop_reason})")
+        if response.stop_reason == "max_tokens" and not any(b["type"] == "tool_use" for b in content):
+            # A cut-off answer is not a final answer: don't let it end the run as done.
+            raise PermanentLLMError(f"the model's reply was cut off at max_tokens ({self.max_tokens})")
         usage = Usage(input_tokens=tokens[0], output_tokens=tokens[1])
         usage.cost = price(self.model, usage.input_tokens, usage.output_tokens)
         return Reply(content=content, usage=usage)
@@ -219,6 +224,12 @@ def _error_message(exc: Any) -> str:
         if isinstance(error, dict) and error.get("message"):
             return str(error["message"])
     return str(getattr(exc, "message", exc))
+
+
+def _error_type(exc: Any) -> str:
+    body = getattr(exc, "body", None)
+    error = body.get("error") if isinstance(body, dict) else None
+    return str(error.get("type", "")) if isinstance(error, dict) else ""
 
 
 def _retry_after(exc: Any) -> float | None:

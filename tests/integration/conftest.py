@@ -64,6 +64,11 @@ class Desk:
         self.workers.append(worker)
         return worker
 
+    def start_beat(self) -> Worker:
+        beat = Worker(self, failpoints="", name="beat", beat=True)
+        self.workers.append(beat)
+        return beat
+
     def wait_for(self, run_id: int, *statuses: str, timeout: float = 30) -> dict:
         deadline = time.monotonic() + timeout
         while True:
@@ -77,19 +82,26 @@ class Desk:
 
 
 class Worker:
-    def __init__(self, desk: Desk, *, failpoints: str, name: str) -> None:
+    def __init__(self, desk: Desk, *, failpoints: str, name: str, beat: bool = False) -> None:
         self.log_path = desk.tmp_path / f"worker-{name}.log"
         env = dict(desk.env)
         if failpoints:
             env["DESK_FAILPOINTS"] = failpoints
+        if beat:
+            env["DESK_SWEEP_SECONDS"] = "1"
+            command = ["beat", "--loglevel=INFO", "-s", str(desk.tmp_path / "beat-schedule")]
+            ready = "beat: Starting"
+        else:
+            command = ["worker", "--pool=solo", "--without-gossip", "--without-mingle",
+                       "--without-heartbeat", "--loglevel=INFO", "-n", f"{name}@%h"]
+            ready = "ready."
         with self.log_path.open("w") as log:
             self.process = subprocess.Popen(
-                [PYTHON, "-m", "celery", "-A", "desk", "worker", "--pool=solo", "--without-gossip",
-                 "--without-mingle", "--without-heartbeat", "--loglevel=INFO", "-n", f"{name}@%h"],
+                [PYTHON, "-m", "celery", "-A", "desk", *command],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         deadline = time.monotonic() + 30
-        while "ready." not in self.log():
+        while ready not in self.log():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"worker did not start:\n{self.log()}")
             time.sleep(0.1)

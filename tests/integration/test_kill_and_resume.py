@@ -68,3 +68,17 @@ def test_a_killed_worker_resumes_from_the_step_it_died_in(desk, tmp_path, point)
         assert data["message_count"] == 2 * number + 1
         assert data["seen"][0]["content"][0]["text"] == "Refund A-1002"
         assert data["reply"][0]["text"] == SCENARIO["turns"][number]["text"]
+
+
+def test_the_beat_sweeper_renudges_a_run_whose_worker_died(desk, tmp_path):
+    scenario = tmp_path / "scenario.json"
+    scenario.write_text(json.dumps(SCENARIO))
+    doomed = desk.start_worker(failpoints="after_tool_effect@3")
+    run_id = int(desk.manage("startrun", "--agent", "refund-desk", "--task", "Refund A-1002",
+                             "--script", str(scenario)).stdout.split()[0])
+    assert doomed.wait_exit() == 137
+    desk.start_worker()
+    desk.start_beat()  # sweeps every second; nobody runs `resume`
+    done = desk.wait_for(run_id, "done", "failed")
+    assert done["status"] == "done", done["error"]
+    assert len(desk.world()["payments"]) == 1

@@ -273,3 +273,27 @@ def test_a_write_whose_outcome_stays_unknown_stops_the_run_for_a_human(users):
     assert "outcome still unknown after 3 attempts" in run.error
     assert ToolCall.objects.get(run=run).status == ToolCall.Status.EXECUTING
     assert Payment.objects.count() == 0
+
+
+class ExplodingGate:
+    def review(self, **kwargs):
+        raise RuntimeError("rules table is unreadable")
+
+
+def test_an_unexpected_error_is_retried_a_bounded_number_of_times(users, settings):
+    settings.DESK_GATE = "tests.runs.test_engine.ExplodingGate"
+    settings.DESK_LLM_MAX_ATTEMPTS = 2
+    from runs.services import run_create
+
+    run = run_create(agent_name="refund-desk", task="t", enqueue=False)
+    first = run_advance(run.pk)
+    assert first.outcome == Outcome.RETRY and first.retry_after == 2
+    run.refresh_from_db()
+    assert run.status == Run.Status.RUNNING and run.lease_owner == ""
+    assert run.error == "retrying: RuntimeError: rules table is unreadable"
+    assert Message.objects.filter(run=run).count() == 1  # the reply was not half-saved
+    Run.objects.filter(pk=run.pk).update(lease_until=None)
+    assert run_advance(run.pk).outcome == Outcome.FINISHED
+    run.refresh_from_db()
+    assert run.status == Run.Status.FAILED
+    assert run.error == "gave up after 2 attempts: RuntimeError: rules table is unreadable"

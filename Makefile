@@ -1,8 +1,13 @@
 # Two commands: `make run` (the desk with a working demo) and `make test`.
 SHELL := /bin/bash
-# Django 6 needs Python 3.12+; take the newest one this machine has.
-PYTHON ?= $(shell for p in python3.13 python3.12 /root/.pyenv/versions/3.13.*/bin/python3 /root/.pyenv/versions/3.12.*/bin/python3; do \
-	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' && { command -v $$p; break; }; done)
+# Django 6 needs Python 3.12+; take the newest one this machine has
+# (pyenv's builds included). Override with `make PYTHON=/path/to/python3.12 ...`.
+ifndef PYTHON
+PYTHON := $(shell for p in /root/.pyenv/versions/3.13.*/bin/python3 /root/.pyenv/versions/3.12.*/bin/python3 \
+	/usr/bin/python3.13 /usr/bin/python3.12 /usr/local/bin/python3.13 /usr/local/bin/python3.12 python3; do \
+	[ -x "$$p" ] || p=$$(command -v $$p 2>/dev/null) || continue; \
+	"$$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo "$$p"; break; }; done)
+endif
 VENV := .venv
 BIN := $(VENV)/bin
 

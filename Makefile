@@ -11,7 +11,7 @@ endif
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench install install-dev migrate clean
+.PHONY: run test test-production lint bench install install-dev migrate clean
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "Python 3.12 or newer is needed (Django 6)."; exit 1; }
@@ -53,3 +53,10 @@ bench: install
 
 clean:
 	rm -rf var/ .pytest_cache
+
+# The production configuration: PostgreSQL for both databases, Redis as the broker
+# of the integration tests' workers. Needs the servers of .ci/services running.
+PG_URL ?= postgres://countersign:countersign@127.0.0.1:5432
+test-production: install-dev
+	DATABASE_URL=$(PG_URL)/countersign WORLD_DATABASE_URL=$(PG_URL)/countersign_world \
+	DESK_TEST_BROKER_URL=redis://127.0.0.1:6379/15 $(BIN)/python -m pytest $(PYTEST_ARGS)

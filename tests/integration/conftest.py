@@ -18,17 +18,30 @@ ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 
 
+def database_url(alias: str) -> str:
+    """The URL of the test database (already set up) for a subprocess."""
+    db = connections[alias].settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return "sqlite:///" + db["NAME"]
+    return f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
 class Desk:
     """The environment every subprocess of one test shares."""
 
     def __init__(self, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
         self.workers: list[Worker] = []
+        broker = os.environ.get("DESK_TEST_BROKER_URL", "filesystem://")
+        if broker.startswith("redis"):
+            import redis
+
+            redis.Redis.from_url(broker).flushdb()  # no nudges left over from another test
         self.env = {
             **os.environ,
-            "DATABASE_URL": "sqlite:///" + connections["default"].settings_dict["NAME"],
-            "WORLD_DATABASE_URL": "sqlite:///" + connections["world"].settings_dict["NAME"],
-            "CELERY_BROKER_URL": "filesystem://",
+            "DATABASE_URL": database_url("default"),
+            "WORLD_DATABASE_URL": database_url("world"),
+            "CELERY_BROKER_URL": broker,
             "DESK_BROKER_DIR": str(tmp_path / "broker"),
             "DESK_LEASE_SECONDS": "3",
             "DESK_TESTING": "1",

@@ -2,20 +2,36 @@
 
 from __future__ import annotations
 
-from django.db import transaction
+from django.db import connections, router, transaction
 
 from runs.gate import ALLOW, NEEDS_APPROVAL, Verdict
 
 from .models import ApprovalRequest, GateRule
 
+# What review() needs of a rule; fetched with plain SQL because review runs on
+# every call of every step, and compiling the ORM query cost more than the query
+# (bench/step_overhead.py). Always fresh: an admin's change applies to the next call.
+RULE_COLUMNS = ("id", "name", "field", "operator", "value", "effect", "version")
+
+
+def enabled_rules(tool_name: str) -> list[GateRule]:
+    """Enabled rules for the tool (or ``*``), highest priority first."""
+    connection = connections[router.db_for_read(GateRule)]
+    quote = connection.ops.quote_name
+    sql = (
+        f"SELECT {', '.join(quote(c) for c in RULE_COLUMNS)} FROM {quote(GateRule._meta.db_table)} "
+        f"WHERE {quote('enabled')} = %s AND {quote('tool')} IN (%s, %s) "
+        f"ORDER BY {quote('priority')} DESC, {quote('id')}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [True, tool_name, "*"])
+        return [GateRule(**dict(zip(RULE_COLUMNS, row, strict=True))) for row in cursor.fetchall()]
+
 
 class RuleGate:
     def review(self, *, run, call, spec) -> Verdict:
         facts = spec.gate_facts(call.input)
-        rules = GateRule.objects.filter(enabled=True, tool__in=[call.tool_name, "*"]).order_by(
-            "-priority", "id"
-        )
-        for rule in rules:
+        for rule in enabled_rules(call.tool_name):
             hit, why = rule.matches(facts)
             if hit:
                 return Verdict(rule.effect, rule=rule.label, reason=why, rule_id=rule.pk)

@@ -10,12 +10,13 @@ characters of text and one read call (get_order A-1001, ~200-character
 result), then a final text turn: N + 1 steps, advanced by one
 ``runs.engine.run_advance`` call (one claim).
 
-Reported, never asserted: ms/step (overall, and with the ScriptedLLM's own time
-taken out), the last 10% of steps against the first 10% (per-step times from
-consecutive Step.created_at), database bytes/step (db + WAL after
-``wal_checkpoint(TRUNCATE)``), rows/step by table, commits/step, and the cost
-of one durable commit on this disk. Then a profile of one N: queries per step,
-commit and fsync counts, where the bytes go (dbstat) and a cProfile summary.
+Reported, never asserted: ms/step (overall, and for the engine alone, with the
+time inside ScriptedLLM.reply and inside the tool taken out), the last 10% of
+steps against the first 10% (per-step times from consecutive Step.created_at),
+database bytes/step (db + WAL after ``wal_checkpoint(TRUNCATE)``), rows/step by
+table, commits/step, and the cost of one durable commit on this disk. Then a
+profile of one N: queries per step, time per engine phase, commit and fsync
+counts, where the bytes go (dbstat) and a cProfile summary.
 """
 
 from __future__ import annotations
@@ -54,8 +55,10 @@ FILLER = (
 
 def scenario(n: int) -> dict:
     turns = [
-        {"text": f"Step {i}: {FILLER}"[:200],
-         "tool_calls": [{"name": "get_order", "input": {"order_id": "A-1001"}}]}
+        {
+            "text": f"Step {i}: {FILLER}"[:200],
+            "tool_calls": [{"name": "get_order", "input": {"order_id": "A-1001"}}],
+        }
         for i in range(n)
     ]
     turns.append({"text": "Order A-1001 checked; nothing more to do. " + FILLER[:150]})
@@ -125,15 +128,24 @@ def dbstat() -> dict[str, dict]:
         cursor.execute("SELECT name, tbl_name, type FROM sqlite_master WHERE type IN ('table','index')")
         owner = {name: (tbl, kind) for name, tbl, kind in cursor.fetchall()}
         try:
-            cursor.execute("SELECT name, count(*), sum(pgsize), sum(payload), sum(unused), "
-                           "sum(CASE WHEN pagetype = 'leaf' THEN ncell ELSE 0 END) "
-                           "FROM dbstat GROUP BY name")
+            cursor.execute(
+                "SELECT name, count(*), sum(pgsize), sum(payload), sum(unused), "
+                "sum(CASE WHEN pagetype = 'leaf' THEN ncell ELSE 0 END) "
+                "FROM dbstat GROUP BY name"
+            )
         except Exception:  # dbstat not compiled in
             return {}
         for name, pages, pgsize, payload, unused, cells in cursor.fetchall():
             tbl, kind = owner.get(name, (name, "?"))
-            out[name] = {"table": tbl, "type": kind, "pages": pages, "bytes": pgsize,
-                         "payload": payload, "unused": unused, "cells": cells}
+            out[name] = {
+                "table": tbl,
+                "type": kind,
+                "pages": pages,
+                "bytes": pgsize,
+                "payload": payload,
+                "unused": unused,
+                "cells": cells,
+            }
     return out
 
 
@@ -172,6 +184,7 @@ class Counters:
         ScriptedLLM.reply = timed_reply
         invoke = getattr(engine, "_invoke", None)
         if invoke is not None:
+
             def timed_invoke(spec, ctx, *args, **kwargs):
                 t = time.perf_counter()
                 try:
@@ -212,12 +225,25 @@ def time_phases(store: dict[str, list[float]]) -> None:
     from runs import engine
     from tools.registry import ToolSpec
 
-    targets = [(engine._Loop, name, f"_Loop.{name}") for name in
-               ("_ask_model", "_new_call", "_work", "_execute", "_close_step", "_own", "_flush_dirty",
-                "_pause")]
-    targets += [(engine, "_invoke", "_invoke (the tool itself)"), (engine, "lease_claim", "lease_claim"),
-                (ToolSpec, "validation_errors", "ToolSpec.validation_errors"),
-                (type(engine.gate_module.get_gate()), "review", "gate.review")]
+    targets = [
+        (engine._Loop, name, f"_Loop.{name}")
+        for name in (
+            "_ask_model",
+            "_new_call",
+            "_work",
+            "_execute",
+            "_close_step",
+            "_own",
+            "_flush_dirty",
+            "_pause",
+        )
+    ]
+    targets += [
+        (engine, "_invoke", "_invoke (the tool itself)"),
+        (engine, "lease_claim", "lease_claim"),
+        (ToolSpec, "validation_errors", "ToolSpec.validation_errors"),
+        (type(engine.gate_module.get_gate()), "review", "gate.review"),
+    ]
     for owner, name, label in targets:
         original = getattr(owner, name, None)
         if original is None:
@@ -269,8 +295,13 @@ def worker(args) -> dict:
         return commit_probe(db_dir, args.commits, counters)
 
     n = args.n
-    run = run_create(agent_name="refund-desk", task=f"Benchmark: check order A-1001 {n} times.",
-                     script=scenario(n), max_steps=n + 5, enqueue=False)
+    run = run_create(
+        agent_name="refund-desk",
+        task=f"Benchmark: check order A-1001 {n} times.",
+        script=scenario(n),
+        max_steps=n + 5,
+        enqueue=False,
+    )
     rows_before = table_rows()
     stat_before = dbstat() if args.worker == "queries" else {}
     bytes_before = db_bytes()
@@ -292,6 +323,7 @@ def worker(args) -> dict:
                     q = queries[sql_shape(alias, sql)]
                     q[0] += 1
                     q[1] += time.perf_counter() - t
+
             return record
 
         for alias in ("default", "world"):
@@ -320,21 +352,34 @@ def worker(args) -> dict:
         w.__exit__(None, None, None)
 
     run.refresh_from_db()
-    stamps = [s.timestamp() for s in Step.objects.filter(run=run).order_by("number")
-              .values_list("created_at", flat=True)]
+    stamps = [
+        s.timestamp()
+        for s in Step.objects.filter(run=run).order_by("number").values_list("created_at", flat=True)
+    ]
     deltas = [b - a for a, b in zip([wall0, *stamps[:-1]], stamps, strict=True)]
     rows_after = table_rows()
     bytes_after = db_bytes()
     steps = len(stamps)
     out = {
-        "mode": args.worker, "n": n, "steps": steps, "outcome": str(result.outcome),
-        "status": run.status, "error": run.error, "elapsed": elapsed,
-        "deltas": deltas, "llm": list(counters.llm),
+        "mode": args.worker,
+        "n": n,
+        "steps": steps,
+        "outcome": str(result.outcome),
+        "status": run.status,
+        "error": run.error,
+        "elapsed": elapsed,
+        "deltas": deltas,
+        "llm": list(counters.llm),
         "tool": [counters.tool.get(i, 0.0) for i in range(len(deltas))],
-        "commits": dict(counters.commits), "commit_time": dict(counters.commit_time),
-        "bytes_before": bytes_before, "bytes_after": bytes_after,
-        "rows": {t: rows_after[t] - rows_before.get(t, 0) for t in rows_after
-                 if rows_after[t] != rows_before.get(t, 0)},
+        "commits": dict(counters.commits),
+        "commit_time": dict(counters.commit_time),
+        "bytes_before": bytes_before,
+        "bytes_after": bytes_after,
+        "rows": {
+            t: rows_after[t] - rows_before.get(t, 0)
+            for t in rows_after
+            if rows_after[t] != rows_before.get(t, 0)
+        },
         "wchar": io1.get("wchar", 0) - io0.get("wchar", 0),
         "syscw": io1.get("syscw", 0) - io0.get("syscw", 0),
         "page_size": _pragma("page_size"),
@@ -343,9 +388,14 @@ def worker(args) -> dict:
         out["queries"] = dict(queries)
         out["phases"] = phases
         stat_after = dbstat()
-        out["dbstat"] = {name: {**v, "bytes_delta": v["bytes"] - stat_before.get(name, {}).get("bytes", 0),
-                                "cells_delta": v["cells"] - stat_before.get(name, {}).get("cells", 0)}
-                         for name, v in stat_after.items()}
+        out["dbstat"] = {
+            name: {
+                **v,
+                "bytes_delta": v["bytes"] - stat_before.get(name, {}).get("bytes", 0),
+                "cells_delta": v["cells"] - stat_before.get(name, {}).get("cells", 0),
+            }
+            for name, v in stat_after.items()
+        }
         out["row_bytes"] = row_bytes(run.pk)
     if profiler is not None:
         out["cprofile"] = cprofile_summary(profiler, steps, db_dir / "profile.txt")
@@ -395,27 +445,40 @@ def cprofile_summary(profiler, steps: int, path: Path) -> dict:
     stats.sort_stats("cumulative").print_stats(40)
     path.write_text(stream.getvalue())
     picks = [
-        ("runs/engine.py", "_ask_model"), ("runs/engine.py", "_new_call"),
-        ("runs/engine.py", "_execute"), ("runs/engine.py", "_close_step"),
-        ("runs/engine.py", "_own"), ("runs/engine.py", "_flush_dirty"),
-        ("runs/llm.py", "reply"), ("runs/llm.py", "_estimate_tokens"),
-        ("tools/registry.py", "validation_errors"), ("tools/registry.py", "input_hash"),
-        ("approvals/gate.py", "review"), ("tools/demo.py", "get_order"),
-        ("django/db/transaction.py", "__exit__"), ("django/db/transaction.py", "__enter__"),
-        ("django/db/models/query.py", "bulk_create"), ("django/db/models/query.py", "bulk_update"),
-        ("django/db/models/query.py", "update"), ("django/db/models/query.py", "create"),
+        ("runs/engine.py", "_ask_model"),
+        ("runs/engine.py", "_new_call"),
+        ("runs/engine.py", "_execute"),
+        ("runs/engine.py", "_close_step"),
+        ("runs/engine.py", "_own"),
+        ("runs/engine.py", "_flush_dirty"),
+        ("runs/llm.py", "reply"),
+        ("runs/llm.py", "_estimate_tokens"),
+        ("tools/registry.py", "validation_errors"),
+        ("tools/registry.py", "input_hash"),
+        ("approvals/gate.py", "review"),
+        ("tools/demo.py", "get_order"),
+        ("django/db/transaction.py", "__exit__"),
+        ("django/db/transaction.py", "__enter__"),
+        ("django/db/models/query.py", "bulk_create"),
+        ("django/db/models/query.py", "bulk_update"),
+        ("django/db/models/query.py", "update"),
+        ("django/db/models/query.py", "create"),
         ("~", "<method 'commit' of 'sqlite3.Connection' objects>"),
         ("~", "<method 'execute' of 'sqlite3.Cursor' objects>"),
-        ("json/__init__.py", "dumps"), ("json/__init__.py", "loads"),
+        ("json/__init__.py", "dumps"),
+        ("json/__init__.py", "loads"),
     ]
     found = {}
     for (filename, _line, func), (_cc, ncalls, tottime, cumtime, _callers) in stats.stats.items():
         for pfile, pfunc in picks:
             if func == pfunc and ((pfile == "~" and filename == "~") or filename.endswith(pfile)):
                 label = f"{pfile.split('/')[-1]}:{pfunc}" if pfile != "~" else pfunc
-                found[label] = {"calls_per_step": ncalls / steps, "cum_ms_per_step": cumtime * 1000 / steps,
-                                "self_ms_per_step": tottime * 1000 / steps}
-    listing = top[top.find("ncalls"):] if "ncalls" in top else top
+                found[label] = {
+                    "calls_per_step": ncalls / steps,
+                    "cum_ms_per_step": cumtime * 1000 / steps,
+                    "self_ms_per_step": tottime * 1000 / steps,
+                }
+    listing = top[top.find("ncalls") :] if "ncalls" in top else top
     return {"functions": found, "total_ms": stats.total_tt * 1000, "text": str(path), "top": listing}
 
 
@@ -464,13 +527,35 @@ def commit_probe(db_dir: Path, count: int, counters: Counters) -> dict:
 # =============================================================================
 def spawn(mode: str, db_dir: Path, *, n: int = 0, args, strace_to: Path | None = None) -> dict:
     out_path = db_dir.with_suffix(".json")
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--dir", str(db_dir),
-           "--n", str(n), "--out", str(out_path), "--commits", str(args.commits)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        mode,
+        "--dir",
+        str(db_dir),
+        "--n",
+        str(n),
+        "--out",
+        str(out_path),
+        "--commits",
+        str(args.commits),
+    ]
     if args.debug:
         cmd.append("--debug")
     if strace_to is not None:
-        cmd = ["strace", "-f", "-y", "-qq", "-e", "trace=fsync,fdatasync,openat", "-o", str(strace_to),
-               *cmd, "--marker"]
+        cmd = [
+            "strace",
+            "-f",
+            "-y",
+            "-qq",
+            "-e",
+            "trace=fsync,fdatasync,openat",
+            "-o",
+            str(strace_to),
+            *cmd,
+            "--marker",
+        ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     if proc.returncode != 0 or not out_path.exists():
         sys.stderr.write(proc.stdout + proc.stderr)
@@ -505,8 +590,8 @@ def summarize(r: dict) -> dict:
     engine = [d - m - t for d, m, t in zip(deltas, llm, tool, strict=True)]
     tool_steps = max(1, steps - 1)  # the last step is the final text turn
     k = max(1, math.ceil(tool_steps * 0.1))
-    first, last = deltas[:k], deltas[tool_steps - k: tool_steps]
-    e_first, e_last = engine[:k], engine[tool_steps - k: tool_steps]
+    first, last = deltas[:k], deltas[tool_steps - k : tool_steps]
+    e_first, e_last = engine[:k], engine[tool_steps - k : tool_steps]
     return {
         "steps": steps,
         "total_s": r["elapsed"],
@@ -514,8 +599,11 @@ def summarize(r: dict) -> dict:
         "llm_ms_step": sum(r["llm"]) * 1000 / steps,
         "tool_ms_step": sum(r["tool"]) * 1000 / steps,
         "eng_ms_step": (r["elapsed"] - sum(r["llm"]) - sum(r["tool"])) * 1000 / steps,
-        "first": median_ms(first), "last": median_ms(last),
-        "e_first": median_ms(e_first), "e_last": median_ms(e_last),
+        "first": median_ms(first),
+        "last": median_ms(last),
+        "e_first": median_ms(e_first),
+        "e_last": median_ms(e_last),
+        "e_median": median_ms(engine[:tool_steps]),
         "bytes_step": (r["bytes_after"] - r["bytes_before"]) / steps,
         "wchar_step": r["wchar"] / steps,
         "commits_step": sum(r["commits"].values()) / steps,
@@ -562,8 +650,15 @@ def fmt_ratio(a: float, b: float) -> str:
     return f"{b / a:4.2f}x" if a > 0 else "  -  "
 
 
-def report(args, results: list[dict], probe: dict, prof: dict | None, fsyncs: dict | None,
-           cprof: dict | None, tmp: Path) -> None:
+def report(
+    args,
+    results: list[dict],
+    probe: dict,
+    prof: dict | None,
+    fsyncs: dict | None,
+    cprof: dict | None,
+    tmp: Path,
+) -> None:
     p = print
     p("Countersign step overhead (bench/step_overhead.py)")
     for line in machine_info(tmp):
@@ -572,8 +667,10 @@ def report(args, results: list[dict], probe: dict, prof: dict | None, fsyncs: di
     if args.repeat > 1:
         p(f"  each N run {args.repeat} times in fresh databases; the run with the median wall time is shown")
     p(f"  settings: SQLite WAL, synchronous=FULL, BEGIN IMMEDIATE (unchanged); DEBUG {debug}")
-    p("  scenario: N turns of ~200 chars + one get_order call (result ~200 chars), then a final "
-      "text turn = N+1 steps, one run_advance() claim")
+    p(
+        "  scenario: N turns of ~200 chars + one get_order call (result ~200 chars), then a final "
+        "text turn = N+1 steps, one run_advance() claim"
+    )
     p()
     p("Durable commit on this disk (200 tiny transactions, WAL):")
     pc = probe["per_commit"]
@@ -590,20 +687,27 @@ def report(args, results: list[dict], probe: dict, prof: dict | None, fsyncs: di
     sums = [summarize(r) for r in results]
     p("Time per step, ms. all = wall time of run_advance() / steps; LLM = inside ScriptedLLM.reply;")
     p("tool = inside the get_order tool (world db); engine = all - LLM - tool; commit = part of engine")
-    p("spent in COMMIT. first/last = median step of the first/last 10% of tool steps (consecutive")
-    p("Step.created_at); eng first/last = the same minus that step's LLM and tool time.")
-    header = (f"{'N':>6} {'steps':>6} {'total s':>8} | {'all':>7} {'LLM':>6} {'tool':>6} {'engine':>7} "
-              f"{'commit':>7} | {'first':>7} {'last':>7} {'ratio':>6} | {'eng 1st':>7} {'eng last':>8} "
-              f"{'ratio':>6}")
+    p("spent in COMMIT; eng p50 = median engine time of one tool step (robust to a busy machine).")
+    p("first/last = median step of the first/last 10% of tool steps (consecutive Step.created_at);")
+    p("eng first/last = the same minus that step's LLM and tool time.")
+    header = (
+        f"{'N':>6} {'steps':>6} {'total s':>8} | {'all':>7} {'LLM':>6} {'tool':>6} {'engine':>7} "
+        f"{'commit':>7} {'eng p50':>7} | {'first':>7} {'last':>7} {'ratio':>6} | "
+        f"{'eng 1st':>7} {'eng last':>8} {'ratio':>6}"
+    )
     p(header)
     p("-" * len(header))
     for r, s in zip(results, sums, strict=True):
         bad = "" if r["status"] == "done" else f"   <- run ended {r['status']}: {r['error']}"
         ratio, e_ratio = fmt_ratio(s["first"], s["last"]), fmt_ratio(s["e_first"], s["e_last"])
-        p(f"{r['n']:>6} {s['steps']:>6} {s['total_s']:>8.2f} | {s['ms_step']:>7.3f} {s['llm_ms_step']:>6.3f} "
-          f"{s['tool_ms_step']:>6.3f} {s['eng_ms_step']:>7.3f} {s['commit_ms_step']:>7.3f} | "
-          f"{s['first']:>7.3f} {s['last']:>7.3f} {ratio:>6} | {s['e_first']:>7.3f} {s['e_last']:>8.3f} "
-          f"{e_ratio:>6}{bad}")
+        p(
+            f"{r['n']:>6} {s['steps']:>6} {s['total_s']:>8.2f} | "
+            f"{s['ms_step']:>7.3f} {s['llm_ms_step']:>6.3f} "
+            f"{s['tool_ms_step']:>6.3f} {s['eng_ms_step']:>7.3f} {s['commit_ms_step']:>7.3f} "
+            f"{s['e_median']:>7.3f} | "
+            f"{s['first']:>7.3f} {s['last']:>7.3f} {ratio:>6} | {s['e_first']:>7.3f} {s['e_last']:>8.3f} "
+            f"{e_ratio:>6}{bad}"
+        )
     p()
     p("Storage and I/O per step. db B = growth of db + WAL after wal_checkpoint(TRUNCATE);")
     p("written = bytes passed to write() (WAL frames, then checkpoint copies into the db file).")
@@ -612,8 +716,11 @@ def report(args, results: list[dict], probe: dict, prof: dict | None, fsyncs: di
     p("-" * len(header))
     for r, s in zip(results, sums, strict=True):
         per_commit = s["commit_ms_step"] / s["commits_step"] if s["commits_step"] else 0
-        p(f"{r['n']:>6} | {s['bytes_step']:>9.0f} {s['wchar_step'] / 1024:>15.1f} {s['commits_step']:>12.2f} "
-          f"{per_commit:>10.3f}")
+        p(
+            f"{r['n']:>6} | {s['bytes_step']:>9.0f} {s['wchar_step'] / 1024:>15.1f} "
+            f"{s['commits_step']:>12.2f} "
+            f"{per_commit:>10.3f}"
+        )
     p()
     ms = [s["ms_step"] for s in sums]
     ratios = [s["last"] / s["first"] for s in sums if s["first"] > 0]
@@ -625,14 +732,21 @@ def report(args, results: list[dict], probe: dict, prof: dict | None, fsyncs: di
 
     worst = max(range(len(ms)), key=ms.__getitem__)
     p("Against the targets (reported, not asserted):")
-    p(f"  {f'< {TARGET_MS} ms/step':<14}: {verdict(max(ms) < TARGET_MS)}  worst {ms[worst]:.3f} ms/step at "
-      f"N={results[worst]['n']}; engine alone (no LLM, no tool) "
-      f"{min(s['eng_ms_step'] for s in sums):.3f}-{max(s['eng_ms_step'] for s in sums):.3f} ms/step")
-    p(f"  {'flat in N':<14}: {verdict(max(ratios, default=0) <= FLAT_RATIO)}  last/first 10%: "
-      f"{', '.join(f'{x:.2f}' for x in ratios)}; engine alone: {', '.join(f'{x:.2f}' for x in e_ratios)}"
-      f"  (flat here: ratio <= {FLAT_RATIO})")
-    p(f"  {'':<14}  {'':<6}  ms/step by N: {' -> '.join(f'{x:.2f}' for x in ms)}; engine alone: "
-      f"{' -> '.join(f'{s['eng_ms_step']:.2f}' for s in sums)}")
+    p(
+        f"  {f'< {TARGET_MS} ms/step':<14}: {verdict(max(ms) < TARGET_MS)}  worst {ms[worst]:.3f} ms/step at "
+        f"N={results[worst]['n']}; engine alone (no LLM, no tool) "
+        f"{min(s['eng_ms_step'] for s in sums):.3f}-{max(s['eng_ms_step'] for s in sums):.3f} ms/step, "
+        f"median step {min(s['e_median'] for s in sums):.3f}-{max(s['e_median'] for s in sums):.3f}"
+    )
+    p(
+        f"  {'flat in N':<14}: {verdict(max(ratios, default=0) <= FLAT_RATIO)}  last/first 10%: "
+        f"{', '.join(f'{x:.2f}' for x in ratios)}; engine alone: {', '.join(f'{x:.2f}' for x in e_ratios)}"
+        f"  (flat here: ratio <= {FLAT_RATIO})"
+    )
+    p(
+        f"  {'':<14}  {'':<6}  ms/step by N: {' -> '.join(f'{x:.2f}' for x in ms)}; engine alone: "
+        f"{' -> '.join(f'{s["eng_ms_step"]:.2f}' for s in sums)}"
+    )
     p(f"  {f'< {TARGET_BYTES} B/step':<14}: {verdict(max(bs) < TARGET_BYTES)}  worst {max(bs):.0f} B/step")
     p()
     tables = sorted({t for r in results for t in r["rows"]})
@@ -653,29 +767,40 @@ def report_profile(prof: dict, fsyncs: dict | None, cprof: dict | None) -> None:
     total_q = sum(v[0] for v in q.values())
     total_qt = sum(v[1] for v in q.values())
     commits = prof["commits"]
-    p(f"  statements/step {total_q / steps:.2f} ({total_qt * 1000 / steps:.3f} ms/step in execute); "
-      f"commits/step: " + ", ".join(f"{a} {c / steps:.2f}" for a, c in sorted(commits.items()))
-      + f" ({sum(prof['commit_time'].values()) * 1000 / steps:.3f} ms/step in commit)")
+    p(
+        f"  statements/step {total_q / steps:.2f} ({total_qt * 1000 / steps:.3f} ms/step in execute); "
+        f"commits/step: "
+        + ", ".join(f"{a} {c / steps:.2f}" for a, c in sorted(commits.items()))
+        + f" ({sum(prof['commit_time'].values()) * 1000 / steps:.3f} ms/step in commit)"
+    )
     p(f"  {'statement (database: verb table)':<52} {'per step':>9} {'us each':>8} {'ms/step':>8}")
     for shape, (count, secs) in sorted(q.items(), key=lambda kv: -kv[1][1]):
-        p(f"  {shape:<52} {count / steps:>9.2f} {secs * 1e6 / max(count, 1):>8.1f} "
-          f"{secs * 1000 / steps:>8.3f}")
+        p(
+            f"  {shape:<52} {count / steps:>9.2f} {secs * 1e6 / max(count, 1):>8.1f} "
+            f"{secs * 1000 / steps:>8.3f}"
+        )
     s = summarize(prof)
     sql_ms = total_qt * 1000 / steps
     commit_ms = sum(prof["commit_time"].values()) * 1000 / steps
     rest = s["ms_step"] - s["llm_ms_step"] - sql_ms - commit_ms
-    p(f"  time/step: {s['ms_step']:.3f} ms = ScriptedLLM {s['llm_ms_step']:.3f} + SQL execute {sql_ms:.3f} "
-      f"+ commit {commit_ms:.3f} + Python (ORM, engine, gate, schema checks) {rest:.3f}")
+    p(
+        f"  time/step: {s['ms_step']:.3f} ms = ScriptedLLM {s['llm_ms_step']:.3f} + SQL execute {sql_ms:.3f} "
+        f"+ commit {commit_ms:.3f} + Python (ORM, engine, gate, tool code) {rest:.3f}"
+    )
     phases = prof.get("phases") or {}
     if phases:
-        p("  inclusive time per engine phase (nested: _work > _execute > _invoke; _ask_model > _new_call >"
-          " gate.review):")
+        p(
+            "  inclusive time per engine phase (nested: _work > _execute > _invoke; _ask_model > _new_call >"
+            " gate.review):"
+        )
         for label, (count, secs) in sorted(phases.items(), key=lambda kv: -kv[1][1]):
             p(f"    {label:<34} {count / steps:>6.2f} calls/step {secs * 1000 / steps:>8.3f} ms/step")
     if fsyncs is not None:
         total = sum(fsyncs.values())
-        p(f"  fsyncs/step (strace, run only): {total / steps:.2f}  "
-          + ", ".join(f"{k}: {v / steps:.2f}" for k, v in sorted(fsyncs.items())))
+        p(
+            f"  fsyncs/step (strace, run only): {total / steps:.2f}  "
+            + ", ".join(f"{k}: {v / steps:.2f}" for k, v in sorted(fsyncs.items()))
+        )
     p()
     stat = prof.get("dbstat") or {}
     if stat:
@@ -686,8 +811,10 @@ def report_profile(prof: dict, fsyncs: dict | None, cprof: dict | None) -> None:
         for name, v in sorted(rows, key=lambda kv: -kv[1]["bytes_delta"]):
             per_row = v["payload"] / v["cells"] if v["cells"] else 0
             fill = 1 - v["unused"] / v["bytes"] if v["bytes"] else 0
-            p(f"  {name[:44]:<44} {v['table'][:18]:<18} {v['bytes_delta'] / steps:>8.0f} "
-              f"{per_row:>11.0f} {fill:>6.0%}")
+            p(
+                f"  {name[:44]:<44} {v['table'][:18]:<18} {v['bytes_delta'] / steps:>8.0f} "
+                f"{per_row:>11.0f} {fill:>6.0%}"
+            )
         total = sum(v["bytes_delta"] for _, v in rows)
         p(f"  {'total':<63} {total / steps:>8.0f}")
         p()
@@ -702,8 +829,10 @@ def report_profile(prof: dict, fsyncs: dict | None, cprof: dict | None) -> None:
         p(f"  {'function':<58} {'calls':>7} {'cum ms':>8} {'self ms':>8}")
         funcs = cprof["cprofile"]["functions"]
         for name, v in sorted(funcs.items(), key=lambda kv: -kv[1]["cum_ms_per_step"]):
-            p(f"  {name[:58]:<58} {v['calls_per_step']:>7.2f} {v['cum_ms_per_step']:>8.3f} "
-              f"{v['self_ms_per_step']:>8.3f}")
+            p(
+                f"  {name[:58]:<58} {v['calls_per_step']:>7.2f} {v['cum_ms_per_step']:>8.3f} "
+                f"{v['self_ms_per_step']:>8.3f}"
+            )
         p("  top functions by own time (whole run):")
         for line in cprof["cprofile"]["top"].rstrip().splitlines():
             p("    " + line.rstrip()[:150])
@@ -713,11 +842,16 @@ def report_profile(prof: dict, fsyncs: dict | None, cprof: dict | None) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", default="50,200,800,2000", help="comma-separated N (default %(default)s)")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="runs per N, each in fresh databases; the median-time run is reported")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per N, each in fresh databases; the median-time run is reported",
+    )
     parser.add_argument("--commits", type=int, default=200, help="transactions in the commit probe")
-    parser.add_argument("--profile-steps", type=int, default=800,
-                        help="N for the profile pass (0: no profile)")
+    parser.add_argument(
+        "--profile-steps", type=int, default=800, help="N for the profile pass (0: no profile)"
+    )
     parser.add_argument("--no-strace", action="store_true", help="do not count fsyncs with strace")
     parser.add_argument("--debug", action="store_true", help="keep settings.DEBUG at its default (on)")
     parser.add_argument("--tmpdir", default=None, help="where the temporary databases go (which disk)")

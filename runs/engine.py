@@ -52,7 +52,8 @@ from .llm import (
     ScriptedLLM,
     TransientLLMError,
 )
-from .models import Message, Run, Step, ToolCall
+from .models import RESOLVED_CALL_STATUSES, Message, Run, Step, ToolCall
+from .rawsql import insert_rows, update_rows
 from .services import TransitionConflict, lease_deadline, run_transition
 from .signals import run_transitioned, tool_call_transitioned
 
@@ -222,9 +223,9 @@ class _Loop:
     def _own(self, **fields) -> None:
         """Renew the lease (and write run fields) or find out we lost it."""
         fields["lease_until"] = lease_deadline()
-        if not Run.objects.filter(pk=self.run.pk, lease_owner=self.owner, status=S.RUNNING).update(
-            **fields
-        ):
+        fields["updated_at"] = timezone.now()
+        where = {"id": self.run.pk, "lease_owner": self.owner, "status": S.RUNNING}
+        if update_rows(Run, where, fields) != 1:
             raise LeaseLost()
 
     # --- the step ---------------------------------------------------------
@@ -239,6 +240,8 @@ class _Loop:
             calls = self._ask_model()
             if calls is None:
                 return AdvanceResult(Outcome.FINISHED)
+            if calls == _STEP_CLOSED:
+                return None
         else:
             calls = list(ToolCall.objects.filter(run=run, step=run.step).order_by("position"))
             if not calls:  # an assistant turn without calls ended the run
@@ -246,7 +249,7 @@ class _Loop:
                 return AdvanceResult(Outcome.FINISHED)
         return self._work(calls)
 
-    def _ask_model(self) -> list[ToolCall] | None:
+    def _ask_model(self) -> list[ToolCall] | str | None:
         run = self.run
         # Slow I/O outside any transaction: nothing is locked while the model thinks.
         reply = self.llm.reply(
@@ -260,6 +263,9 @@ class _Loop:
         calls: list[ToolCall] = []
         for position, block in enumerate(reply.tool_uses):
             calls.append(self._new_call(position, block, calls))
+        if calls and all(_is_read_or_resolved(call) for call in calls):
+            self._reads_only_step(reply, calls)
+            return _STEP_CLOSED
         with transaction.atomic():
             usage = {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens,
                      "cost": run.cost, "llm_attempts": 0, "error": ""}
@@ -273,12 +279,7 @@ class _Loop:
                                reason="final reply", step=run.step + 1, error="")
             else:
                 ToolCall.objects.bulk_create(calls)
-                for call in calls:
-                    if call.status == C.AWAITING_APPROVAL:
-                        self.gate.hold(run=run, call=call, verdict=call._verdict)
-                    if call.status != C.APPROVED or not find_tool(call.tool_name).is_read:
-                        tool_call_transitioned.send(ToolCall, call=call, old="", new=call.status,
-                                                    actor=None, reason=call.verdict_reason)
+                self._announce(calls)
         run.message_count, run.llm_attempts, run.error = seen + 1, 0, ""
         self.transcript.append({"role": Message.Role.ASSISTANT, "content": reply.content})
         failpoint("after_model_reply", run.step)
@@ -287,17 +288,68 @@ class _Loop:
             return None
         return calls
 
+    def _announce(self, calls: list[ToolCall]) -> None:
+        """Open approvals and audit new calls (inside the reply's transaction)."""
+        for call in calls:
+            if call.status == C.AWAITING_APPROVAL:
+                self.gate.hold(run=self.run, call=call, verdict=call._verdict)
+            if _announced(call):
+                tool_call_transitioned.send(ToolCall, call=call, old="", new=call.status,
+                                            actor=None, reason=call.verdict_reason)
+
+    def _reads_only_step(self, reply: Reply, calls: list[ToolCall]) -> None:
+        """Every call is an allowed read (or was resolved without running):
+        nothing here has an effect to make exactly once. Run the reads now and
+        save the reply, the calls, their results and the checkpoint in one
+        transaction: one durable commit per step. A crash before it commits
+        loses only the reply, which the model is asked for again."""
+        run = self.run
+        for call in calls:
+            if call.status == C.APPROVED:
+                self._run_read(call, find_tool(call.tool_name))
+        results = [tool_result_block(call) for call in calls]
+        seen = len(self.transcript)
+        now = timezone.now()
+        with transaction.atomic():
+            self._own(message_count=seen + 2, step=run.step + 1, llm_attempts=0, error="",
+                      **_usage_fields(run))
+            insert_rows(Message, MESSAGE_COLUMNS, [
+                (run.pk, seen, Message.Role.ASSISTANT, reply.content, now),
+                (run.pk, seen + 1, Message.Role.USER, results, now),
+            ])
+            if any(_announced(call) for call in calls):
+                ToolCall.objects.bulk_create(calls)  # the audit needs their ids
+                self._announce(calls)
+            else:
+                insert_rows(ToolCall, TOOL_CALL_COLUMNS, [_tool_call_row(c, now) for c in calls])
+            insert_rows(Step, STEP_COLUMNS, [
+                (run.pk, run.step, seen, run.input_tokens, run.output_tokens, run.cost, S.RUNNING, now)
+            ])
+        self.transcript.append({"role": Message.Role.ASSISTANT, "content": reply.content})
+        self.transcript.append({"role": Message.Role.USER, "content": results})
+        run.message_count, run.llm_attempts, run.error = seen + 2, 0, ""
+        failpoint("after_model_reply", run.step)
+        failpoint("after_step_commit", run.step)
+        run.step += 1
+
+    def _run_read(self, call: ToolCall, spec: ToolSpec) -> None:
+        result, is_error = _invoke(spec, self._ctx(call), call.input)
+        call.status = C.FAILED if is_error else C.COMMITTED
+        call.result, call.is_error, call.finished_at = result, is_error, timezone.now()
+
     def _new_call(self, position: int, block: dict, batch: list[ToolCall]) -> ToolCall:
         """Build the call for one tool_use block and decide it (saved by the caller)."""
         run = self.run
         tool_input = block.get("input")
+        spec = find_tool(block["name"]) if block["name"] in self.agent.tool_names else None
         call = ToolCall(
             run=run, step=run.step, position=position, tool_use_id=block["id"],
             tool_name=block["name"], input=tool_input, input_hash=input_hash(tool_input),
-            idempotency_key=idempotency_key(run_id=run.pk, tool_name=block["name"],
-                                            tool_input=tool_input),
         )
-        spec = find_tool(call.tool_name) if call.tool_name in self.agent.tool_names else None
+        if spec is not None and not spec.is_read:
+            # Reads have no effect to deduplicate: only writes carry a key.
+            call.idempotency_key = idempotency_key(run_id=run.pk, tool_name=call.tool_name,
+                                                   tool_input=tool_input)
         if spec is None:
             available = ", ".join(self.agent.tool_names)
             return _resolved(call, C.FAILED, f"Unknown tool {call.tool_name!r}. "
@@ -322,7 +374,8 @@ class _Loop:
         call._verdict = verdict
         if verdict.effect == gate_module.ALLOW:
             call.status = C.APPROVED
-            call.approved_hash = call.input_hash
+            if not spec.is_read:
+                call.approved_hash = call.input_hash
         elif verdict.effect == gate_module.NEEDS_APPROVAL:
             call.status = C.AWAITING_APPROVAL
         else:
@@ -375,17 +428,15 @@ class _Loop:
         return ToolContext(run_id=self.run.pk, step=call.step, idempotency_key=call.idempotency_key)
 
     def _execute(self, call: ToolCall, spec: ToolSpec) -> AdvanceResult | None:
-        if call.approved_hash != input_hash(call.input):
-            self._resolve_now(call, C.FAILED, "The arguments differ from the ones approved; "
-                              "not executed.", is_error=True)
-            return None
         if spec.is_read:
             # Reads have no effect to make exactly once: no intent row, the
             # result is written with the step (a crash just reads again).
-            result, is_error = _invoke(spec, self._ctx(call), call.input)
-            call.status = C.FAILED if is_error else C.COMMITTED
-            call.result, call.is_error, call.finished_at = result, is_error, timezone.now()
+            self._run_read(call, spec)
             self.dirty.append(call)
+            return None
+        if call.approved_hash != input_hash(call.input):
+            self._resolve_now(call, C.FAILED, "The arguments differ from the ones approved; "
+                              "not executed.", is_error=True)
             return None
         with transaction.atomic():
             self._own()
@@ -464,9 +515,12 @@ class _Loop:
                                         reason=str(result))
 
     def _flush_dirty(self) -> None:
-        if self.dirty:
-            ToolCall.objects.bulk_update(self.dirty, ["status", "result", "is_error", "finished_at"])
-            self.dirty = []
+        for call in self.dirty:
+            ToolCall.objects.filter(pk=call.pk).update(
+                status=call.status, result=call.result, is_error=call.is_error,
+                finished_at=call.finished_at,
+            )
+        self.dirty = []
 
     def _pause(self, calls: list[ToolCall]) -> AdvanceResult | None:
         run = self.run
@@ -501,6 +555,34 @@ class _Loop:
         failpoint("after_step_commit", run.step)
         run.step += 1
         return None
+
+
+_STEP_CLOSED = "step closed"
+MESSAGE_COLUMNS = ("run", "seq", "role", "content", "created_at")
+STEP_COLUMNS = ("run", "number", "message_count", "input_tokens", "output_tokens", "cost", "status",
+                "created_at")
+TOOL_CALL_COLUMNS = ("run", "step", "position", "tool_use_id", "tool_name", "input", "input_hash",
+                     "idempotency_key", "approved_hash", "verdict", "verdict_rule", "verdict_reason",
+                     "status", "result", "is_error", "attempts", "created_at", "finished_at")
+
+
+def _tool_call_row(call: ToolCall, now) -> tuple:
+    return (call.run_id, call.step, call.position, call.tool_use_id, call.tool_name, call.input,
+            call.input_hash, call.idempotency_key, call.approved_hash, call.verdict, call.verdict_rule,
+            call.verdict_reason, call.status, call.result, call.is_error, call.attempts, now,
+            call.finished_at)
+
+
+def _announced(call: ToolCall) -> bool:
+    """Whether a new call gets an audit event: all but allowed reads, whose
+    ToolCall row is record enough."""
+    return not (call.verdict == gate_module.ALLOW and not call.idempotency_key)
+
+
+def _is_read_or_resolved(call: ToolCall) -> bool:
+    if call.status in RESOLVED_CALL_STATUSES:
+        return True
+    return call.status == C.APPROVED and find_tool(call.tool_name).is_read
 
 
 def _usage_fields(run: Run) -> dict:

@@ -111,10 +111,24 @@ class ScriptedLLM:
 
     def __init__(self, scenario: dict) -> None:
         self.turns = validate_scenario(scenario)["turns"]
+        # Running totals over the transcript seen so far, so a reply costs the
+        # same at turn 2,000 as at turn 2 when the caller appends to one list.
+        self._seen_list: list[dict] | None = None
+        self._seen: tuple[int, int, int] = (0, 0, 0)  # length, assistant turns, tokens
+
+    def _position(self, system: str, messages: list[dict]) -> tuple[int, int]:
+        length, turns, tokens = self._seen
+        if self._seen_list is not messages or length > len(messages):
+            length, turns, tokens = 0, 0, _estimate_tokens(system)
+        for message in messages[length:]:
+            turns += message["role"] == "assistant"
+            tokens += _estimate_tokens(message["content"])
+        self._seen_list, self._seen = messages, (len(messages), turns, tokens)
+        return turns, tokens
 
     def reply(self, *, system: str, messages: list[dict], tools: list[dict]) -> Reply:
-        turn_index = sum(1 for m in messages if m["role"] == "assistant")
-        usage = Usage(input_tokens=_estimate_tokens([system, messages]))
+        turn_index, input_tokens = self._position(system, messages)
+        usage = Usage(input_tokens=input_tokens)
         if turn_index >= len(self.turns):
             content = [{"type": "text", "text": "(end of script)"}]
         else:

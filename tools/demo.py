@@ -9,6 +9,7 @@ import contextlib
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q, Sum
 
 from . import payments
 from .models import Customer, Note, Order, OutboxEmail, Payment, Ticket
@@ -32,7 +33,12 @@ def _money(value) -> Decimal:
 
 
 def _order(order_id: str) -> Order:
-    order = Order.objects.select_related("customer", "ticket").filter(order_id=order_id).first()
+    order = (
+        Order.objects.select_related("customer", "ticket")
+        .annotate(refunded=Sum("payments__amount", filter=Q(payments__kind=Payment.Kind.REFUND)))
+        .filter(order_id=order_id)
+        .first()
+    )
     if order is None:
         raise ToolError(f"No order {order_id}.")
     return order
@@ -54,7 +60,7 @@ def get_order(ctx: ToolContext, args: dict) -> dict:
         "order_id": order.order_id,
         "item": order.item,
         "amount": str(order.amount),
-        "refunded": str(payments.refunded_total(order)),
+        "refunded": str((order.refunded or Decimal(0)).quantize(Decimal("0.01"))),
         "status": order.status,
         "customer": order.customer.name,
         "email": order.customer.email,

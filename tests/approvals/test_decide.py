@@ -160,3 +160,15 @@ def test_cancelling_a_run_cancels_its_pending_approvals(users):
     assert the_approval(run).status == ApprovalRequest.Status.CANCELLED
     with pytest.raises(AlreadyDecided):
         decide(the_approval(run), users["reviewer"])
+
+
+def test_the_gate_sees_rule_changes_at_once_and_skips_disabled_rules(users):
+    from approvals.gate import enabled_rules
+
+    names = [r.name for r in enabled_rules("refund_item")]
+    assert names == ["Refunds over ₹5,000", "Refunds over ₹500", "Refunds up to ₹500"]
+    GateRule.objects.filter(name="Refunds over ₹500").update(enabled=False)
+    assert [r.name for r in enabled_rules("refund_item")] == ["Refunds over ₹5,000", "Refunds up to ₹500"]
+    run = start(requester=users["requester"])
+    assert Payment.objects.get().amount == 2900  # ₹2,900 now falls to the allow rule
+    assert the_approval(run).tool_call.tool_name == "send_email"

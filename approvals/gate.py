@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.db import connections, router, transaction
+from django.utils import timezone
 
 from runs.gate import ALLOW, NEEDS_APPROVAL, Verdict
 
@@ -41,15 +44,19 @@ class RuleGate:
         return Verdict(NEEDS_APPROVAL, reason="write tool with no rule (default)")
 
     def hold(self, *, run, call, verdict: Verdict) -> None:
-        rule = GateRule.objects.filter(pk=verdict.rule_id).first() if verdict.rule_id else None
+        rule = (GateRule.objects.select_related("required_group").filter(pk=verdict.rule_id).first()
+                if verdict.rule_id else None)
         approval = ApprovalRequest.objects.create(
             tool_call=call,
             run=run,
             rule=rule,
             rule_version=rule.version if rule else None,
+            rule_snapshot=rule.snapshot() if rule else None,
             reason=verdict.reason,
             required_group=rule.required_group if rule else None,
             args_hash=call.input_hash,
+            expires_at=timezone.now() + timedelta(minutes=rule.ttl_minutes)
+            if rule and rule.ttl_minutes else None,
         )
         from .notifications import notify_approval_opened
 

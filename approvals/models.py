@@ -44,9 +44,21 @@ class GateRule(models.Model):
         Group, null=True, blank=True, on_delete=models.PROTECT,
         help_text="Only members of this group may decide.",
     )
-    approvers_required = models.PositiveSmallIntegerField(default=1)
+    approvers_required = models.PositiveSmallIntegerField(
+        default=1, help_text="Distinct approvers needed (2 for a two-person rule)."
+    )
     allow_self_approval = models.BooleanField(default=False)
-    sla_minutes = models.PositiveIntegerField(null=True, blank=True)
+    sla_minutes = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="Remind after this long pending; escalate to senior-reviewers after twice it.",
+    )
+    ttl_minutes = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Expire after this long pending (blank: never)."
+    )
+    timeout_effect = models.CharField(
+        max_length=10, choices=[("decline", "decline"), ("approve", "approve")], default="decline",
+        help_text="What an expired request becomes.",
+    )
     # Bumped on every change, so an approval records the rule as it was asked under.
     version = models.PositiveIntegerField(default=1)
     updated_at = models.DateTimeField(auto_now=True)
@@ -66,6 +78,17 @@ class GateRule(models.Model):
         if self.pk is not None:
             self.version += 1
         super().save(*args, **kwargs)
+
+    def snapshot(self) -> dict:
+        """The rule as it stands, for the record of an approval asked under it."""
+        return {
+            "name": self.name, "version": self.version, "tool": self.tool, "condition": self.condition,
+            "effect": self.effect,
+            "required_group": self.required_group.name if self.required_group else None,
+            "approvers_required": self.approvers_required, "allow_self_approval": self.allow_self_approval,
+            "sla_minutes": self.sla_minutes, "ttl_minutes": self.ttl_minutes,
+            "timeout_effect": self.timeout_effect,
+        }
 
     @property
     def label(self) -> str:
@@ -118,11 +141,14 @@ class ApprovalRequest(models.Model):
         DECLINED = "declined"
         EXPIRED = "expired"
         CANCELLED = "cancelled"
+        RESPONDED = "responded"  # a reviewer answered instead; nothing ran
 
     tool_call = models.OneToOneField(ToolCall, on_delete=models.CASCADE, related_name="approval")
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
     rule = models.ForeignKey(GateRule, null=True, blank=True, on_delete=models.SET_NULL)
     rule_version = models.PositiveIntegerField(null=True, blank=True)
+    # The rule as it was when the request was opened (condition, effect, group).
+    rule_snapshot = models.JSONField(null=True, blank=True)
     reason = models.TextField(blank=True)
     required_group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.PROTECT)
     # Hash of the exact arguments shown to the reviewer; a decision is bound to it.
@@ -139,6 +165,9 @@ class ApprovalRequest(models.Model):
     comment = models.TextField(blank=True)
     edited_input = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    reminded_at = models.DateTimeField(null=True, blank=True)
+    escalated_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["created_at", "id"]
@@ -146,7 +175,9 @@ class ApprovalRequest(models.Model):
         indexes = [models.Index(fields=["status", "created_at"])]
         constraints = [
             models.CheckConstraint(
-                condition=Q(status__in=["pending", "approved", "declined", "expired", "cancelled"]),
+                condition=Q(
+                    status__in=["pending", "approved", "declined", "expired", "cancelled", "responded"]
+                ),
                 name="approval_status_valid",
             ),
             models.CheckConstraint(
@@ -157,6 +188,57 @@ class ApprovalRequest(models.Model):
 
     def __str__(self) -> str:
         return f"Approval {self.pk}: {self.tool_call.tool_name} ({self.status})"
+
+
+class ApprovalVote(models.Model):
+    """One reviewer's approval under a rule that needs several (two-person rule)."""
+
+    approval = models.ForeignKey(ApprovalRequest, on_delete=models.CASCADE, related_name="votes")
+    reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    comment = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["approval", "reviewer"], name="vote_one_per_reviewer")
+        ]
+
+    def __str__(self) -> str:
+        return f"vote by {self.reviewer_id} on approval {self.approval_id}"
+
+
+class Notification(models.Model):
+    """One email for one event to one recipient: the record that stops a second send."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        SENT = "sent"
+        FAILED = "failed"
+
+    # e.g. "approval:12:opened", "approval:12:reminder", "run:7:finished"
+    event = models.CharField(max_length=100)
+    recipient = models.EmailField()
+    kind = models.CharField(max_length=30)
+    approval = models.ForeignKey(
+        ApprovalRequest, null=True, blank=True, on_delete=models.CASCADE, related_name="notifications"
+    )
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    subject = models.CharField(max_length=300)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["event", "recipient"], name="notification_once_per_event")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event} to {self.recipient} ({self.status})"
 
 
 class AuditEvent(models.Model):

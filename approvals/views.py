@@ -12,6 +12,21 @@ from .services import AlreadyDecided, DecisionError, NotAllowed, approval_decide
 
 
 @require_GET
+def nav_counts(request):
+    return render(request, "approvals/_nav_counts.html")
+
+
+@require_POST
+def approval_claim_view(request, approval_id: int):
+    raise Http404
+
+
+@require_POST
+def approval_release_view(request, approval_id: int):
+    raise Http404
+
+
+@require_GET
 def home(request):
     pending = (
         ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING)
@@ -20,6 +35,9 @@ def home(request):
     )
     runs = Run.objects.select_related("requester").order_by("-id")[:50]
     return render(request, "approvals/home.html", {"pending": pending, "runs": runs})
+
+
+queue = home
 
 
 def _approval(approval_id: int) -> ApprovalRequest:

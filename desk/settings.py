@@ -89,6 +89,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "approvals.context_processors.nav",
             ],
         },
     }
@@ -216,6 +217,8 @@ DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Countersign <desk@countersig
 DESK_BASE_URL = env_str("DESK_BASE_URL", "http://127.0.0.1:8000").rstrip("/")
 DESK_GATE = env_str("DESK_GATE", "approvals.gate.RuleGate")
 DESK_LEASE_SECONDS = env_int("DESK_LEASE_SECONDS", 60)
+# How long a reviewer's claim on an approval keeps others off it.
+DESK_CLAIM_SECONDS = env_int("DESK_CLAIM_SECONDS", 300)
 DESK_MAX_STEPS = env_int("DESK_MAX_STEPS", 50)
 DESK_LLM_MAX_ATTEMPTS = env_int("DESK_LLM_MAX_ATTEMPTS", 6)
 DESK_DEMO_PASSWORD = env_str("DESK_DEMO_PASSWORD")

@@ -198,6 +198,16 @@ def _fail(run: Run, owner: str, reason: str) -> None:
 def tool_result_block(call: ToolCall) -> dict:
     result = call.result
     text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
+    if call.original_input is not None:
+        # Tell the model what ran, so it does not retry its original request.
+        changes = ", ".join(
+            f"{key}: {json.dumps(call.original_input.get(key), ensure_ascii=False)} -> "
+            f"{json.dumps(call.input.get(key), ensure_ascii=False)}"
+            for key in sorted(set(call.original_input) | set(call.input))
+            if call.original_input.get(key) != call.input.get(key)
+        )
+        text = (f"A reviewer edited the arguments before this ran ({changes}). It ran once, with "
+                f"the edited arguments; do not retry the original. Result: {text}")
     block = {"type": "tool_result", "tool_use_id": call.tool_use_id, "content": text}
     if call.is_error:
         block["is_error"] = True

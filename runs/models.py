@@ -8,7 +8,7 @@ from django.db.models import Q
 RUN_STATUSES = ["queued", "running", "waiting_approval", "done", "failed", "cancelled",
                 "handed_over", "rolled_back"]
 CALL_STATUSES = ["proposed", "awaiting_approval", "approved", "executing", "committed", "failed",
-                 "declined", "denied", "compensated"]
+                 "declined", "denied", "responded", "compensated"]
 
 
 class Run(models.Model):
@@ -55,7 +55,10 @@ class Run(models.Model):
 
     class Meta:
         ordering = ["-id"]
-        indexes = [models.Index(fields=["status", "lease_until"])]
+        indexes = [
+            models.Index(fields=["status", "lease_until"], name="run_status_lease"),
+            models.Index(fields=["agent", "-id"], name="run_agent"),
+        ]
         constraints = [
             models.CheckConstraint(
                 condition=Q(status__in=RUN_STATUSES), name="run_status_valid"
@@ -83,7 +86,8 @@ class Message(models.Model):
         USER = "user"
         ASSISTANT = "assistant"
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="messages")
+    # Indexed by the unique (run, seq) constraint.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="messages", db_index=False)
     seq = models.PositiveIntegerField()
     role = models.CharField(max_length=10, choices=Role.choices)
     content = models.JSONField()
@@ -106,7 +110,7 @@ class Step(models.Model):
     What the model saw at step N is the first ``message_count`` messages.
     """
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
     number = models.PositiveIntegerField()
     message_count = models.PositiveIntegerField()
     # Run totals after this step.
@@ -136,6 +140,7 @@ class ToolCall(models.Model):
         FAILED = "failed"
         DECLINED = "declined"
         DENIED = "denied"
+        RESPONDED = "responded"  # a reviewer answered in the tool's place; nothing ran
         COMPENSATED = "compensated"
 
     class Verdict(models.TextChoices):
@@ -143,13 +148,15 @@ class ToolCall(models.Model):
         DENY = "deny"
         NEEDS_APPROVAL = "needs_approval"
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls", db_index=False)
     step = models.PositiveIntegerField()
     # Order of the tool_use block within its reply.
     position = models.PositiveSmallIntegerField()
     tool_use_id = models.CharField(max_length=100)
     tool_name = models.CharField(max_length=100)
     input = models.JSONField()
+    # The model's own arguments when a reviewer edited them before approving.
+    original_input = models.JSONField(null=True, blank=True)
     input_hash = models.CharField(max_length=64)
     idempotency_key = models.CharField(max_length=40)
     # Hash of the arguments a reviewer approved; execution re-checks it.
@@ -169,7 +176,12 @@ class ToolCall(models.Model):
 
     class Meta:
         ordering = ["run", "step", "position"]
-        indexes = [models.Index(fields=["run", "idempotency_key"])]
+        indexes = [
+            # Only writes carry a key; reads stay out of the index.
+            models.Index(fields=["run", "idempotency_key"], name="toolcall_run_key",
+                         condition=~Q(idempotency_key="")),
+            models.Index(fields=["status"], name="toolcall_status"),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["run", "tool_use_id"], name="toolcall_run_tool_use_unique"),
             models.CheckConstraint(
@@ -187,5 +199,5 @@ class ToolCall(models.Model):
 
 RESOLVED_CALL_STATUSES = frozenset({
     ToolCall.Status.COMMITTED, ToolCall.Status.FAILED, ToolCall.Status.DECLINED,
-    ToolCall.Status.DENIED, ToolCall.Status.COMPENSATED,
+    ToolCall.Status.DENIED, ToolCall.Status.RESPONDED, ToolCall.Status.COMPENSATED,
 })

@@ -174,6 +174,7 @@ def tool_call_approve(*, call: ToolCall, actor, edited_input: dict | None = None
             raise ValueError("; ".join(errors))
         new_hash = input_hash(edited_input)
         fields = {
+            "original_input": call.input,
             "input": edited_input,
             "input_hash": new_hash,
             "approved_hash": new_hash,

@@ -8,6 +8,12 @@ from .models import Message, Run, Step
 
 
 @require_GET
+def run_list(request):
+    runs = Run.objects.select_related("requester").order_by("-id")[:50]
+    return render(request, "runs/run_list.html", {"runs": runs, "nav_section": "runs"})
+
+
+@require_GET
 def run_detail(request, run_id: int):
     run = Run.objects.select_related("requester").filter(pk=run_id).first()
     if run is None:

@@ -1,0 +1,1 @@
+// Keyboard shortcuts for the desk; see templates/approvals/.

@@ -85,7 +85,198 @@ def test_model_text_and_tool_arguments_are_escaped(users):
     ), requester=users["requester"])
     approval = ApprovalRequest.objects.get(run=run)
     client = client_for(users["reviewer"])
-    for url in ["/", f"/desk/approvals/{approval.pk}/", f"/runs/{run.pk}/"]:
+    for url in ["/desk/", f"/desk/approvals/{approval.pk}/", f"/runs/{run.pk}/"]:
         content = client.get(url).content
         assert b"<script>alert(1)</script>" not in content
         assert b"&lt;script&gt;alert(1)&lt;/script&gt;" in content, url
+
+
+# --- the queue ---------------------------------------------------------------
+def many_pending(n: int, requester) -> None:
+    """n pending refund approvals, written in bulk (the queue must not care how many)."""
+    from approvals.models import GateRule
+    from runs.models import ToolCall
+
+    rule = GateRule.objects.get(name="Refunds over ₹500")
+    runs = Run.objects.bulk_create([
+        Run(agent="refund-desk", agent_version="x", task=f"Refund {i}", requester=requester,
+            status=Run.Status.WAITING_APPROVAL) for i in range(n)
+    ])
+    calls = ToolCall.objects.bulk_create([
+        ToolCall(run=run, step=0, position=0, tool_use_id="t", tool_name="refund_item",
+                 input={"order_id": "A-1001", "amount": 600 + i, "reason": "r"}, input_hash="h",
+                 idempotency_key=f"k{i}", status="awaiting_approval") for i, run in enumerate(runs)
+    ])
+    ApprovalRequest.objects.bulk_create([
+        ApprovalRequest(tool_call=call, run=call.run, rule=rule, rule_version=1, args_hash="h",
+                        reason="amount > 500") for call in calls
+    ])
+
+
+def test_the_queue_lists_pending_oldest_first_with_the_facts(users):
+    first = start(requester=users["requester"])
+    start(script(turn(("send_email", {"to": "grace@example.com", "subject": "Hi", "body": "Hello"}))),
+          requester=users["requester"])
+    page = client_for(users["reviewer"]).get("/desk/")
+    text = page.content.decode()
+    assert page.status_code == 200
+    assert text.index("₹2,900.00") < text.index("to grace@example.com")
+    assert "Refunds over ₹500" in text and "amount 2900.0 &gt; 500" in text
+    assert f"#{first.pk}" in text
+    assert 'data-testid="nav-pending">2<' in text
+
+
+def test_queue_filters_narrow_the_list(users):
+    start(requester=users["requester"])
+    start(script(turn(("send_email", {"to": "grace@example.com", "subject": "Hi", "body": "Hello"}))),
+          requester=users["requester"])
+    client = client_for(users["reviewer"])
+    assert client.get("/desk/?tool=send_email").content.decode().count('data-testid="queue-row"') == 1
+    assert client.get("/desk/?tool=refund_item").content.decode().count('data-testid="queue-row"') == 1
+    assert client.get("/desk/?mine=1").content.decode().count('data-testid="queue-row"') == 0
+    assert client.get("/desk/?unclaimed=1").content.decode().count('data-testid="queue-row"') == 2
+    htmx = client.get("/desk/?tool=send_email", headers={"HX-Request": "true", "HX-Target": "queue-rows"})
+    assert htmx.content.decode().lstrip().startswith('<div id="queue-rows"')
+
+
+def test_the_queue_stays_at_a_constant_number_of_queries_with_ten_thousand_pending(
+        users, django_assert_max_num_queries):
+    many_pending(10_000, users["requester"])
+    client = client_for(users["reviewer"])
+    with django_assert_max_num_queries(12):
+        page = client.get("/desk/?page=150")
+    assert page.status_code == 200
+    assert page.content.decode().count('data-testid="queue-row"') == 50
+    assert "Page 150 of 200" in page.content.decode()
+
+
+# --- the approval page ---------------------------------------------------------
+def test_the_approval_page_shows_context_rule_and_siblings(users):
+    run = start(script(
+        turn(("get_order", {"order_id": "A-1001"}), text="Looking it up."),
+        turn(("add_note", {"order_id": "A-1001", "text": "Refund requested"}),
+             ("refund_item", {"order_id": "A-1001", "amount": 900, "reason": "Broken"}),
+             text="Refunding now."),
+    ), requester=users["requester"])
+    approval = ApprovalRequest.objects.get(run=run)
+    text = client_for(users["reviewer"]).get(f"/desk/approvals/{approval.pk}/").content.decode()
+    assert "Looking it up." in text and "Refunding now." in text  # what the model said
+    assert "Ceramic teapot" in text  # what it saw (the get_order result)
+    assert "amount &gt; 500" in text and "amount 900 &gt; 500" in text  # threshold and actual value
+    assert "add_note" in text and "Committed" in text  # the sibling call and its state
+    assert ">write<" in text
+
+
+def test_approving_over_htmx_swaps_the_decision_and_tells_the_page(users):
+    run = start(requester=users["requester"])
+    approval = ApprovalRequest.objects.get(run=run)
+    response = client_for(users["reviewer"]).post(
+        f"/desk/approvals/{approval.pk}/decide",
+        {"decision": "approve", "args_hash": approval.args_hash, "comment": "ok"},
+        headers={"HX-Request": "true"},
+    )
+    assert response.status_code == 200
+    assert response.headers["HX-Trigger"] == f'{{"approvalDecided": {{"id": {approval.pk}}}}}'
+    assert 'id="decision"' in response.content.decode()
+    assert "Approved by reviewer" in response.content.decode()
+
+
+def test_a_reviewer_who_decides_late_sees_who_decided_and_when(users):
+    run = start(requester=users["requester"])
+    approval = ApprovalRequest.objects.get(run=run)
+    client_for(users["senior"]).post(f"/desk/approvals/{approval.pk}/decide",
+                                     {"decision": "approve", "args_hash": approval.args_hash})
+    response = client_for(users["reviewer"]).post(
+        f"/desk/approvals/{approval.pk}/decide",
+        {"decision": "decline", "comment": "no", "args_hash": approval.args_hash},
+        headers={"HX-Request": "true"},
+    )
+    text = response.content.decode()
+    assert "already approved by senior at" in text
+    assert "Approved by senior at" in text
+
+
+def test_approve_with_edited_arguments_records_the_edit(users):
+    run = start(requester=users["requester"])
+    approval = ApprovalRequest.objects.get(run=run)
+    client_for(users["reviewer"]).post(f"/desk/approvals/{approval.pk}/decide", {
+        "decision": "approve", "args_hash": approval.args_hash, "arg-order_id": "A-1001",
+        "arg-amount": "1500", "arg-reason": "Partial refund: chipped lid",
+    })
+    approval.refresh_from_db()
+    assert approval.status == "approved"
+    assert approval.edited_input == {"order_id": "A-1001", "amount": 1500.0,
+                                     "reason": "Partial refund: chipped lid"}
+    call = approval.tool_call
+    call.refresh_from_db()
+    assert call.original_input["amount"] == 2900.0 and call.input["amount"] == 1500.0
+
+
+def test_an_edit_that_breaks_the_schema_is_refused_and_nothing_changes(users):
+    run = start(requester=users["requester"])
+    approval = ApprovalRequest.objects.get(run=run)
+    response = client_for(users["reviewer"]).post(f"/desk/approvals/{approval.pk}/decide", {
+        "decision": "approve", "args_hash": approval.args_hash, "arg-order_id": "nope",
+        "arg-amount": "1500", "arg-reason": "x",
+    })
+    assert response.status_code == 400
+    assert "does not match" in response.content.decode()
+    approval.refresh_from_db()
+    assert approval.status == "pending"
+
+
+def test_respond_answers_the_model_and_runs_nothing(users):
+    from runs.engine import run_advance_until_settled
+    from runs.models import Message
+
+    run = start(requester=users["requester"])
+    approval = ApprovalRequest.objects.get(run=run)
+    client_for(users["reviewer"]).post(f"/desk/approvals/{approval.pk}/decide", {
+        "decision": "respond", "args_hash": approval.args_hash,
+        "comment": "Offer store credit instead of a refund.",
+    })
+    run_advance_until_settled(run.pk)
+    assert Payment.objects.count() == 0
+    result = Message.objects.get(run=run, seq=6).content[0]
+    assert result["content"] == ("Reviewer answered instead of running refund_item: "
+                                 "Offer store credit instead of a refund.")
+    assert not result.get("is_error")
+
+
+def test_a_claim_keeps_other_reviewers_off(users):
+    run = start(requester=users["requester"])
+    approval = ApprovalRequest.objects.get(run=run)
+    client_for(users["reviewer"]).post(f"/desk/approvals/{approval.pk}/claim")
+    approval.refresh_from_db()
+    assert approval.claimed_by == users["reviewer"]
+    senior = client_for(users["senior"])
+    assert "reviewer is working on this" in senior.get(f"/desk/approvals/{approval.pk}/").content.decode()
+    response = senior.post(f"/desk/approvals/{approval.pk}/decide",
+                           {"decision": "approve", "args_hash": approval.args_hash})
+    assert response.status_code == 403
+    client_for(users["reviewer"]).post(f"/desk/approvals/{approval.pk}/release")
+    response = senior.post(f"/desk/approvals/{approval.pk}/decide",
+                           {"decision": "approve", "args_hash": approval.args_hash})
+    assert response.status_code == 302
+    approval.refresh_from_db()
+    assert approval.status == "approved" and approval.decided_by == users["senior"]
+
+
+def test_a_two_person_rule_needs_two_distinct_approvers(users):
+    from approvals.models import GateRule
+
+    GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2)
+    run = start(requester=users["requester"])
+    approval = ApprovalRequest.objects.get(run=run)
+    reviewer = client_for(users["reviewer"])
+    reviewer.post(f"/desk/approvals/{approval.pk}/decide",
+                  {"decision": "approve", "args_hash": approval.args_hash})
+    approval.refresh_from_db()
+    assert approval.status == "pending" and approval.votes.count() == 1
+    again = reviewer.post(f"/desk/approvals/{approval.pk}/decide",
+                          {"decision": "approve", "args_hash": approval.args_hash})
+    assert "You already approved this" in again.content.decode()
+    client_for(users["senior"]).post(f"/desk/approvals/{approval.pk}/decide",
+                                     {"decision": "approve", "args_hash": approval.args_hash})
+    approval.refresh_from_db()
+    assert approval.status == "approved"

@@ -1,22 +1,19 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.forms.models import model_to_dict
 
-from .models import ApprovalRequest, AuditEvent, GateRule
+from .models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule, Notification
 
-
-@admin.register(GateRule)
-class GateRuleAdmin(admin.ModelAdmin):
-    list_display = ["name", "tool", "field", "operator", "value", "effect", "priority", "enabled",
-                    "required_group", "version"]
-    list_editable = ["value", "effect", "enabled"]
-    list_filter = ["tool", "effect", "enabled"]
-    search_fields = ["name", "tool", "field"]
-    readonly_fields = ["version", "updated_at"]
+RULE_FIELDS = ["name", "tool", "field", "operator", "value", "effect", "priority", "enabled",
+               "required_group", "approvers_required", "allow_self_approval", "sla_minutes",
+               "ttl_minutes", "timeout_effect"]
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request):
+    """The record of what happened is not edited by hand."""
+
+    def has_add_permission(self, request, obj=None):
         return False
 
     def has_change_permission(self, request, obj=None):
@@ -26,13 +23,77 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+@admin.register(GateRule)
+class GateRuleAdmin(admin.ModelAdmin):
+    list_display = ["name", "tool", "field", "operator", "value", "effect", "priority", "enabled",
+                    "required_group", "approvers_required", "version", "updated_at"]
+    list_editable = ["value", "effect", "enabled"]
+    list_filter = ["tool", "effect", "enabled", "required_group"]
+    search_fields = ["name", "tool", "field", "value"]
+    readonly_fields = ["version", "updated_at"]
+    fields = [*RULE_FIELDS, "version", "updated_at"]
+
+    def save_model(self, request, obj, form, change):
+        before = model_to_dict(GateRule.objects.get(pk=obj.pk), RULE_FIELDS) if change else {}
+        super().save_model(request, obj, form, change)  # save() bumps the version
+        after = model_to_dict(obj, RULE_FIELDS)
+        changed = {k: [before.get(k), v] for k, v in after.items() if before.get(k) != v}
+        AuditEvent.objects.create(
+            actor=request.user, action="rule.changed" if change else "rule.created",
+            before=f"v{obj.version - 1}" if change else "", after=f"v{obj.version}",
+            detail=f"{obj.name}: "
+            + "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items()),
+        )
+
+    def delete_model(self, request, obj):
+        AuditEvent.objects.create(actor=request.user, action="rule.deleted", before=f"v{obj.version}",
+                                  detail=f"{obj.name}: {obj.condition} -> {obj.effect}")
+        super().delete_model(request, obj)
+
+
+class VoteInline(admin.TabularInline):
+    model = ApprovalVote
+    fields = ["reviewer", "comment", "created_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+class AuditInline(admin.TabularInline):
+    model = AuditEvent
+    fk_name = "approval"
+    fields = ["created_at", "actor", "action", "before", "after", "detail"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(ApprovalRequest)
 class ApprovalRequestAdmin(ReadOnlyAdmin):
-    list_display = ["id", "run", "tool_call", "status", "rule", "rule_version", "decided_by", "created_at"]
-    list_filter = ["status"]
+    list_display = ["id", "run", "tool_call", "status", "rule", "rule_version", "decided_by",
+                    "decided_at", "created_at"]
+    list_filter = ["status", "rule", "tool_call__tool_name"]
+    search_fields = ["reason", "comment", "run__task"]
+    list_select_related = ["run", "tool_call", "rule", "decided_by"]
+    inlines = [VoteInline, AuditInline]
 
 
 @admin.register(AuditEvent)
 class AuditEventAdmin(ReadOnlyAdmin):
-    list_display = ["id", "created_at", "action", "run", "before", "after", "actor"]
-    list_filter = ["action"]
+    list_display = ["id", "created_at", "action", "run", "before", "after", "actor", "detail"]
+    list_filter = ["action", "actor"]
+    search_fields = ["detail", "action"]
+    date_hierarchy = "created_at"
+
+
+@admin.register(Notification)
+class NotificationAdmin(ReadOnlyAdmin):
+    list_display = ["id", "event", "recipient", "status", "attempts", "sent_at", "created_at"]
+    list_filter = ["status", "kind"]
+    search_fields = ["event", "recipient", "subject"]

@@ -2,26 +2,57 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from .models import Run, ToolCall
+from .models import Run, Step, ToolCall
 
 
-class ToolCallInline(admin.TabularInline):
-    model = ToolCall
-    fields = ["step", "position", "tool_name", "status", "verdict", "is_error"]
-    readonly_fields = fields
+class ReadOnlyInline(admin.TabularInline):
     extra = 0
     can_delete = False
 
+    def has_add_permission(self, request, obj=None):
+        return False
 
-@admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
-    list_display = ["id", "agent", "status", "step", "requester", "created_at"]
-    list_filter = ["status", "agent"]
-    search_fields = ["task"]
-    inlines = [ToolCallInline]
+    def has_change_permission(self, request, obj=None):
+        return False
 
+
+class ToolCallInline(ReadOnlyInline):
+    model = ToolCall
+    fields = ["step", "position", "tool_name", "status", "verdict", "verdict_rule", "is_error", "attempts"]
+    readonly_fields = fields
+
+
+class StepInline(ReadOnlyInline):
+    model = Step
+    fields = ["number", "message_count", "status", "input_tokens", "output_tokens", "cost", "created_at"]
+    readonly_fields = fields
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
     def has_change_permission(self, request, obj=None):
         return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Run)
+class RunAdmin(ReadOnlyAdmin):
+    list_display = ["id", "agent", "status", "step", "requester", "input_tokens", "output_tokens", "cost",
+                    "created_at"]
+    list_filter = ["status", "agent", "llm"]
+    search_fields = ["task", "error"]
+    date_hierarchy = "created_at"
+    inlines = [StepInline, ToolCallInline]
+
+
+@admin.register(ToolCall)
+class ToolCallAdmin(ReadOnlyAdmin):
+    list_display = ["id", "run", "step", "tool_name", "status", "verdict", "is_error", "attempts",
+                    "created_at"]
+    list_filter = ["status", "verdict", "tool_name"]
+    search_fields = ["tool_name", "idempotency_key", "tool_use_id"]
+    list_select_related = ["run"]

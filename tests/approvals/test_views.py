@@ -280,3 +280,36 @@ def test_a_two_person_rule_needs_two_distinct_approvers(users):
                                      {"decision": "approve", "args_hash": approval.args_hash})
     approval.refresh_from_db()
     assert approval.status == "approved"
+
+
+# --- admin ---------------------------------------------------------------------
+def test_an_admin_edits_a_threshold_from_the_list_and_it_is_versioned_and_audited(users):
+    from approvals.models import AuditEvent, GateRule
+
+    rule = GateRule.objects.get(name="Refunds over ₹500")
+    rules = list(GateRule.objects.order_by("tool", "-priority", "id"))
+    form = {"form-TOTAL_FORMS": str(len(rules)), "form-INITIAL_FORMS": str(len(rules)), "_save": "Save"}
+    for i, r in enumerate(rules):
+        form.update({f"form-{i}-id": r.pk, f"form-{i}-value": "1000" if r.pk == rule.pk else r.value,
+                     f"form-{i}-effect": r.effect, f"form-{i}-enabled": "on" if r.enabled else ""})
+    response = client_for(users["admin"]).post("/admin/approvals/gaterule/", form)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    rule.refresh_from_db()
+    assert rule.value == "1000" and rule.version == 2
+    event = AuditEvent.objects.get(action="rule.changed")
+    assert event.actor == users["admin"] and "value: '500' -> '1000'" in event.detail
+    run = start(script(turn(("refund_item", {"order_id": "A-1001", "amount": 900, "reason": "x"}))),
+                requester=users["requester"])
+    assert run.status == Run.Status.DONE  # 900 is now under the threshold
+
+
+def test_the_record_is_read_only_in_admin(users):
+    run = start(requester=users["requester"])
+    client = client_for(users["admin"])
+    assert client.get(f"/admin/runs/run/{run.pk}/change/").status_code == 200
+    assert client.get("/admin/runs/run/add/").status_code == 403
+    approval = ApprovalRequest.objects.get(run=run)
+    page = client.get(f"/admin/approvals/approvalrequest/{approval.pk}/change/")
+    assert page.status_code == 200 and b'name="status"' not in page.content
+    delete = client.post(f"/admin/approvals/approvalrequest/{approval.pk}/delete/", {"post": "yes"})
+    assert delete.status_code == 403

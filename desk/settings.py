@@ -154,7 +154,9 @@ STATIC_ROOT = VAR_DIR / "static"
 # Default broker: kombu's file-system transport under var/broker, so `make run`
 # needs no Redis. Production sets CELERY_BROKER_URL=redis://...
 BROKER_DIR = Path(env_str("DESK_BROKER_DIR", str(VAR_DIR / "broker")))
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+# Under pytest the test process itself never talks to a broker (a nudge goes
+# nowhere); cross-process tests hand their subprocesses a real one.
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "memory://" if TESTING else "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem"):
     for sub in ("queue", "processed", "control"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
@@ -179,6 +181,11 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-expired-leases": {
         "task": "runs.tasks.sweep_leases",
         "schedule": float(env_int("DESK_SWEEP_SECONDS", 30)),
+    },
+    # Approval reminders, escalations and expiries per rule; re-sends lost email nudges.
+    "sweep-approval-sla": {
+        "task": "approvals.tasks.sweep_sla",
+        "schedule": float(env_int("DESK_SLA_SWEEP_SECONDS", 60)),
     },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
@@ -211,6 +218,8 @@ def mailer_from_url(url: str) -> dict:
 
 MAILERS = {"default": mailer_from_url(env_str("EMAIL_URL"))}
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Countersign <desk@countersign.local>")
+# First retry of a failed SMTP send after up to this many seconds, doubling (jittered).
+DESK_EMAIL_RETRY_SECONDS = env_int("DESK_EMAIL_RETRY_SECONDS", 10)
 
 
 # --- Countersign -----------------------------------------------------------
@@ -221,7 +230,7 @@ DESK_LEASE_SECONDS = env_int("DESK_LEASE_SECONDS", 60)
 DESK_CLAIM_SECONDS = env_int("DESK_CLAIM_SECONDS", 300)
 DESK_MAX_STEPS = env_int("DESK_MAX_STEPS", 50)
 DESK_LLM_MAX_ATTEMPTS = env_int("DESK_LLM_MAX_ATTEMPTS", 6)
-DESK_DEMO_PASSWORD = env_str("DESK_DEMO_PASSWORD")
+DESK_DEMO_PASSWORD = env_str("DESK_DEMO_PASSWORD", "correct-horse-battery" if TESTING else "")
 ANTHROPIC_API_KEY = env_str("ANTHROPIC_API_KEY")
 ANTHROPIC_BASE_URL = env_str("ANTHROPIC_BASE_URL") or None
 ANTHROPIC_MODEL = env_str("ANTHROPIC_MODEL", "claude-sonnet-4-6")

@@ -1,16 +1,13 @@
 from __future__ import annotations
 
-import os
-
-# In-process tests never talk to a broker: an enqueued nudge goes nowhere.
-# Cross-process tests (tests/integration) give their subprocesses a real one.
-os.environ["CELERY_BROKER_URL"] = "memory://"
-os.environ.setdefault("DESK_DEMO_PASSWORD", "correct-horse-battery")
-
 import io
 
 import pytest
 from django.core.management import call_command
+
+# desk/settings.py knows when it runs under pytest: the test process's broker
+# is memory:// (a nudge goes nowhere) and the demo password is fixed.
+# Cross-process tests hand their subprocesses a real broker (tests/support.py).
 
 
 @pytest.fixture

@@ -57,6 +57,14 @@
     }
   });
 
+  // A click anywhere on a queue row opens it (the first cell keeps a real link).
+  document.addEventListener("click", function (event) {
+    var row = event.target.closest && event.target.closest("tr[data-href]");
+    if (row && !event.target.closest("a, button, input, select, textarea")) {
+      window.location.href = row.dataset.href;
+    }
+  });
+
   // Ctrl/Cmd+Enter in the comment declines (or approves if nothing is typed).
   document.addEventListener("keydown", function (event) {
     if (event.target && event.target.id === "comment" && event.key === "Enter" && (event.ctrlKey || event.metaKey)) {

@@ -1,0 +1,78 @@
+"""Real-browser fixtures: Playwright driving Debian's Chromium against a real web
+process (runserver) on the file-backed test databases, beside Celery workers and
+CLI subprocesses (tests.support.Desk)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from tests.support import Desk
+
+# Playwright's sync API runs an event loop in this thread; the ORM calls the
+# tests make between browser steps are ordinary blocking calls.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+CHROMIUM = os.environ.get("DESK_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run", "--disable-quic",
+]
+PASSWORD = settings.DESK_DEMO_PASSWORD
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not Path(CHROMIUM).exists():
+        message = f"{CHROMIUM} is not installed (apt-get install chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(message)  # CI installs it: a missing browser is a broken CI, not a skip
+        pytest.skip(message)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def desk(transactional_db, tmp_path, demo):
+    desk = Desk(tmp_path)
+    yield desk
+    for worker in desk.workers:
+        worker.stop()
+
+
+@pytest.fixture
+def page(browser, desk):
+    # A real web process, so a decision made in the browser reaches the
+    # worker through the same broker, as in production.
+    context = browser.new_context(base_url=desk.start_web(), viewport={"width": 1360, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    dialogs = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    page.dialogs = dialogs
+    yield page
+    context.close()
+
+
+def sign_in(page, username: str) -> None:
+    page.goto("/login/")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(lambda url: "/login/" not in url)
+
+
+def screenshot(page, name: str, tmp_path: Path) -> Path:
+    """Screenshots go to docs/screenshots when DESK_UPDATE_SCREENSHOTS=1, else to tmp."""
+    folder = SCREENSHOTS if os.environ.get("DESK_UPDATE_SCREENSHOTS") else tmp_path
+    path = folder / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path

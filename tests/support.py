@@ -1,0 +1,151 @@
+"""Cross-process helpers: a real Celery worker (and beat) on a real broker, and the
+command line in subprocesses, all sharing the file-backed test databases.
+
+Used by tests/integration and tests/e2e through their `desk` fixtures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from django.db import connections
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+
+
+def database_url(alias: str) -> str:
+    """The URL of the test database (already set up) for a subprocess."""
+    db = connections[alias].settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return "sqlite:///" + db["NAME"]
+    return f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+class Desk:
+    """The environment every subprocess of one test shares."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.workers: list[Worker] = []
+        broker = os.environ.get("DESK_TEST_BROKER_URL", "filesystem://")
+        if broker.startswith("redis"):
+            import redis
+
+            redis.Redis.from_url(broker).flushdb()  # no nudges left over from another test
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": database_url("default"),
+            "WORLD_DATABASE_URL": database_url("world"),
+            "CELERY_BROKER_URL": broker,
+            "DESK_BROKER_DIR": str(tmp_path / "broker"),
+            "DESK_LEASE_SECONDS": "3",
+            "DESK_TESTING": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.env.pop("DESK_FAILPOINTS", None)
+
+    def manage(self, *args: str, check: bool = True, env: dict | None = None,
+               timeout: float = 60) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            [PYTHON, "manage.py", *args], cwd=ROOT, env={**self.env, **(env or {})},
+            capture_output=True, text=True, timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"manage.py {' '.join(args)} failed ({result.returncode}):\n"
+                                 f"{result.stdout}\n{result.stderr}")
+        return result
+
+    def manage_async(self, *args: str, env: dict | None = None) -> subprocess.Popen:
+        return subprocess.Popen(
+            [PYTHON, "manage.py", *args], cwd=ROOT, env={**self.env, **(env or {})},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    def status(self, run_id: int) -> dict:
+        return json.loads(self.manage("runstatus", str(run_id), "--json").stdout)
+
+    def world(self) -> dict:
+        return json.loads(self.manage("world", "--json").stdout)
+
+    def start_worker(self, *, failpoints: str = "", name: str = "") -> Worker:
+        worker = Worker(self, failpoints=failpoints, name=name or f"w{len(self.workers)}")
+        self.workers.append(worker)
+        return worker
+
+    def start_web(self) -> str:
+        """A real web process (runserver) on a free port of 127.0.0.1; its base URL."""
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        web = Worker(self, failpoints="", name="web", web_port=port)
+        self.workers.append(web)
+        return f"http://127.0.0.1:{port}"
+
+    def start_beat(self) -> Worker:
+        beat = Worker(self, failpoints="", name="beat", beat=True)
+        self.workers.append(beat)
+        return beat
+
+    def wait_for(self, run_id: int, *statuses: str, timeout: float = 30) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            data = self.status(run_id)
+            if data["status"] in statuses:
+                return data
+            if time.monotonic() > deadline:
+                logs = "\n".join(w.log() for w in self.workers)
+                raise AssertionError(f"run {run_id} is {data['status']}, not {statuses}:\n{logs}")
+            time.sleep(0.2)
+
+
+class Worker:
+    def __init__(self, desk: Desk, *, failpoints: str, name: str, beat: bool = False,
+                 web_port: int | None = None) -> None:
+        self.log_path = desk.tmp_path / f"worker-{name}.log"
+        env = dict(desk.env)
+        if failpoints:
+            env["DESK_FAILPOINTS"] = failpoints
+        if web_port:
+            command = ["manage.py", "runserver", f"127.0.0.1:{web_port}", "--noreload"]
+            ready = "Quit the server with"
+        elif beat:
+            env["DESK_SWEEP_SECONDS"] = "1"
+            command = ["-m", "celery", "-A", "desk", "beat", "--loglevel=INFO",
+                       "-s", str(desk.tmp_path / "beat-schedule")]
+            ready = "beat: Starting"
+        else:
+            command = ["-m", "celery", "-A", "desk", "worker", "--pool=solo", "--without-gossip",
+                       "--without-mingle", "--without-heartbeat", "--loglevel=INFO", "-n", f"{name}@%h"]
+            ready = "ready."
+        with self.log_path.open("w") as log:
+            self.process = subprocess.Popen(
+                [PYTHON, *command],
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        deadline = time.monotonic() + 30
+        while ready not in self.log():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"worker did not start:\n{self.log()}")
+            time.sleep(0.1)
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def wait_exit(self, timeout: float = 30) -> int:
+        return self.process.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()

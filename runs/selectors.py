@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from .models import Message, Run, Step
+from collections import defaultdict
+from copy import copy
+from dataclasses import dataclass, field
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
+
+from django.utils import timezone
+
+from tools.registry import all_agents
+
+from .models import Message, Run, Step, ToolCall
 
 
 def run_get(run_id) -> Run | None:
@@ -43,3 +53,142 @@ def checkpoint(run: Run, number: int) -> dict | None:
         "seen": [{"seq": m.seq, "role": m.role, "content": m.content} for m in seen],
         "reply": reply[0].content if reply else None,
     }
+
+
+# --- run history (the /runs/ pages) ----------------------------------------
+def run_search(
+    *,
+    status: str = "",
+    agent: str = "",
+    requester=None,
+    created_from: date | None = None,
+    created_to: date | None = None,
+    text: str = "",
+):
+    """Runs matching the history filters, newest first; every filter is optional."""
+    runs = Run.objects.select_related("requester").order_by("-id")
+    if status:
+        runs = runs.filter(status=status)
+    if agent:
+        runs = runs.filter(agent=agent)
+    if requester is not None:
+        runs = runs.filter(requester=requester)
+    # Whole days in the current time zone, as a range on the column (not
+    # created_at__date), so the database can use a plain comparison.
+    if created_from:
+        runs = runs.filter(created_at__gte=_start_of_day(created_from))
+    if created_to:
+        runs = runs.filter(created_at__lt=_start_of_day(created_to + timedelta(days=1)))
+    if text:
+        runs = runs.filter(task__icontains=text)
+    return runs
+
+
+def _start_of_day(day: date) -> datetime:
+    return timezone.make_aware(datetime.combine(day, time.min))
+
+
+def run_agent_names() -> list[str]:
+    """Every agent that has runs or is registered, for the history's agent filter."""
+    names = set(Run.objects.order_by().values_list("agent", flat=True).distinct())
+    return sorted(names | {agent.name for agent in all_agents()})
+
+
+@dataclass
+class TimelineStep:
+    """One step of a run as the history shows it: the model's reply, its calls,
+    their decisions, and the usage the step added."""
+
+    number: int
+    # The step's checkpoint; None while the step is open (or when the run ended
+    # inside it, e.g. cancelled while a call waited for a decision).
+    checkpoint: Step | None
+    seen: int  # messages the model had seen when it replied
+    reply: list = field(default_factory=list)  # content blocks of the reply
+    calls: list[ToolCall] = field(default_factory=list)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: Decimal = Decimal(0)
+
+    @property
+    def is_open(self) -> bool:
+        return self.checkpoint is None
+
+    @property
+    def texts(self) -> list[str]:
+        return [b.get("text", "") for b in self.reply if isinstance(b, dict) and b.get("type") == "text"]
+
+
+def run_timeline(run: Run) -> list[TimelineStep]:
+    """The steps of ``run`` with their replies, calls and decisions.
+
+    A constant number of queries however long the run is: steps, the model's
+    replies (assistant messages only: the tool results are on the calls) and
+    the calls with their approvals.
+    """
+    checkpoints = {s.number: s for s in Step.objects.filter(run=run).order_by("number")}
+    # order_by("seq"): Message's default ordering ("run", "seq") would join Run.
+    assistant = Message.objects.filter(run=run, role=Message.Role.ASSISTANT).order_by("seq")
+    replies = {m.seq: m.content for m in assistant.only("seq", "content")}
+    # Coupling, by name only: ``approval`` is the reverse side of
+    # approvals.ApprovalRequest.tool_call (OneToOne, related_name="approval"),
+    # and ``votes`` its ApprovalVote rows (two-person rule). ``runs`` never
+    # imports ``approvals`` (dependencies point tools <- runs <- approvals); the
+    # history just follows the relation so decisions load with their calls
+    # instead of one query per call. Renaming either related_name breaks this.
+    calls = (
+        ToolCall.objects.filter(run=run)
+        .select_related("approval__decided_by")
+        .prefetch_related("approval__votes__reviewer")
+        .order_by("step", "position")
+    )
+    calls_by_step: dict[int, list[ToolCall]] = defaultdict(list)
+    for call in calls:
+        calls_by_step[call.step].append(call)
+
+    # The reply of a step without a checkpoint: the last one, if no closed
+    # step covers it (a closed step's reply is at seq == its message_count).
+    last_closed_seen = max((s.message_count for s in checkpoints.values()), default=-1)
+    open_reply_seq = max(replies, default=-1)
+    has_open_reply = open_reply_seq > last_closed_seen
+    numbers = set(checkpoints) | set(calls_by_step)
+    if has_open_reply:
+        numbers.add(run.step)
+
+    timeline = []
+    before = (0, 0, Decimal(0))  # run totals before the step
+    for number in sorted(numbers):
+        step = checkpoints.get(number)
+        if step is not None:
+            seen, totals = step.message_count, (step.input_tokens, step.output_tokens, step.cost)
+        else:
+            seen = open_reply_seq if has_open_reply and number == run.step else run.message_count
+            totals = (run.input_tokens, run.output_tokens, run.cost)
+        timeline.append(TimelineStep(
+            number=number, checkpoint=step, seen=seen, reply=replies.get(seen) or [],
+            calls=calls_by_step.get(number, []),
+            input_tokens=totals[0] - before[0], output_tokens=totals[1] - before[1],
+            cost=totals[2] - before[2],
+        ))
+        before = totals
+    return timeline
+
+
+def run_step_checkpoint(run: Run, number: int) -> dict | None:
+    """``checkpoint``, and also the step a finished run ended inside.
+
+    A run cancelled (or failed) while a call of its last reply was unresolved
+    never wrote that step's checkpoint; like the open step, the model had seen
+    everything before its last reply.
+    """
+    data = checkpoint(run, number)
+    if data is not None or not run.is_finished or number != run.step:
+        return data
+    if not ToolCall.objects.filter(run=run, step=number).exists():
+        return None  # e.g. a done run: its last step is closed, run.step is past it
+    as_open = copy(run)
+    as_open.status = Run.Status.RUNNING
+    data = checkpoint(as_open, number)
+    if data is not None:
+        data["status"] = run.status
+    return data

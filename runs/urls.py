@@ -6,5 +6,8 @@ from . import views
 
 urlpatterns = [
     path("", views.run_list, name="run-list"),
+    path("new", views.run_new, name="run-new"),
     path("<int:run_id>/", views.run_detail, name="run-detail"),
+    path("<int:run_id>/steps/<int:number>/", views.run_checkpoint, name="run-checkpoint"),
+    path("<int:run_id>/cancel", views.run_cancel_view, name="run-cancel"),
 ]

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from django.utils import timezone
+
 from .models import ApprovalRequest
 
 
@@ -9,7 +11,9 @@ def nav(request) -> dict:
     if user is None or not user.is_authenticated:
         return {}
     pending = ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING)
+    # Callables: the template calls them only where it renders the navigation,
+    # so fragments (status polls, row refreshes) pay nothing.
     return {
-        "nav_pending": pending.count(),
-        "nav_mine": pending.filter(claimed_by=user).count(),
+        "nav_pending": pending.count,
+        "nav_mine": pending.filter(claimed_by=user, claimed_until__gt=timezone.now()).count,
     }

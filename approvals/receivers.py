@@ -27,6 +27,11 @@ def audit_run_transition(sender, *, run_id, old, new, actor, reason, **kwargs):
 
 @receiver(tool_call_transitioned)
 def audit_tool_call_transition(sender, *, call, old, new, actor, reason, **kwargs):
+    if old == "awaiting_approval" and new == "denied":
+        # Withdrawn without a decision (a rewind abandoned its branch).
+        ApprovalRequest.objects.filter(tool_call_id=call.pk, status=ApprovalRequest.Status.PENDING).update(
+            status=ApprovalRequest.Status.CANCELLED, decided_at=timezone.now(), comment=reason,
+        )
     AuditEvent.objects.create(
         actor=actor, action=f"call.{new}", run_id=call.run_id, tool_call_id=call.pk,
         before=old, after=new, detail=f"{call.tool_name}: {reason}"[:2000],

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from django.db.models import Q
 from django.utils import timezone
 
+from runs.history import transcript_messages
 from runs.models import Message, Step, ToolCall
 from tools.registry import find_tool
 
@@ -70,11 +71,13 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
     siblings in the same reply, and the run's earlier decisions."""
     call = approval.tool_call
     run = approval.run
-    step = Step.objects.filter(run=run, number=call.step).values_list("message_count", flat=True).first()
+    step = (Step.objects.filter(run=run, number=call.step, superseded_at__isnull=True)
+            .values_list("message_count", flat=True).first())
     # The assistant turn with this call comes right after what the model saw.
     reply_seq = step if step is not None else run.message_count - 1
-    transcript = list(Message.objects.filter(run=run, seq__lte=reply_seq).order_by("seq"))
-    siblings = list(ToolCall.objects.filter(run=run, step=call.step).exclude(pk=call.pk).order_by("position"))
+    transcript = transcript_messages(run, limit=reply_seq + 1)
+    siblings = list(ToolCall.objects.filter(run=run, step=call.step, superseded_at__isnull=True)
+                    .exclude(pk=call.pk).order_by("position"))
     earlier = list(
         ApprovalRequest.objects.filter(run=run).exclude(pk=approval.pk)
         .exclude(status=ApprovalRequest.Status.PENDING)
@@ -94,7 +97,7 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
             })
     return ApprovalContext(
         approval=approval,
-        tool_kind=spec.kind if spec else "unknown",
+        tool_kind=spec.effect_kind if spec else "unknown",
         schema_fields=fields,
         transcript=transcript,
         folded=max(0, len(transcript) - keep_unfolded),

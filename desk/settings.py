@@ -231,6 +231,8 @@ DESK_CLAIM_SECONDS = env_int("DESK_CLAIM_SECONDS", 300)
 DESK_MAX_STEPS = env_int("DESK_MAX_STEPS", 50)
 DESK_LLM_MAX_ATTEMPTS = env_int("DESK_LLM_MAX_ATTEMPTS", 6)
 DESK_DEMO_PASSWORD = env_str("DESK_DEMO_PASSWORD", "correct-horse-battery" if TESTING else "")
+# The onboarding agent's files: real files, but never outside this folder.
+DESK_SANDBOX_DIR = Path(env_str("DESK_SANDBOX_DIR", str(VAR_DIR / "sandbox")))
 ANTHROPIC_API_KEY = env_str("ANTHROPIC_API_KEY")
 ANTHROPIC_BASE_URL = env_str("ANTHROPIC_BASE_URL") or None
 ANTHROPIC_MODEL = env_str("ANTHROPIC_MODEL", "claude-sonnet-4-6")

@@ -43,6 +43,7 @@ from tools.registry import (
 
 from . import gate as gate_module
 from .failpoints import failpoint
+from .history import transcript_messages
 from .llm import (
     LLM,
     AnthropicLLM,
@@ -226,7 +227,16 @@ class _Loop:
         self.llm = llm or llm_for_run(run)
         self.gate = gate_module.get_gate()
         # Loaded once per claim; appended to as we write (we hold the lease).
-        self.transcript = [m.as_model_message() for m in run.messages.order_by("seq")]
+        self.transcript = [m.as_model_message() for m in transcript_messages(run)]
+        # A fork replays its parent's history: calls the parent already made at
+        # the same place get the parent's recorded result, and nothing runs.
+        self.parent_calls = {}
+        if run.parent_id:
+            self.parent_calls = {
+                (c.step, c.position): c
+                for c in ToolCall.objects.filter(run_id=run.parent_id, step__gte=run.fork_step,
+                                                 superseded_at__isnull=True, status=C.COMMITTED)
+            }
         self.dirty: list[ToolCall] = []  # read results not yet written
 
     # --- leases -----------------------------------------------------------
@@ -253,7 +263,8 @@ class _Loop:
             if calls == _STEP_CLOSED:
                 return None
         else:
-            calls = list(ToolCall.objects.filter(run=run, step=run.step).order_by("position"))
+            calls = list(ToolCall.objects.filter(run=run, step=run.step, superseded_at__isnull=True)
+                         .order_by("position"))
             if not calls:  # an assistant turn without calls ended the run
                 _fail(run, self.owner, "transcript ends with a final reply but the run was not closed")
                 return AdvanceResult(Outcome.FINISHED)
@@ -359,7 +370,7 @@ class _Loop:
         if spec is not None and not spec.is_read:
             # Reads have no effect to deduplicate: only writes carry a key.
             call.idempotency_key = idempotency_key(run_id=run.pk, tool_name=call.tool_name,
-                                                   tool_input=tool_input)
+                                                   tool_input=tool_input, generation=run.generation)
         if spec is None:
             available = ", ".join(self.agent.tool_names)
             return _resolved(call, C.FAILED, f"Unknown tool {call.tool_name!r}. "
@@ -369,6 +380,13 @@ class _Loop:
         if errors:
             return _resolved(call, C.FAILED, f"Invalid input for {call.tool_name}: "
                              f"{'; '.join(errors)}. Nothing was done.", reason="invalid input")
+        recorded = self.parent_calls.get((call.step, call.position))
+        if (recorded is not None and recorded.tool_name == call.tool_name
+                and recorded.input_hash == call.input_hash):
+            # Still inside the parent's history: reuse its result, touch nothing.
+            call.verdict = gate_module.ALLOW
+            return _resolved(call, C.COMMITTED, recorded.result, is_error=recorded.is_error,
+                             reason=f"reused from run {recorded.run_id} step {recorded.step}")
         if not spec.is_read:
             twin = next((c for c in batch if c.idempotency_key == call.idempotency_key
                          and c.status not in (C.FAILED, C.DENIED)), None)
@@ -380,6 +398,13 @@ class _Loop:
             if repeat is not None:
                 return repeat
         verdict = self.gate.review(run=run, call=call, spec=spec)
+        if spec.is_irreversible and verdict.effect != gate_module.DENY:
+            # Whatever the rules say: what cannot be undone waits for a person.
+            verdict = gate_module.Verdict(
+                gate_module.NEEDS_APPROVAL, rule=verdict.rule, rule_id=verdict.rule_id,
+                reason=f"irreversible: {call.tool_name} cannot be undone"
+                + (f"; {verdict.reason}" if verdict.reason else ""),
+            )
         call.verdict, call.verdict_rule, call.verdict_reason = verdict.effect, verdict.rule, verdict.reason
         call._verdict = verdict
         if verdict.effect == gate_module.ALLOW:
@@ -398,7 +423,8 @@ class _Loop:
     def _repeat_of(self, call: ToolCall) -> ToolCall | None:
         """The model asking again for a write it already asked for: never twice."""
         earlier = (
-            ToolCall.objects.filter(run=self.run, idempotency_key=call.idempotency_key)
+            ToolCall.objects.filter(run=self.run, idempotency_key=call.idempotency_key,
+                                    superseded_at__isnull=True)
             .exclude(status__in=[C.FAILED, C.DECLINED, C.DENIED, C.COMPENSATED])
             .order_by("-id")
             .first()
@@ -448,10 +474,17 @@ class _Loop:
             self._resolve_now(call, C.FAILED, "The arguments differ from the ones approved; "
                               "not executed.", is_error=True)
             return None
+        # What the compensation will need, read before the effect.
+        try:
+            pre_state = spec.capture(self._ctx(call), call.input) if spec.capture else None
+        except ToolError as exc:
+            self._resolve_now(call, C.FAILED, f"{spec.name} failed: {exc}", is_error=True)
+            return None
         with transaction.atomic():
             self._own()
             started = ToolCall.objects.filter(pk=call.pk, status=C.APPROVED).update(
-                status=C.EXECUTING, attempts=F("attempts") + 1, started_at=timezone.now()
+                status=C.EXECUTING, attempts=F("attempts") + 1, started_at=timezone.now(),
+                pre_state=pre_state,
             )
             if not started:
                 raise LeaseLost()
@@ -540,7 +573,7 @@ class _Loop:
             Run.objects.select_for_update().filter(pk=run.pk).first()
             self._flush_dirty()
             still_pending = ToolCall.objects.filter(
-                run=run, step=run.step, status=C.AWAITING_APPROVAL
+                run=run, step=run.step, status=C.AWAITING_APPROVAL, superseded_at__isnull=True
             ).exists()
             if still_pending:
                 run_transition(run_id=run.pk, old=S.RUNNING, new=S.WAITING_APPROVAL, owner=self.owner,

@@ -67,6 +67,7 @@ class RunStartForm(forms.Form):
         super().__init__(*args, **kwargs)
         agents = all_agents()
         self.fields["agent"].choices = [(a.name, a.name) for a in agents]
+        self.fields["agent"].initial = "refund-desk"
         anthropic = "Anthropic (Claude, with tool use)"
         if not settings.ANTHROPIC_API_KEY:
             anthropic += " — not available: this server has no ANTHROPIC_API_KEY"

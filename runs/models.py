@@ -49,6 +49,14 @@ class Run(models.Model):
     lease_until = models.DateTimeField(null=True, blank=True)
     llm_attempts = models.PositiveSmallIntegerField(default=0)
     error = models.TextField(blank=True)
+    # A fork starts from a checkpoint of its parent: the first shared_messages
+    # messages of its transcript are the parent's, shared rather than copied.
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="forks")
+    fork_step = models.PositiveIntegerField(null=True, blank=True)
+    shared_messages = models.PositiveIntegerField(default=0)
+    # Bumped by a rewind: a call made again after its effect was undone is a new
+    # effect and gets a new idempotency key.
+    generation = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -64,6 +72,7 @@ class Run(models.Model):
                 condition=Q(status__in=RUN_STATUSES), name="run_status_valid"
             ),
         ]
+        permissions = [("rollback_run", "Can roll back, rewind and fork runs")]
 
     def __str__(self) -> str:
         return f"Run {self.pk} ({self.agent}, {self.status})"
@@ -92,10 +101,16 @@ class Message(models.Model):
     role = models.CharField(max_length=10, choices=Role.choices)
     content = models.JSONField()
     created_at = models.DateTimeField(auto_now_add=True)
+    # Set when a rewind moved the live head back past this message; kept as history.
+    superseded_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        ordering = ["run", "seq"]
-        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="message_run_seq_unique")]
+        # run_id, not run: ordering by the relation would join Run for its ordering.
+        ordering = ["run_id", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="message_run_seq_unique",
+                                    condition=Q(superseded_at__isnull=True)),
+        ]
 
     def __str__(self) -> str:
         return f"{self.role} message {self.seq} of run {self.run_id}"
@@ -119,10 +134,14 @@ class Step(models.Model):
     cost = models.DecimalField(max_digits=12, decimal_places=6, default=0)
     status = models.CharField(max_length=20, choices=Run.Status.choices)
     created_at = models.DateTimeField(auto_now_add=True)
+    superseded_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        ordering = ["run", "number"]
-        constraints = [models.UniqueConstraint(fields=["run", "number"], name="step_run_number_unique")]
+        ordering = ["run_id", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "number"], name="step_run_number_unique",
+                                    condition=Q(superseded_at__isnull=True)),
+        ]
 
     def __str__(self) -> str:
         return f"step {self.number} of run {self.run_id}"
@@ -173,9 +192,13 @@ class ToolCall(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The saga: what undoing the effect did, and when.
+    compensation = models.JSONField(null=True, blank=True)
+    compensated_at = models.DateTimeField(null=True, blank=True)
+    superseded_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        ordering = ["run", "step", "position"]
+        ordering = ["run_id", "step", "position"]
         indexes = [
             # Only writes carry a key; reads stay out of the index.
             models.Index(fields=["run", "idempotency_key"], name="toolcall_run_key",
@@ -183,7 +206,8 @@ class ToolCall(models.Model):
             models.Index(fields=["status"], name="toolcall_status"),
         ]
         constraints = [
-            models.UniqueConstraint(fields=["run", "tool_use_id"], name="toolcall_run_tool_use_unique"),
+            models.UniqueConstraint(fields=["run", "tool_use_id"], name="toolcall_run_tool_use_unique",
+                                    condition=Q(superseded_at__isnull=True)),
             models.CheckConstraint(
                 condition=Q(status__in=CALL_STATUSES), name="toolcall_status_valid"
             ),

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 
+from django.db.models import F
 from django.utils import timezone
 
 from tools.registry import all_agents
 
+from .history import transcript_messages
 from .models import Message, Run, Step, ToolCall
 
 
@@ -28,7 +30,9 @@ def checkpoint(run: Run, number: int) -> dict | None:
     The first ``Step.message_count`` messages: a slice of the append-only
     transcript, never a copy.
     """
-    step = Step.objects.filter(run=run, number=number).first()
+    # The live step first; one a rewind superseded is history.
+    step = (Step.objects.filter(run=run, number=number)
+            .order_by(F("superseded_at").desc(nulls_first=True)).first())
     if step is None and number == run.step and not run.is_finished and run.message_count % 2 == 0:
         # The step in progress (e.g. waiting for a decision): its reply is
         # saved, its checkpoint not yet written. The model saw all but the reply.
@@ -36,7 +40,10 @@ def checkpoint(run: Run, number: int) -> dict | None:
                     input_tokens=run.input_tokens, output_tokens=run.output_tokens, cost=run.cost)
     if step is None:
         return None
-    messages = list(Message.objects.filter(run=run, seq__lte=step.message_count).order_by("seq"))
+    # The transcript as it was when the step was written (a fork's starts with
+    # its parent's; a rewind's superseded messages count for the steps they belonged to).
+    messages = transcript_messages(run, at=step.created_at if step.pk else None,
+                                   limit=step.message_count + 1)
     seen, reply = messages[: step.message_count], messages[step.message_count:]
     return {
         "run": run.pk,
@@ -126,9 +133,12 @@ def run_timeline(run: Run) -> list[TimelineStep]:
     replies (assistant messages only: the tool results are on the calls) and
     the calls with their approvals.
     """
-    checkpoints = {s.number: s for s in Step.objects.filter(run=run).order_by("number")}
-    # order_by("seq"): Message's default ordering ("run", "seq") would join Run.
-    assistant = Message.objects.filter(run=run, role=Message.Role.ASSISTANT).order_by("seq")
+    # The live history: what a rewind superseded is left out here (it stays in
+    # the database and in the checkpoints of the steps it belonged to).
+    checkpoints = {s.number: s for s in Step.objects.filter(run=run, superseded_at__isnull=True)
+                   .order_by("number")}
+    assistant = Message.objects.filter(run=run, role=Message.Role.ASSISTANT,
+                                       superseded_at__isnull=True).order_by("seq")
     replies = {m.seq: m.content for m in assistant.only("seq", "content")}
     # Coupling, by name only: ``approval`` is the reverse side of
     # approvals.ApprovalRequest.tool_call (OneToOne, related_name="approval"),
@@ -137,7 +147,7 @@ def run_timeline(run: Run) -> list[TimelineStep]:
     # history just follows the relation so decisions load with their calls
     # instead of one query per call. Renaming either related_name breaks this.
     calls = (
-        ToolCall.objects.filter(run=run)
+        ToolCall.objects.filter(run=run, superseded_at__isnull=True)
         .select_related("approval__decided_by")
         .prefetch_related("approval__votes__reviewer")
         .order_by("step", "position")

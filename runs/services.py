@@ -27,12 +27,13 @@ S = Run.Status
 RUN_TRANSITIONS: dict[str, frozenset[str]] = {
     S.QUEUED: frozenset({S.RUNNING, S.CANCELLED, S.FAILED}),
     S.RUNNING: frozenset({S.WAITING_APPROVAL, S.DONE, S.FAILED, S.QUEUED, S.CANCELLED}),
-    S.WAITING_APPROVAL: frozenset({S.QUEUED, S.CANCELLED, S.FAILED}),
-    S.DONE: frozenset({S.ROLLED_BACK}),
-    S.FAILED: frozenset({S.ROLLED_BACK}),
-    S.CANCELLED: frozenset({S.ROLLED_BACK}),
+    S.WAITING_APPROVAL: frozenset({S.QUEUED, S.CANCELLED, S.FAILED, S.ROLLED_BACK}),
+    # A rewind sends a stopped run back to the queue from an earlier checkpoint.
+    S.DONE: frozenset({S.ROLLED_BACK, S.QUEUED}),
+    S.FAILED: frozenset({S.ROLLED_BACK, S.QUEUED}),
+    S.CANCELLED: frozenset({S.ROLLED_BACK, S.QUEUED}),
     S.HANDED_OVER: frozenset(),
-    S.ROLLED_BACK: frozenset(),
+    S.ROLLED_BACK: frozenset({S.QUEUED}),
 }
 
 

@@ -10,6 +10,13 @@ from django.core.management import call_command
 # Cross-process tests hand their subprocesses a real broker (tests/support.py).
 
 
+@pytest.fixture(autouse=True)
+def sandbox(settings, tmp_path):
+    """Each test's onboarding files live in its own sandbox folder."""
+    settings.DESK_SANDBOX_DIR = tmp_path / "sandbox"
+    return settings.DESK_SANDBOX_DIR
+
+
 @pytest.fixture
 def demo():
     """Demo users, groups, gate rules and world data, as `seeddemo` makes them."""

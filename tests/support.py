@@ -46,6 +46,7 @@ class Desk:
             "CELERY_BROKER_URL": broker,
             "DESK_BROKER_DIR": str(tmp_path / "broker"),
             "DESK_LEASE_SECONDS": "3",
+            "DESK_SANDBOX_DIR": str(tmp_path / "sandbox"),
             "DESK_TESTING": "1",
             "PYTHONUNBUFFERED": "1",
         }

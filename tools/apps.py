@@ -8,4 +8,5 @@ class ToolsConfig(AppConfig):
     verbose_name = "Tools and sandbox world"
 
     def ready(self) -> None:
-        from . import demo  # noqa: F401  (registers the built-in tools and agents)
+        # Register the built-in tools and agents; onboarding reuses demo's send_email.
+        from . import demo, onboarding  # noqa: F401

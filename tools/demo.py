@@ -6,14 +6,26 @@ Scripts and tests rely on this exactly as ``docs/architecture.md`` describes.
 from __future__ import annotations
 
 import contextlib
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import Decimal, InvalidOperation
 
 from django.db import IntegrityError, transaction
 from django.db.models import Q, Sum
 
-from . import payments
+from . import faults, payments
+from .counters import counted
 from .models import Customer, Note, Order, OutboxEmail, Payment, Ticket
-from .registry import READ, AgentSpec, ToolContext, ToolError, ToolSpec, register_agent, register_tool
+from .registry import (
+    COMPENSABLE,
+    READ,
+    REVERSIBLE,
+    AgentSpec,
+    ToolContext,
+    ToolError,
+    ToolSpec,
+    register_agent,
+    register_tool,
+)
+from .undo import capture_key, made_by_call
 
 POLICY = (
     "Refund policy: a delivered order may be refunded in full or in part within 30 days. "
@@ -22,25 +34,20 @@ POLICY = (
 )
 
 
-def _money(value) -> Decimal:
-    try:
-        amount = Decimal(str(value))
-    except (InvalidOperation, ValueError):
-        raise ToolError(f"amount {value!r} is not a number of rupees.") from None
-    if amount != amount.quantize(Decimal("0.01"), rounding=ROUND_HALF_UP):
-        raise ToolError(f"amount {value} has more than two decimals.")
-    return amount.quantize(Decimal("0.01"))
-
-
 def _order(order_id: str) -> Order:
     order = (
         Order.objects.select_related("customer", "ticket")
-        .annotate(refunded=Sum("payments__amount", filter=Q(payments__kind=Payment.Kind.REFUND)))
+        .annotate(
+            refunds=Sum("payments__amount", filter=Q(payments__kind=Payment.Kind.REFUND)),
+            reversals=Sum("payments__amount", filter=Q(payments__kind=Payment.Kind.REVERSAL)),
+        )
         .filter(order_id=order_id)
         .first()
     )
     if order is None:
         raise ToolError(f"No order {order_id}.")
+    # A reversed refund no longer counts: the money went back.
+    order.refunded = (order.refunds or Decimal(0)) - (order.reversals or Decimal(0))
     return order
 
 
@@ -54,6 +61,7 @@ def _payment_result(payment: Payment) -> dict:
 
 
 # --- reads -----------------------------------------------------------------
+@counted("get_order")
 def get_order(ctx: ToolContext, args: dict) -> dict:
     order = _order(args["order_id"])
     return {
@@ -68,13 +76,15 @@ def get_order(ctx: ToolContext, args: dict) -> dict:
     }
 
 
+@counted("get_policy")
 def get_policy(ctx: ToolContext, args: dict) -> str:
     return POLICY
 
 
 # --- writes ----------------------------------------------------------------
+@counted("refund_item")
 def refund_item(ctx: ToolContext, args: dict) -> dict:
-    amount = _money(args["amount"])
+    amount = payments.money(args["amount"])
     if amount <= 0:
         raise ToolError("amount must be positive.")
     payment = payments.refund(
@@ -86,11 +96,28 @@ def refund_item(ctx: ToolContext, args: dict) -> dict:
     return _payment_result(payment)
 
 
+@counted("refund_item:reconcile")
 def reconcile_refund(ctx: ToolContext, args: dict) -> dict | None:
     payment = payments.find_by_key(ctx.idempotency_key)
     return _payment_result(payment) if payment else None
 
 
+@counted("refund_item:compensate")
+def compensate_refund(ctx: ToolContext, args: dict, result, pre_state) -> str:
+    """Compensable: a reversal for the same order and amount, if the refund still stands."""
+    faults.check_compensation("refund_item")
+    refund = made_by_call(Payment, pre_state, result, "refund_id", "RF-")
+    if refund is None or refund.kind != Payment.Kind.REFUND or refund.order is None:
+        return "Nothing to reverse: no refund was made by this call."
+    undo, made = payments.reverse(payment=refund, reason=f"Reversal of refund RF-{refund.pk}",
+                                  idempotency_key=ctx.idempotency_key)
+    if not made:
+        return f"Refund RF-{refund.pk} was already reversed (RV-{undo.pk}); nothing to do."
+    return (f"Reversed refund RF-{refund.pk}: ₹{undo.amount} taken back on order "
+            f"{refund.order.order_id} (RV-{undo.pk}).")
+
+
+@counted("send_email")
 def send_email(ctx: ToolContext, args: dict) -> dict:
     try:
         with transaction.atomic(using="world"):
@@ -103,11 +130,38 @@ def send_email(ctx: ToolContext, args: dict) -> dict:
     return {"message_id": f"MSG-{email.pk}", "to": email.to, "status": "queued"}
 
 
+@counted("send_email:reconcile")
 def reconcile_email(ctx: ToolContext, args: dict) -> dict | None:
     email = OutboxEmail.objects.filter(idempotency_key=ctx.idempotency_key).first()
     return {"message_id": f"MSG-{email.pk}", "to": email.to, "status": "queued"} if email else None
 
 
+@counted("send_email:compensate")
+def compensate_email(ctx: ToolContext, args: dict, result, pre_state) -> str:
+    """Compensable: an email cannot be unsent, so a correction follows it, once."""
+    faults.check_compensation("send_email")
+    original = made_by_call(OutboxEmail, pre_state, result, "message_id", "MSG-")
+    if original is None:
+        return "Nothing to correct: no email was sent by this call."
+    try:
+        with transaction.atomic(using="world"):
+            correction, made = OutboxEmail.objects.get_or_create(
+                idempotency_key=ctx.idempotency_key,
+                defaults={
+                    "to": original.to,
+                    "subject": f"Correction: {original.subject}"[:300],
+                    "body": f"Please disregard our earlier message \"{original.subject}\" "
+                            f"(MSG-{original.pk}): it was sent in error. We are sorry for the confusion.",
+                },
+            )
+    except IntegrityError:  # a concurrent compensation with the same key won
+        correction, made = OutboxEmail.objects.get(idempotency_key=ctx.idempotency_key), False
+    if not made:
+        return f"A correction of MSG-{original.pk} was already sent to {correction.to} (MSG-{correction.pk})."
+    return f"Sent a correction of MSG-{original.pk} to {correction.to} (MSG-{correction.pk})."
+
+
+@counted("close_ticket")
 def close_ticket(ctx: ToolContext, args: dict) -> dict:
     ticket = Ticket.objects.filter(ticket_id=args["ticket_id"]).first()
     if ticket is None:
@@ -116,11 +170,34 @@ def close_ticket(ctx: ToolContext, args: dict) -> dict:
     return {"ticket_id": ticket.ticket_id, "status": "closed"}
 
 
+@counted("close_ticket:reconcile")
 def reconcile_ticket(ctx: ToolContext, args: dict) -> dict | None:
     ticket = Ticket.objects.filter(ticket_id=args["ticket_id"], status=Ticket.Status.CLOSED).first()
     return {"ticket_id": ticket.ticket_id, "status": "closed"} if ticket else None
 
 
+@counted("close_ticket:capture")
+def capture_ticket(ctx: ToolContext, args: dict) -> dict:
+    ticket = Ticket.objects.filter(ticket_id=args["ticket_id"]).first()
+    return {"ticket_id": args["ticket_id"], "status": ticket.status if ticket else None}
+
+
+@counted("close_ticket:compensate")
+def compensate_ticket(ctx: ToolContext, args: dict, result, pre_state) -> str:
+    """Reversible: reopen the ticket, but only if this call is what closed it."""
+    faults.check_compensation("close_ticket")
+    ticket_id = args["ticket_id"]
+    before = pre_state.get("status") if isinstance(pre_state, dict) else None
+    if before != Ticket.Status.OPEN:
+        what = "was already closed" if before == Ticket.Status.CLOSED else "had no recorded status"
+        return f"{ticket_id} {what} before this call; left as it is."
+    reopened = Ticket.objects.filter(ticket_id=ticket_id, status=Ticket.Status.CLOSED).update(
+        status=Ticket.Status.OPEN
+    )
+    return f"Reopened {ticket_id}." if reopened else f"{ticket_id} is not closed; nothing to do."
+
+
+@counted("add_note")
 def add_note(ctx: ToolContext, args: dict) -> dict:
     order = _order(args["order_id"])
     try:
@@ -133,9 +210,21 @@ def add_note(ctx: ToolContext, args: dict) -> dict:
     return {"note_id": f"N-{note.pk}", "order_id": order.order_id}
 
 
+@counted("add_note:reconcile")
 def reconcile_note(ctx: ToolContext, args: dict) -> dict | None:
     note = Note.objects.select_related("order").filter(idempotency_key=ctx.idempotency_key).first()
     return {"note_id": f"N-{note.pk}", "order_id": note.order.order_id} if note else None
+
+
+@counted("add_note:compensate")
+def compensate_note(ctx: ToolContext, args: dict, result, pre_state) -> str:
+    """Reversible: delete the note this call added, if it is still there."""
+    faults.check_compensation("add_note")
+    note = made_by_call(Note, pre_state, result, "note_id", "N-")
+    if note is None:
+        return "No note from this call is left; nothing to do."
+    deleted, _ = Note.objects.filter(pk=note.pk).delete()
+    return f"Deleted note N-{note.pk}." if deleted else f"Note N-{note.pk} is already gone; nothing to do."
 
 
 def _refund_facts(args: dict) -> dict:
@@ -175,6 +264,9 @@ register_tool(ToolSpec(
     reconcile=reconcile_refund,
     honours_key=True,
     facts=_refund_facts,
+    undo=COMPENSABLE,
+    capture=capture_key,
+    compensate=compensate_refund,
 ))
 register_tool(ToolSpec(
     name="send_email",
@@ -187,6 +279,9 @@ register_tool(ToolSpec(
     function=send_email,
     reconcile=reconcile_email,
     honours_key=True,
+    undo=COMPENSABLE,
+    capture=capture_key,
+    compensate=compensate_email,
 ))
 register_tool(ToolSpec(
     name="close_ticket",
@@ -197,6 +292,9 @@ register_tool(ToolSpec(
     function=close_ticket,
     reconcile=reconcile_ticket,
     honours_key=True,  # closing a closed ticket changes nothing
+    undo=REVERSIBLE,
+    capture=capture_ticket,
+    compensate=compensate_ticket,
 ))
 register_tool(ToolSpec(
     name="add_note",
@@ -208,6 +306,9 @@ register_tool(ToolSpec(
     function=add_note,
     reconcile=reconcile_note,
     honours_key=True,
+    undo=REVERSIBLE,
+    capture=capture_key,
+    compensate=compensate_note,
 ))
 
 DEMO_TASK = (

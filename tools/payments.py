@@ -2,22 +2,41 @@
 
 It behaves like a real one where it matters for exactly-once: it deduplicates
 on the idempotency key, it can be looked up by key after a lost reply, and it
-can be told (``ProviderFault``) to apply a refund and then time out.
+can be told (``ProviderFault``) to apply a refund or a charge and then time out.
+
+The ledger is append-only: undoing a movement is a new movement that
+``reverses`` it (a charge is refunded, a refund is reversed), and a movement
+can be reversed only once.
 """
 
 from __future__ import annotations
 
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F, Sum
 
 from .models import Order, Payment, ProviderFault
 from .registry import ToolError, UnknownOutcome
 
+CENT = Decimal("0.01")
+
 
 class ProviderTimeout(UnknownOutcome):
     pass
+
+
+def money(value) -> Decimal:
+    """Rupees, up to two decimals, as a Decimal; anything else is a ToolError."""
+    try:
+        amount = Decimal(str(value))
+    except (InvalidOperation, ValueError):
+        raise ToolError(f"amount {value!r} is not a number of rupees.") from None
+    if not amount.is_finite():
+        raise ToolError(f"amount {value!r} is not a number of rupees.")
+    if amount != amount.quantize(CENT, rounding=ROUND_HALF_UP):
+        raise ToolError(f"amount {value} has more than two decimals.")
+    return amount.quantize(CENT)
 
 
 def _take_fault() -> str | None:
@@ -30,9 +49,23 @@ def _take_fault() -> str | None:
     return fault.kind if taken else None
 
 
+def _sum(payments) -> Decimal:
+    return (payments.aggregate(s=Sum("amount"))["s"] or Decimal("0")).quantize(CENT)
+
+
 def refunded_total(order: Order) -> Decimal:
-    total = order.payments.filter(kind=Payment.Kind.REFUND).aggregate(s=Sum("amount"))["s"]
-    return (total or Decimal("0")).quantize(Decimal("0.01"))
+    """Refunded on the order so far: refunds less the refunds that were reversed."""
+    return _sum(order.payments.filter(kind=Payment.Kind.REFUND)) - _sum(
+        order.payments.filter(kind=Payment.Kind.REVERSAL)
+    )
+
+
+def account_balance(account: str) -> Decimal:
+    """What the provider has taken from ``account``: charges less refunds."""
+    on_account = Payment.objects.filter(account=account)
+    return _sum(on_account.filter(kind=Payment.Kind.CHARGE)) - _sum(
+        on_account.filter(kind=Payment.Kind.REFUND)
+    )
 
 
 def refund(*, order_id: str, amount: Decimal, reason: str, idempotency_key: str) -> Payment:
@@ -64,6 +97,52 @@ def refund(*, order_id: str, amount: Decimal, reason: str, idempotency_key: str)
         # The refund is committed, but the caller never hears back.
         raise ProviderTimeout("Payment provider timed out after accepting the request.")
     return payment
+
+
+def charge(*, account: str, amount: Decimal, description: str, idempotency_key: str) -> Payment:
+    existing = Payment.objects.filter(idempotency_key=idempotency_key).first()
+    if existing is not None:
+        return existing
+    fault = _take_fault()  # its own transaction, as for refunds
+    if fault == ProviderFault.Kind.TIMEOUT_BEFORE_APPLY:
+        raise ProviderTimeout("Payment provider timed out.")
+    try:
+        with transaction.atomic(using="world"):
+            payment = Payment.objects.create(
+                kind=Payment.Kind.CHARGE, account=account, amount=amount, reason=description,
+                idempotency_key=idempotency_key,
+            )
+    except IntegrityError:  # a concurrent attempt with the same key won
+        payment = Payment.objects.get(idempotency_key=idempotency_key)
+    if fault == ProviderFault.Kind.TIMEOUT_AFTER_APPLY:
+        raise ProviderTimeout("Payment provider timed out after accepting the request.")
+    return payment
+
+
+def reverse(*, payment: Payment, reason: str, idempotency_key: str) -> tuple[Payment, bool]:
+    """Undo ``payment`` with a new movement: a charge gets a refund, a refund a reversal.
+
+    Returns the undoing movement and whether this call made it. A payment that
+    is already undone (by this key or any other) is left alone.
+    """
+    kinds = {Payment.Kind.CHARGE: Payment.Kind.REFUND, Payment.Kind.REFUND: Payment.Kind.REVERSAL}
+    if payment.kind not in kinds:
+        raise ToolError(f"Payment provider: a {payment.kind} cannot be reversed.")
+    existing = (Payment.objects.filter(idempotency_key=idempotency_key).first()
+                or Payment.objects.filter(reverses=payment).first())
+    if existing is not None:
+        return existing, False
+    try:
+        with transaction.atomic(using="world"):
+            undo = Payment.objects.create(
+                kind=kinds[payment.kind], order_id=payment.order_id, account=payment.account,
+                amount=payment.amount, reason=reason, reverses=payment, idempotency_key=idempotency_key,
+            )
+    except IntegrityError:  # same key, or the payment was reversed meanwhile
+        undo = (Payment.objects.filter(idempotency_key=idempotency_key).first()
+                or Payment.objects.get(reverses=payment))
+        return undo, False
+    return undo, True
 
 
 def find_by_key(idempotency_key: str) -> Payment | None:

@@ -21,6 +21,12 @@ import jsonschema
 READ = "read"
 WRITE = "write"
 
+# What undoing a write means (the saga layer):
+REVERSIBLE = "reversible"  # a true inverse: delete the created row, rename back
+COMPENSABLE = "compensable"  # a corrective follow-up: refund a charge; the original stays on record
+IRREVERSIBLE = "irreversible"  # no compensation: always gated, rollback refuses to cross it
+UNDO_KINDS = (REVERSIBLE, COMPENSABLE, IRREVERSIBLE)
+
 
 class ToolError(Exception):
     """The tool refused or failed cleanly; the message is shown to the model."""
@@ -43,6 +49,12 @@ class ToolContext:
 
 ToolFunction = Callable[[ToolContext, dict], Any]
 ReconcileFunction = Callable[[ToolContext, dict], Any]
+# capture(ctx, input) -> what the compensation will need, taken before the effect.
+CaptureFunction = Callable[[ToolContext, dict], Any]
+# compensate(ctx, input, result, pre_state) -> a summary. It checks the world's
+# actual state first ("is the file still there?") so running it twice is a no-op;
+# ctx.idempotency_key is the compensation's own derived key.
+CompensateFunction = Callable[[ToolContext, dict, Any, Any], Any]
 
 
 @dataclass(frozen=True)
@@ -59,15 +71,35 @@ class ToolSpec:
     # call again with the same key cannot double the effect.
     honours_key: bool = False
     facts: Callable[[dict], dict] | None = None
+    # Writes only: reversible, compensable or irreversible, and how.
+    undo: str = ""
+    capture: CaptureFunction | None = None
+    compensate: CompensateFunction | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in (READ, WRITE):
             raise ValueError(f"tool {self.name}: kind must be read or write, not {self.kind!r}")
+        if self.kind == WRITE:
+            if self.undo not in UNDO_KINDS:
+                raise ValueError(f"write tool {self.name} must declare undo as one of {UNDO_KINDS}")
+            if self.undo != IRREVERSIBLE and self.compensate is None:
+                raise ValueError(f"{self.undo} tool {self.name} needs a compensate function")
+        elif self.undo:
+            raise ValueError(f"read tool {self.name} has nothing to undo")
         jsonschema.Draft202012Validator.check_schema(self.input_schema)
 
     @property
     def is_read(self) -> bool:
         return self.kind == READ
+
+    @property
+    def is_irreversible(self) -> bool:
+        return self.undo == IRREVERSIBLE
+
+    @property
+    def effect_kind(self) -> str:
+        """read, reversible, compensable or irreversible: what a reviewer is shown."""
+        return self.undo or self.kind
 
     def validation_errors(self, tool_input: Any) -> list[str]:
         validator = jsonschema.Draft202012Validator(self.input_schema)
@@ -174,8 +206,17 @@ def input_hash(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()
 
 
-def idempotency_key(*, run_id: int, tool_name: str, tool_input: Any) -> str:
+def idempotency_key(*, run_id: int, tool_name: str, tool_input: Any, generation: int = 0) -> str:
     """Derived, never random: a retry, a resumed run or a repeated request carries
-    the same key, so downstream systems can deduplicate."""
+    the same key, so downstream systems can deduplicate. A rewound run starts a
+    new generation: a call it makes again after its effect was undone is a new
+    effect, so it gets a new key."""
     material = f"{run_id}:{tool_name}:{input_hash(tool_input)}"
+    if generation:
+        material += f":g{generation}"
     return hashlib.sha256(material.encode()).hexdigest()[:40]
+
+
+def compensation_key(call_key: str) -> str:
+    """The derived key of the compensation of the call with ``call_key``."""
+    return hashlib.sha256(f"compensate:{call_key}".encode()).hexdigest()[:40]

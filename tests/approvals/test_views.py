@@ -164,7 +164,7 @@ def test_the_approval_page_shows_context_rule_and_siblings(users):
     assert "Ceramic teapot" in text  # what it saw (the get_order result)
     assert "amount &gt; 500" in text and "amount 900 &gt; 500" in text  # threshold and actual value
     assert "add_note" in text and "Committed" in text  # the sibling call and its state
-    assert ">write<" in text
+    assert ">compensable<" in text  # what undoing a refund means
 
 
 def test_approving_over_htmx_swaps_the_decision_and_tells_the_page(users):

@@ -105,4 +105,4 @@ def test_seeddemo_is_idempotent(demo):
 
     before = GateRule.objects.count()
     run_command("seeddemo")
-    assert GateRule.objects.count() == before == 6
+    assert GateRule.objects.count() == before == 11

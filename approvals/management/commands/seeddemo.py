@@ -31,6 +31,13 @@ RULES = (
     ("Emails to customers", "send_email", "", "gt", "", "needs_approval", 10, "reviewers"),
     ("Closing tickets", "close_ticket", "", "gt", "", "allow", 0, None),
     ("Internal notes", "add_note", "", "gt", "", "allow", 0, None),
+    # onboarding: reversible set-up runs; money over ₹1,000 waits; irreversible
+    # tools always wait, whatever a rule says.
+    ("Creating users", "create_user", "", "gt", "", "allow", 0, None),
+    ("Sandbox files", "create_file", "", "gt", "", "allow", 0, None),
+    ("Renaming files", "rename_file", "", "gt", "", "allow", 0, None),
+    ("Charges up to ₹1,000", "charge_card", "", "gt", "", "allow", 0, None),
+    ("Charges over ₹1,000", "charge_card", "amount", "gt", "1000", "needs_approval", 10, "reviewers"),
 )
 
 

@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from runs.engine import run_advance_until_settled
+from runs.saga import SagaError, run_rewind
+
+from ._common import run_by_id, user_by_name
+
+
+class Command(BaseCommand):
+    help = "Undo the effects after step N and continue the run from step N's checkpoint."
+
+    def add_arguments(self, parser):
+        parser.add_argument("run_id")
+        parser.add_argument("--to-step", type=int, required=True)
+        parser.add_argument("--user", required=True)
+        parser.add_argument("--sync", action="store_true", help="advance here, without a worker")
+
+    def handle(self, *args, run_id, to_step, user, sync, **options):
+        run = run_by_id(run_id)
+        try:
+            result = run_rewind(run=run, to_step=to_step, by=user_by_name(user), enqueue=not sync)
+        except SagaError as exc:
+            raise CommandError(str(exc)) from None
+        for call in result.compensated:
+            self.stdout.write(f"compensated #{call.pk} {call.tool_name} (step {call.step})")
+        if sync:
+            run_advance_until_settled(run.pk)
+        run.refresh_from_db()
+        self.stdout.write(f"run {run.pk}: {run.status} at step {run.step}")

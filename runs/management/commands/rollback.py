@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from runs.saga import SagaError, rollback_plan, run_rollback
+
+from ._common import run_by_id, user_by_name
+
+
+class Command(BaseCommand):
+    help = "Undo a run's side effects (all of them, or those after step N), newest first."
+
+    def add_arguments(self, parser):
+        parser.add_argument("run_id")
+        parser.add_argument("--to-step", type=int, help="keep the effects of steps up to N")
+        parser.add_argument("--user", required=True)
+        parser.add_argument("--dry-run", action="store_true", help="show what would be undone")
+
+    def handle(self, *args, run_id, to_step, user, dry_run, **options):
+        run = run_by_id(run_id)
+        by = user_by_name(user)
+        if dry_run:
+            plan = rollback_plan(run, to_step=to_step)
+            for call in plan.compensable:
+                self.stdout.write(f"would compensate #{call.pk} {call.tool_name} (step {call.step})")
+            for call in plan.irreversible:
+                self.stdout.write(f"cannot undo #{call.pk} {call.tool_name} (step {call.step})")
+            return
+        try:
+            result = run_rollback(run=run, to_step=to_step, by=by)
+        except SagaError as exc:
+            raise CommandError(str(exc)) from None
+        for call in result.compensated:
+            self.stdout.write(
+                f"compensated #{call.pk} {call.tool_name} (step {call.step}): {call.compensation}"
+            )
+        if not result.compensated:
+            self.stdout.write("nothing to undo")
+        self.stdout.write(f"run {run.pk}: {result.run_status}")

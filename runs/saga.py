@@ -1,0 +1,221 @@
+"""The saga layer: undo a run's side effects, rewind it, fork it.
+
+Every committed write in the tool-call log is compensated by its tool's own
+``compensate`` with its own derived key, newest first. A compensation checks
+the world's actual state before acting, so running it twice is a no-op: that
+is what lets a rollback killed midway simply run again.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from tools.registry import ToolContext, ToolError, compensation_key, find_tool
+
+from .failpoints import failpoint
+from .models import Message, Run, Step, ToolCall
+from .services import run_enqueue, run_transition
+from .signals import run_transitioned, tool_call_transitioned
+
+log = logging.getLogger(__name__)
+S = Run.Status
+C = ToolCall.Status
+PERMISSION = "runs.rollback_run"
+
+
+class SagaError(Exception):
+    """A rollback, rewind or fork that cannot be done as asked; the message says why."""
+
+
+class RollbackRefused(SagaError):
+    """Refused up front: nothing was compensated."""
+
+
+class RollbackHalted(SagaError):
+    """A compensation failed: everything before it was undone, nothing after it."""
+
+
+@dataclass
+class RollbackPlan:
+    to_step: int | None
+    compensable: list[ToolCall] = field(default_factory=list)  # newest first
+    irreversible: list[ToolCall] = field(default_factory=list)
+
+
+@dataclass
+class RollbackResult:
+    compensated: list[ToolCall]
+    run_status: str
+
+
+def rollback_plan(run: Run, *, to_step: int | None = None) -> RollbackPlan:
+    """What a rollback would undo, newest first, and what it cannot undo.
+
+    Only calls that took effect in this run count: a repeat or a fork's reused
+    result did nothing here, so there is nothing of theirs to undo.
+    """
+    calls = ToolCall.objects.filter(run=run, status=C.COMMITTED, superseded_at__isnull=True,
+                                    attempts__gt=0).exclude(idempotency_key="")
+    if to_step is not None:
+        calls = calls.filter(step__gt=to_step)
+    plan = RollbackPlan(to_step=to_step)
+    for call in calls.order_by("-step", "-position"):
+        spec = find_tool(call.tool_name)
+        if spec is None or spec.is_read:
+            continue
+        (plan.irreversible if spec.is_irreversible else plan.compensable).append(call)
+    return plan
+
+
+def _check_permission(by) -> None:
+    if by is not None and not by.has_perm(PERMISSION):
+        raise SagaError(f"{by.get_username()} may not roll back, rewind or fork runs.")
+
+
+def _lock(run: Run) -> str:
+    """Keep workers (and other rollbacks) off the run while we undo it."""
+    owner = f"saga:{uuid.uuid4().hex[:12]}"
+    now = timezone.now()
+    free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+    taken = Run.objects.filter(free, pk=run.pk).exclude(status__in=[S.QUEUED, S.RUNNING]).update(
+        lease_owner=owner, lease_until=now + timedelta(seconds=settings.DESK_LEASE_SECONDS)
+    )
+    if not taken:
+        run.refresh_from_db()
+        if run.status in (S.QUEUED, S.RUNNING):
+            raise RollbackRefused(f"Run {run.pk} is {run.status}: cancel it or wait until it pauses.")
+        raise RollbackRefused(f"Run {run.pk} is busy ({run.lease_owner}); try again shortly.")
+    return owner
+
+
+def _unlock(run: Run, owner: str) -> None:
+    Run.objects.filter(pk=run.pk, lease_owner=owner).update(lease_owner="", lease_until=None)
+
+
+def run_rollback(*, run: Run, to_step: int | None = None, by=None) -> RollbackResult:
+    """Compensate committed calls after ``to_step`` (all of them if None), newest first.
+
+    Refuses up front if an irreversible call lies in the range. Halts at the
+    first failing compensation and never skips ahead; running it again
+    continues where it stopped. Rolling back a rolled-back run is a no-op.
+    """
+    _check_permission(by)
+    plan = rollback_plan(run, to_step=to_step)
+    if plan.irreversible:
+        names = ", ".join(f"#{c.pk} {c.tool_name} (step {c.step})" for c in plan.irreversible)
+        raise RollbackRefused(
+            f"Cannot roll back run {run.pk}: {names} cannot be undone. Nothing was changed."
+        )
+    owner = _lock(run)
+    done: list[ToolCall] = []
+    try:
+        for call in plan.compensable:
+            _compensate(run, call, by)
+            done.append(call)
+            failpoint("after_compensation", _compensations_so_far(run))
+        run.refresh_from_db()
+        with transaction.atomic():
+            if to_step is None and run.status != S.ROLLED_BACK:
+                run_transition(run_id=run.pk, old=run.status, new=S.ROLLED_BACK, actor=by,
+                               reason=f"rolled back: {len(done)} compensation(s)")
+            elif to_step is not None:
+                run_transitioned.send(Run, run_id=run.pk, old=run.status, new=run.status, actor=by,
+                                      reason=f"rolled back to step {to_step}: {len(done)} compensation(s)")
+    finally:
+        _unlock(run, owner)
+    run.refresh_from_db()
+    return RollbackResult(compensated=done, run_status=run.status)
+
+
+def _compensations_so_far(run: Run) -> int:
+    return ToolCall.objects.filter(run=run, status=C.COMPENSATED).count()
+
+
+def _compensate(run: Run, call: ToolCall, by) -> None:
+    spec = find_tool(call.tool_name)
+    ctx = ToolContext(run_id=run.pk, step=call.step, idempotency_key=compensation_key(call.idempotency_key))
+    # Slow I/O outside any transaction; the compensation is idempotent by key
+    # and by the world's state, so a crash here is repaired by running again.
+    try:
+        summary = spec.compensate(ctx, call.input, call.result, call.pre_state)
+    except ToolError as exc:
+        raise RollbackHalted(
+            f"Compensating #{call.pk} {call.tool_name} (step {call.step}) failed: {exc}. Everything "
+            "after it was undone, nothing before it. Fix the cause and run the rollback again."
+        ) from None
+    with transaction.atomic():
+        updated = ToolCall.objects.filter(pk=call.pk, status=C.COMMITTED).update(
+            status=C.COMPENSATED, compensation=summary, compensated_at=timezone.now()
+        )
+        if updated:
+            call.status, call.compensation = C.COMPENSATED, summary
+            tool_call_transitioned.send(ToolCall, call=call, old=C.COMMITTED, new=C.COMPENSATED,
+                                        actor=by, reason=f"compensated: {summary}")
+
+
+def run_rewind(*, run: Run, to_step: int, by=None, enqueue: bool = True) -> RollbackResult:
+    """Undo the side effects after step ``to_step``, move the live head back to its
+    checkpoint (later messages, steps and calls stay as superseded history) and
+    queue the run to continue from there, in a new generation of keys."""
+    _check_permission(by)
+    step = Step.objects.filter(run=run, number=to_step, superseded_at__isnull=True).first()
+    if step is None:
+        raise SagaError(f"Run {run.pk} has no checkpoint for step {to_step}.")
+    result = run_rollback(run=run, to_step=to_step, by=by)
+    head = step.message_count + 2  # what the model saw, its reply, the results
+    now = timezone.now()
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        if run.status in (S.QUEUED, S.RUNNING):
+            raise SagaError(f"Run {run.pk} started running again; rewind it once it stops.")
+        Message.objects.filter(run=run, seq__gte=head, superseded_at__isnull=True).update(superseded_at=now)
+        Step.objects.filter(run=run, number__gt=to_step, superseded_at__isnull=True).update(superseded_at=now)
+        later = ToolCall.objects.filter(run=run, step__gt=to_step, superseded_at__isnull=True)
+        # Calls still waiting for a decision on the abandoned branch are withdrawn.
+        pending = list(later.filter(status=C.AWAITING_APPROVAL))
+        later.update(superseded_at=now)
+        for call in pending:
+            tool_call_transitioned.send(ToolCall, call=call, old=call.status, new=C.DENIED, actor=by,
+                                        reason="withdrawn by a rewind")
+        ToolCall.objects.filter(pk__in=[c.pk for c in pending]).update(
+            status=C.DENIED, result="Withdrawn: the run was rewound.", is_error=True)
+        run_transition(
+            run_id=run.pk, old=run.status, new=S.QUEUED, actor=by, reason=f"rewound to step {to_step}",
+            step=to_step + 1, message_count=head, generation=run.generation + 1, error="",
+            finished_at=None, lease_owner="", lease_until=None,
+        )
+        if enqueue:
+            run_enqueue(run.pk)
+    run.refresh_from_db()
+    return RollbackResult(compensated=result.compensated, run_status=run.status)
+
+
+def run_fork(*, run: Run, step: int, by=None, enqueue: bool = True) -> Run:
+    """A new run from step ``step``'s checkpoint: the parent's transcript up to what
+    the model saw at that step, shared, not copied. While the fork repeats its
+    parent's calls it reuses their recorded results; nothing runs twice."""
+    _check_permission(by)
+    checkpoint = Step.objects.filter(run=run, number=step, superseded_at__isnull=True).first()
+    if checkpoint is None:
+        raise SagaError(f"Run {run.pk} has no checkpoint for step {step}.")
+    with transaction.atomic():
+        fork = Run.objects.create(
+            agent=run.agent, agent_version=run.agent_version, task=run.task,
+            requester=by or run.requester, llm=run.llm, script=run.script, max_steps=run.max_steps,
+            parent=run, fork_step=step, shared_messages=checkpoint.message_count,
+            step=step, message_count=checkpoint.message_count,
+        )
+        run_transitioned.send(Run, run_id=fork.pk, old="", new=S.QUEUED, actor=by,
+                              reason=f"forked from run {run.pk} at step {step}")
+        if enqueue:
+            run_enqueue(fork.pk)
+    return fork
+

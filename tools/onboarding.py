@@ -1,0 +1,580 @@
+"""The second demo agent, ``onboarding``: it sets up a new user, and every kind of undo.
+
+Reversible: ``create_user``, ``create_file``, ``rename_file``. Compensable:
+``charge_card`` (refunded), ``send_email`` (a correction; the same tool as
+refund-desk's). Irreversible: ``delete_file_permanently``, ``call_webhook``.
+
+Files are real files under ``settings.DESK_SANDBOX_DIR``; a path is always
+relative to it and may not leave it. A file system has no unique key column, so
+each file operation is journalled in ``FileOperation`` by its idempotency key:
+the row is committed (pending) before the file is touched and marked done after,
+so a retry after a crash finishes the job instead of doing it twice. The file
+I/O itself stays outside any transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from decimal import Decimal, InvalidOperation
+from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from . import faults, payments
+from .counters import counted
+from .models import FileOperation, Payment, WebhookDelivery, WorldUser
+from .registry import (
+    COMPENSABLE,
+    IRREVERSIBLE,
+    READ,
+    REVERSIBLE,
+    AgentSpec,
+    ToolContext,
+    ToolError,
+    ToolSpec,
+    register_agent,
+    register_tool,
+)
+from .undo import capture_key, made_by_call
+
+WEBHOOK_HOST = "hooks.example.test"  # the local sink: .test never resolves (RFC 2606)
+
+
+# --- the sandbox folder -------------------------------------------------------
+def sandbox_root() -> Path:
+    return Path(settings.DESK_SANDBOX_DIR)
+
+
+def sandbox_path(raw: str) -> tuple[str, Path]:
+    """The normalised relative path and the real path; ToolError if it would leave the sandbox."""
+    if not isinstance(raw, str) or not raw.strip():
+        raise ToolError("the path is empty.")
+    if "\\" in raw or "\x00" in raw:
+        raise ToolError(f"path {raw!r}: use forward slashes and printable characters.")
+    pure = PurePosixPath(raw)
+    if pure.is_absolute() or raw.startswith("~"):
+        raise ToolError(f"path {raw!r} is absolute; paths are relative to the sandbox folder.")
+    if ".." in pure.parts:
+        raise ToolError(f"path {raw!r} leaves the sandbox folder.")
+    parts = [part for part in pure.parts if part != "."]
+    if not parts:
+        raise ToolError(f"path {raw!r} names the sandbox folder itself, not a file in it.")
+    relative = "/".join(parts)
+    root = sandbox_root().resolve()
+    path = root / relative
+    # A symlink inside the sandbox may point out of it.
+    if not path.resolve().is_relative_to(root):
+        raise ToolError(f"path {raw!r} leaves the sandbox folder.")
+    return relative, path
+
+
+def sandbox_files() -> list[dict]:
+    """Every file in the sandbox folder, read from disk: path and size."""
+    root = sandbox_root()
+    if not root.is_dir():
+        return []
+    return [
+        {"path": path.relative_to(root).as_posix(), "size": path.stat().st_size}
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    ]
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _file_sha256(path: Path) -> str | None:
+    """The digest of the file at ``path``, or None if there is no regular file there."""
+    try:
+        return _sha256(path.read_bytes()) if path.is_file() else None
+    except FileNotFoundError:
+        return None
+
+
+def _make_parents(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise NotADirectoryError(f"a file is in the way of {path.parent}") from None
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """Create ``path`` with ``data``, durably; never overwrite (FileExistsError)."""
+    _make_parents(path)
+    with open(path, "xb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _new_folders(path: Path) -> str | None:
+    """The outermost folder that writing ``path`` would create (relative), or None."""
+    root = sandbox_root().resolve()
+    outermost = None
+    folder = path.parent
+    while folder != root and not folder.exists():
+        outermost = folder
+        folder = folder.parent
+    return outermost.relative_to(root).as_posix() if outermost else None
+
+
+def _prune(path: Path, created: str | None) -> None:
+    """Remove the folders a write created for ``path``, innermost first, while empty."""
+    if not created:
+        return
+    root = sandbox_root().resolve()
+    outermost = root / created
+    folder = path.parent
+    while folder.is_relative_to(outermost) and folder != root:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (someone else's file), or already gone
+            return
+        folder = folder.parent
+
+
+def _capture_file(ctx: ToolContext, relative: str, path: Path) -> dict:
+    return {"idempotency_key": ctx.idempotency_key, "path": relative, "existed": path.exists(),
+            "new_folders": _new_folders(path)}
+
+
+# --- the journal of file operations --------------------------------------------
+def _journalled(key: str) -> FileOperation | None:
+    return FileOperation.objects.filter(idempotency_key=key).first()
+
+
+def _journal(key: str, **fields) -> FileOperation:
+    """Commit a pending operation under ``key`` before the file system is touched."""
+    try:
+        with transaction.atomic(using="world"):
+            return FileOperation.objects.create(idempotency_key=key, **fields)
+    except IntegrityError:  # a concurrent attempt with the same key won
+        return FileOperation.objects.get(idempotency_key=key)
+
+
+def _done(op: FileOperation) -> FileOperation:
+    FileOperation.objects.filter(pk=op.pk).update(done=True)
+    op.done = True
+    return op
+
+
+def _abandon(op: FileOperation, message: str) -> ToolError:
+    """A pending operation that cannot be done: leave no trace of it."""
+    FileOperation.objects.filter(pk=op.pk, done=False).delete()
+    return ToolError(message)
+
+
+def _file_result(op: FileOperation) -> dict:
+    if op.action == FileOperation.Action.CREATE:
+        return {"path": op.path, "size": op.size, "status": "created"}
+    if op.action == FileOperation.Action.RENAME:
+        return {"path": op.path, "new_path": op.new_path, "status": "renamed"}
+    return {"path": op.path, "size": op.size, "status": "deleted permanently"}
+
+
+def _reconcile_file(ctx: ToolContext) -> dict | None:
+    # A pending operation may or may not have reached the disk: not found, so
+    # the engine re-runs the tool with the same key, which finishes it.
+    op = FileOperation.objects.filter(idempotency_key=ctx.idempotency_key, done=True).first()
+    return _file_result(op) if op else None
+
+
+# --- reads -----------------------------------------------------------------
+@counted("list_files")
+def list_files(ctx: ToolContext, args: dict) -> dict:
+    return {"files": sandbox_files()}
+
+
+# --- users -----------------------------------------------------------------
+def _user_result(user: WorldUser) -> dict:
+    return {"user_id": f"U-{user.pk}", "username": user.username, "email": user.email, "status": "created"}
+
+
+@counted("create_user")
+def create_user(ctx: ToolContext, args: dict) -> dict:
+    user = WorldUser.objects.filter(idempotency_key=ctx.idempotency_key).first()
+    if user is None:
+        if WorldUser.objects.filter(username=args["username"]).exists():
+            raise ToolError(f"username {args['username']!r} is taken.")
+        try:
+            with transaction.atomic(using="world"):
+                user = WorldUser.objects.create(username=args["username"], email=args["email"],
+                                                idempotency_key=ctx.idempotency_key)
+        except IntegrityError:  # the same key raced us, or someone took the name
+            user = WorldUser.objects.filter(idempotency_key=ctx.idempotency_key).first()
+            if user is None:
+                raise ToolError(f"username {args['username']!r} is taken.") from None
+    return _user_result(user)
+
+
+@counted("create_user:reconcile")
+def reconcile_user(ctx: ToolContext, args: dict) -> dict | None:
+    user = WorldUser.objects.filter(idempotency_key=ctx.idempotency_key).first()
+    return _user_result(user) if user else None
+
+
+@counted("create_user:compensate")
+def compensate_user(ctx: ToolContext, args: dict, result, pre_state) -> str:
+    """Reversible: delete the user this call created, if it is still there."""
+    faults.check_compensation("create_user")
+    user = made_by_call(WorldUser, pre_state, result, "user_id", "U-")
+    deleted, _ = WorldUser.objects.filter(pk=user.pk).delete() if user else (0, None)
+    if not deleted:
+        return f"User {args['username']} from this call is already gone; nothing to do."
+    return f"Deleted user {user.username}."
+
+
+# --- files -----------------------------------------------------------------
+@counted("create_file")
+def create_file(ctx: ToolContext, args: dict) -> dict:
+    relative, path = sandbox_path(args["path"])
+    data = args["content"].encode()
+    op = _journalled(ctx.idempotency_key)
+    if op is None:
+        if path.exists():
+            raise ToolError(f"{relative} already exists; create_file does not overwrite.")
+        op = _journal(ctx.idempotency_key, action=FileOperation.Action.CREATE, path=relative,
+                      sha256=_sha256(data), size=len(data))
+    if op.done:
+        return _file_result(op)
+    # Pending: this key may already have written the file before a crash.
+    if _file_sha256(path) != op.sha256:
+        try:
+            _write_new(path, data)
+        except FileExistsError:
+            raise _abandon(op, f"{relative} already exists with other content; "
+                               "create_file does not overwrite.") from None
+        except (IsADirectoryError, NotADirectoryError):
+            raise _abandon(op, f"{relative} cannot be created: a file or folder is in the way.") from None
+    return _file_result(_done(op))
+
+
+@counted("create_file:capture")
+def capture_create_file(ctx: ToolContext, args: dict) -> dict:
+    relative, path = sandbox_path(args["path"])
+    return _capture_file(ctx, relative, path)
+
+
+@counted("create_file:reconcile")
+def reconcile_create_file(ctx: ToolContext, args: dict) -> dict | None:
+    return _reconcile_file(ctx)
+
+
+@counted("create_file:compensate")
+def compensate_create_file(ctx: ToolContext, args: dict, result, pre_state) -> str:
+    """Reversible: delete the file, but only if it still holds what this call wrote."""
+    faults.check_compensation("create_file")
+    relative, path = sandbox_path(args["path"])
+    found = _file_sha256(path)
+    if found is None:
+        return f"{relative} is no longer there; nothing to do."
+    if found != _sha256(args["content"].encode()):
+        return f"{relative} was changed since it was created; left as it is."
+    with contextlib.suppress(FileNotFoundError):  # a concurrent compensation got there first
+        path.unlink()
+    # The folders it made for the file go too, if nothing else moved in.
+    _prune(path, pre_state.get("new_folders") if isinstance(pre_state, dict) else None)
+    return f"Deleted {relative}."
+
+
+@counted("rename_file")
+def rename_file(ctx: ToolContext, args: dict) -> dict:
+    relative, path = sandbox_path(args["path"])
+    new_relative, new_path = sandbox_path(args["new_path"])
+    if relative == new_relative:
+        raise ToolError("path and new_path are the same file.")
+    op = _journalled(ctx.idempotency_key)
+    if op is None:
+        if not path.is_file():
+            raise ToolError(f"No file {relative}.")
+        if new_path.exists():
+            raise ToolError(f"{new_relative} already exists; rename_file does not overwrite.")
+        op = _journal(ctx.idempotency_key, action=FileOperation.Action.RENAME, path=relative,
+                      new_path=new_relative, sha256=_file_sha256(path) or "", size=path.stat().st_size)
+    if op.done:
+        return _file_result(op)
+    if path.is_file() and not new_path.exists():
+        try:
+            _make_parents(new_path)
+        except NotADirectoryError:
+            raise _abandon(op, f"cannot rename to {new_relative}: a file is in the way.") from None
+        path.rename(new_path)
+    elif not (new_path.is_file() and not path.exists()):
+        # Not renamed by the earlier attempt either: the folder changed under us.
+        raise _abandon(op, f"cannot rename {relative} to {new_relative}: the files changed meanwhile.")
+    return _file_result(_done(op))
+
+
+@counted("rename_file:capture")
+def capture_rename_file(ctx: ToolContext, args: dict) -> dict:
+    sandbox_path(args["path"])
+    new_relative, new_path = sandbox_path(args["new_path"])
+    return _capture_file(ctx, new_relative, new_path)
+
+
+@counted("rename_file:reconcile")
+def reconcile_rename_file(ctx: ToolContext, args: dict) -> dict | None:
+    return _reconcile_file(ctx)
+
+
+@counted("rename_file:compensate")
+def compensate_rename_file(ctx: ToolContext, args: dict, result, pre_state) -> str:
+    """Reversible: rename back, if the new path is still there and the old one free."""
+    faults.check_compensation("rename_file")
+    relative, path = sandbox_path(args["path"])
+    new_relative, new_path = sandbox_path(args["new_path"])
+    if new_path.is_file() and not path.exists():
+        try:
+            _make_parents(path)
+        except NotADirectoryError:
+            return f"{relative} cannot be restored: a file is in the way; {new_relative} left as it is."
+        new_path.rename(path)
+        _prune(new_path, pre_state.get("new_folders") if isinstance(pre_state, dict) else None)
+        return f"Renamed {new_relative} back to {relative}."
+    if path.exists() and not new_path.exists():
+        return f"{relative} is already back in place; nothing to do."
+    if not new_path.exists():
+        return f"{new_relative} is no longer there; nothing to rename back."
+    return f"{relative} exists again; {new_relative} left as it is rather than overwrite it."
+
+
+@counted("delete_file_permanently")
+def delete_file_permanently(ctx: ToolContext, args: dict) -> dict:
+    relative, path = sandbox_path(args["path"])
+    op = _journalled(ctx.idempotency_key)
+    if op is None:
+        if not path.is_file():
+            raise ToolError(f"No file {relative}.")
+        op = _journal(ctx.idempotency_key, action=FileOperation.Action.DELETE, path=relative,
+                      sha256=_file_sha256(path) or "", size=path.stat().st_size)
+    if op.done:
+        return _file_result(op)
+    # Pending: gone already means this key deleted it before a crash.
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    return _file_result(_done(op))
+
+
+@counted("delete_file_permanently:reconcile")
+def reconcile_delete_file(ctx: ToolContext, args: dict) -> dict | None:
+    return _reconcile_file(ctx)
+
+
+# --- money -----------------------------------------------------------------
+def _charge_result(payment: Payment) -> dict:
+    return {"charge_id": f"CH-{payment.pk}", "account": payment.account, "amount": str(payment.amount),
+            "status": "charged"}
+
+
+@counted("charge_card")
+def charge_card(ctx: ToolContext, args: dict) -> dict:
+    amount = payments.money(args["amount"])
+    if amount <= 0:
+        raise ToolError("amount must be positive.")
+    payment = payments.charge(account=args["account"], amount=amount, description=args["description"],
+                              idempotency_key=ctx.idempotency_key)
+    return _charge_result(payment)
+
+
+@counted("charge_card:reconcile")
+def reconcile_charge(ctx: ToolContext, args: dict) -> dict | None:
+    payment = payments.find_by_key(ctx.idempotency_key)
+    return _charge_result(payment) if payment else None
+
+
+@counted("charge_card:compensate")
+def compensate_charge(ctx: ToolContext, args: dict, result, pre_state) -> str:
+    """Compensable: refund the charge through the provider, if it still stands.
+
+    Both stay on the ledger; the account's balance nets to zero.
+    """
+    faults.check_compensation("charge_card")
+    charge = made_by_call(Payment, pre_state, result, "charge_id", "CH-")
+    if charge is None or charge.kind != Payment.Kind.CHARGE:
+        return "Nothing to refund: no charge was made by this call."
+    refund, made = payments.reverse(payment=charge, reason=f"Refund of charge CH-{charge.pk}",
+                                    idempotency_key=ctx.idempotency_key)
+    if not made:
+        return f"Charge CH-{charge.pk} was already refunded (RF-{refund.pk}); nothing to do."
+    return f"Refunded charge CH-{charge.pk}: ₹{refund.amount} back to {charge.account} (RF-{refund.pk})."
+
+
+def _charge_facts(args: dict) -> dict:
+    facts = dict(args)
+    with contextlib.suppress(InvalidOperation, ValueError):
+        facts["amount"] = Decimal(str(args.get("amount")))
+    return facts
+
+
+# --- webhooks ----------------------------------------------------------------
+def _delivery_result(delivery: WebhookDelivery) -> dict:
+    return {"delivery_id": f"WH-{delivery.pk}", "url": delivery.url, "status": "delivered"}
+
+
+@counted("call_webhook")
+def call_webhook(ctx: ToolContext, args: dict) -> dict:
+    url = args["url"]
+    parts = urlsplit(url)
+    if parts.scheme != "https" or parts.hostname != WEBHOOK_HOST:
+        raise ToolError(f"webhooks go to https://{WEBHOOK_HOST}/... only, not {url}.")
+    # Delivered to the local sink, never the network; keyed, so a retry is one delivery.
+    try:
+        with transaction.atomic(using="world"):
+            delivery, _ = WebhookDelivery.objects.get_or_create(
+                idempotency_key=ctx.idempotency_key, defaults={"url": url, "payload": args["payload"]}
+            )
+    except IntegrityError:
+        delivery = WebhookDelivery.objects.get(idempotency_key=ctx.idempotency_key)
+    return _delivery_result(delivery)
+
+
+@counted("call_webhook:reconcile")
+def reconcile_webhook(ctx: ToolContext, args: dict) -> dict | None:
+    delivery = WebhookDelivery.objects.filter(idempotency_key=ctx.idempotency_key).first()
+    return _delivery_result(delivery) if delivery else None
+
+
+# --- registration ----------------------------------------------------------
+PATH = {"type": "string", "minLength": 1, "maxLength": 200,
+        "description": "relative to the sandbox folder, e.g. home/marie/welcome.txt"}
+
+register_tool(ToolSpec(
+    name="list_files",
+    description="List the files in the sandbox folder with their sizes.",
+    input_schema={"type": "object", "properties": {}, "additionalProperties": False},
+    function=list_files,
+    kind=READ,
+))
+register_tool(ToolSpec(
+    name="create_user",
+    description="Create a user account in the directory.",
+    input_schema={"type": "object", "properties": {
+        "username": {"type": "string", "pattern": "^[a-z][a-z0-9_.-]{1,49}$"},
+        "email": {"type": "string", "format": "email", "pattern": "^[^@\\s]+@[^@\\s]+$"},
+    }, "required": ["username", "email"], "additionalProperties": False},
+    function=create_user,
+    reconcile=reconcile_user,
+    honours_key=True,
+    undo=REVERSIBLE,
+    capture=capture_key,
+    compensate=compensate_user,
+))
+register_tool(ToolSpec(
+    name="create_file",
+    description="Create a new file in the sandbox folder. It never overwrites an existing file.",
+    input_schema={"type": "object", "properties": {
+        "path": PATH,
+        "content": {"type": "string", "maxLength": 100_000},
+    }, "required": ["path", "content"], "additionalProperties": False},
+    function=create_file,
+    reconcile=reconcile_create_file,
+    honours_key=True,
+    undo=REVERSIBLE,
+    capture=capture_create_file,
+    compensate=compensate_create_file,
+))
+register_tool(ToolSpec(
+    name="rename_file",
+    description="Rename (move) a file within the sandbox folder. It never overwrites an existing file.",
+    input_schema={"type": "object", "properties": {"path": PATH, "new_path": PATH},
+                  "required": ["path", "new_path"], "additionalProperties": False},
+    function=rename_file,
+    reconcile=reconcile_rename_file,
+    honours_key=True,
+    undo=REVERSIBLE,
+    capture=capture_rename_file,
+    compensate=compensate_rename_file,
+))
+register_tool(ToolSpec(
+    name="charge_card",
+    description="Charge an account's card on file through the payment provider. "
+                "Amount in rupees, up to two decimals.",
+    input_schema={"type": "object", "properties": {
+        "account": {"type": "string", "pattern": "^[a-z][a-z0-9_.-]{1,49}$"},
+        "amount": {"type": "number", "exclusiveMinimum": 0},
+        "description": {"type": "string", "minLength": 1, "maxLength": 500},
+    }, "required": ["account", "amount", "description"], "additionalProperties": False},
+    function=charge_card,
+    reconcile=reconcile_charge,
+    honours_key=True,
+    facts=_charge_facts,
+    undo=COMPENSABLE,
+    capture=capture_key,
+    compensate=compensate_charge,
+))
+register_tool(ToolSpec(
+    name="delete_file_permanently",
+    description="Delete a file from the sandbox folder permanently. This cannot be undone.",
+    input_schema={"type": "object", "properties": {"path": PATH},
+                  "required": ["path"], "additionalProperties": False},
+    function=delete_file_permanently,
+    reconcile=reconcile_delete_file,
+    honours_key=True,
+    undo=IRREVERSIBLE,
+))
+register_tool(ToolSpec(
+    name="call_webhook",
+    description=f"POST a JSON payload to a webhook (https://{WEBHOOK_HOST}/...). "
+                "An external system acts on it: this cannot be undone.",
+    input_schema={"type": "object", "properties": {
+        "url": {"type": "string", "minLength": 1, "maxLength": 500},
+        "payload": {"type": "object"},
+    }, "required": ["url", "payload"], "additionalProperties": False},
+    function=call_webhook,
+    reconcile=reconcile_webhook,
+    honours_key=True,
+    undo=IRREVERSIBLE,
+))
+
+DEMO_TASK = (
+    "Onboard Marie Curie (username marie, marie@example.com): create her account, leave a "
+    "welcome note in her home folder, charge the first month (₹499.00) and email her a welcome."
+)
+
+WELCOME = (
+    "Welcome aboard, Marie!\n\nYour account is ready. The lab opens at 9; your badge is at the "
+    "front desk.\n"
+)
+
+DEMO_SCRIPT = {"turns": [
+    {"text": "Creating the account.",
+     "tool_calls": [{"name": "create_user", "input": {"username": "marie", "email": "marie@example.com"}}]},
+    {"text": "Drafting the welcome note.",
+     "tool_calls": [{"name": "create_file", "input": {
+         "path": "home/marie/welcome.draft.txt", "content": WELCOME}}]},
+    {"text": "Publishing the note.",
+     "tool_calls": [{"name": "rename_file", "input": {
+         "path": "home/marie/welcome.draft.txt", "new_path": "home/marie/welcome.txt"}}]},
+    {"text": "Charging the first month.",
+     "tool_calls": [{"name": "charge_card", "input": {
+         "account": "marie", "amount": 499.00, "description": "First month"}}]},
+    {"text": "Sending the welcome email.",
+     "tool_calls": [{"name": "send_email", "input": {
+         "to": "marie@example.com", "subject": "Welcome aboard",
+         "body": "Hello Marie, your account marie is ready and your welcome note is in "
+                 "home/marie/welcome.txt. We charged ₹499.00 for your first month."}}]},
+    {"text": "Onboarded marie: account created, welcome note at home/marie/welcome.txt, first month "
+             "(₹499.00) charged, welcome email sent to marie@example.com."},
+]}
+
+# send_email is refund-desk's tool, shared (one registry entry): tools.apps registers
+# the demo module first.
+register_agent(AgentSpec(
+    name="onboarding",
+    system=(
+        "You onboard new users. Use the tools to create their account, put a welcome note in "
+        "their home folder (home/<username>/), charge the first month to their account and email "
+        "them a welcome. Amounts are in rupees. Deleting files and calling webhooks cannot be "
+        "undone: do so only when the task asks for it. If a reviewer declines an action, do not "
+        "retry it: explain and stop."
+    ),
+    tool_names=("list_files", "create_user", "create_file", "rename_file", "send_email", "charge_card",
+                "delete_file_permanently", "call_webhook"),
+    demo_script=DEMO_SCRIPT,
+    demo_task=DEMO_TASK,
+))

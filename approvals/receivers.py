@@ -17,7 +17,7 @@ def audit_run_transition(sender, *, run_id, old, new, actor, reason, **kwargs):
         actor=actor, action="run.created" if not old else f"run.{new}", run_id=run_id,
         before=old, after=new, detail=reason,
     )
-    if new in (Run.Status.CANCELLED, Run.Status.FAILED):
+    if new in (Run.Status.CANCELLED, Run.Status.FAILED, Run.Status.ROLLED_BACK):
         # Nothing is left to decide on a run that ended.
         ApprovalRequest.objects.filter(run_id=run_id, status=ApprovalRequest.Status.PENDING).update(
             status=ApprovalRequest.Status.CANCELLED, decided_at=timezone.now(),

@@ -39,6 +39,15 @@ class RollbackRefused(SagaError):
     """Refused up front: nothing was compensated."""
 
 
+class RollbackBusy(RollbackRefused):
+    """Someone holds the run (a worker, or another rollback, maybe a dead one whose
+    lock will expire at ``until``)."""
+
+    def __init__(self, message: str, *, until) -> None:
+        super().__init__(message)
+        self.until = until
+
+
 class RollbackHalted(SagaError):
     """A compensation failed: everything before it was undone, nothing after it."""
 
@@ -80,19 +89,32 @@ def _check_permission(by) -> None:
         raise SagaError(f"{by.get_username()} may not roll back, rewind or fork runs.")
 
 
-def _lock(run: Run) -> str:
-    """Keep workers (and other rollbacks) off the run while we undo it."""
+def _lock(run: Run, *, full: bool) -> str:
+    """Keep workers (and other rollbacks) off the run while we undo it.
+
+    A run a worker holds is never touched. A full rollback may take a queued or
+    running run whose lease is free or expired (its worker died): it ends the
+    run, so nothing can resume it afterwards. A partial one needs a stopped run.
+    """
     owner = f"saga:{uuid.uuid4().hex[:12]}"
     now = timezone.now()
     free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
-    taken = Run.objects.filter(free, pk=run.pk).exclude(status__in=[S.QUEUED, S.RUNNING]).update(
+    rows = Run.objects.filter(free, pk=run.pk)
+    if not full:
+        rows = rows.exclude(status__in=[S.QUEUED, S.RUNNING])
+    taken = rows.update(
         lease_owner=owner, lease_until=now + timedelta(seconds=settings.DESK_LEASE_SECONDS)
     )
     if not taken:
         run.refresh_from_db()
+        if run.status in (S.QUEUED, S.RUNNING) and not (run.lease_until and run.lease_until > now):
+            raise RollbackRefused(f"Run {run.pk} is {run.status}: roll it back entirely, cancel it, "
+                                  "or wait until it pauses.")
         if run.status in (S.QUEUED, S.RUNNING):
-            raise RollbackRefused(f"Run {run.pk} is {run.status}: cancel it or wait until it pauses.")
-        raise RollbackRefused(f"Run {run.pk} is busy ({run.lease_owner}); try again shortly.")
+            raise RollbackBusy(f"Run {run.pk} is {run.status} ({run.lease_owner}): cancel it or "
+                               "wait until it pauses.", until=run.lease_until)
+        raise RollbackBusy(f"Run {run.pk} is busy ({run.lease_owner}) until "
+                           f"{run.lease_until:%H:%M:%S} UTC; try again then.", until=run.lease_until)
     return owner
 
 
@@ -108,19 +130,25 @@ def run_rollback(*, run: Run, to_step: int | None = None, by=None) -> RollbackRe
     continues where it stopped. Rolling back a rolled-back run is a no-op.
     """
     _check_permission(by)
+    unknown = _unknown_outcomes(run, to_step)
+    if unknown:
+        names = ", ".join(f"#{c.pk} {c.tool_name} (step {c.step})" for c in unknown)
+        raise RollbackRefused(f"Cannot roll back run {run.pk}: the outcome of {names} is unknown and "
+                              "its tool cannot look it up. Check the world by hand. Nothing was changed.")
     plan = rollback_plan(run, to_step=to_step)
     if plan.irreversible:
         names = ", ".join(f"#{c.pk} {c.tool_name} (step {c.step})" for c in plan.irreversible)
         raise RollbackRefused(
             f"Cannot roll back run {run.pk}: {names} cannot be undone. Nothing was changed."
         )
-    owner = _lock(run)
+    owner = _lock(run, full=to_step is None)
     done: list[ToolCall] = []
     try:
+        _settle_interrupted(run, to_step, by)
+        plan = rollback_plan(run, to_step=to_step)
         for call in plan.compensable:
-            _compensate(run, call, by)
+            _compensate(run, call, by, number=_compensations_so_far(run) + 1)
             done.append(call)
-            failpoint("after_compensation", _compensations_so_far(run))
         run.refresh_from_db()
         with transaction.atomic():
             if to_step is None and run.status != S.ROLLED_BACK:
@@ -135,11 +163,41 @@ def run_rollback(*, run: Run, to_step: int | None = None, by=None) -> RollbackRe
     return RollbackResult(compensated=done, run_status=run.status)
 
 
+def _interrupted(run: Run, to_step: int | None):
+    calls = ToolCall.objects.filter(run=run, status=C.EXECUTING, superseded_at__isnull=True)
+    return calls.filter(step__gt=to_step) if to_step is not None else calls
+
+
+def _unknown_outcomes(run: Run, to_step: int | None) -> list[ToolCall]:
+    """Interrupted writes whose tool cannot say whether they took effect."""
+    return [c for c in _interrupted(run, to_step)
+            if (spec := find_tool(c.tool_name)) is None or spec.reconcile is None]
+
+
+def _settle_interrupted(run: Run, to_step: int | None, by) -> None:
+    """A write a dead worker left ``executing`` has an unknown outcome: ask the
+    world by key. Found: it took effect, so it is committed and gets compensated.
+    Not found: it never happened, and there is nothing to undo."""
+    for call in _interrupted(run, to_step):
+        spec = find_tool(call.tool_name)
+        ctx = ToolContext(run_id=run.pk, step=call.step, idempotency_key=call.idempotency_key)
+        found = spec.reconcile(ctx, call.input)
+        new, result = (C.COMMITTED, found) if found is not None else (
+            C.FAILED, "Never took effect: the worker stopped before it, and the run was rolled back.")
+        with transaction.atomic():
+            if ToolCall.objects.filter(pk=call.pk, status=C.EXECUTING).update(
+                status=new, result=result, is_error=new == C.FAILED, finished_at=timezone.now()
+            ):
+                tool_call_transitioned.send(ToolCall, call=call, old=C.EXECUTING, new=new, actor=by,
+                                            reason="settled by the rollback (reconciled by key)")
+
+
 def _compensations_so_far(run: Run) -> int:
     return ToolCall.objects.filter(run=run, status=C.COMPENSATED).count()
 
 
-def _compensate(run: Run, call: ToolCall, by) -> None:
+def _compensate(run: Run, call: ToolCall, by, *, number: int) -> None:
+    """Undo one call. ``number`` counts the run's compensations from 1 (failpoints)."""
     spec = find_tool(call.tool_name)
     ctx = ToolContext(run_id=run.pk, step=call.step, idempotency_key=compensation_key(call.idempotency_key))
     # Slow I/O outside any transaction; the compensation is idempotent by key
@@ -151,6 +209,9 @@ def _compensate(run: Run, call: ToolCall, by) -> None:
             f"Compensating #{call.pk} {call.tool_name} (step {call.step}) failed: {exc}. Everything "
             "after it was undone, nothing before it. Fix the cause and run the rollback again."
         ) from None
+    # The effect is undone but not yet recorded: a crash here makes the next
+    # rollback run this compensation again, which the world turns into a no-op.
+    failpoint("after_compensation", number)
     with transaction.atomic():
         updated = ToolCall.objects.filter(pk=call.pk, status=C.COMMITTED).update(
             status=C.COMPENSATED, compensation=summary, compensated_at=timezone.now()

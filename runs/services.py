@@ -25,8 +25,9 @@ S = Run.Status
 
 # source -> allowed targets; anything else raises IllegalTransition.
 RUN_TRANSITIONS: dict[str, frozenset[str]] = {
-    S.QUEUED: frozenset({S.RUNNING, S.CANCELLED, S.FAILED}),
-    S.RUNNING: frozenset({S.WAITING_APPROVAL, S.DONE, S.FAILED, S.QUEUED, S.CANCELLED}),
+    S.QUEUED: frozenset({S.RUNNING, S.CANCELLED, S.FAILED, S.ROLLED_BACK}),
+    # running -> rolled_back: a full rollback of a run whose worker died.
+    S.RUNNING: frozenset({S.WAITING_APPROVAL, S.DONE, S.FAILED, S.QUEUED, S.CANCELLED, S.ROLLED_BACK}),
     S.WAITING_APPROVAL: frozenset({S.QUEUED, S.CANCELLED, S.FAILED, S.ROLLED_BACK}),
     # A rewind sends a stopped run back to the queue from an earlier checkpoint.
     S.DONE: frozenset({S.ROLLED_BACK, S.QUEUED}),

@@ -107,11 +107,31 @@ def test_rollback_needs_the_permission(users):
     assert Payment.objects.count() == 1
 
 
-def test_a_running_run_is_not_rolled_back_under_a_worker(users):
+def test_a_run_a_worker_holds_is_never_rolled_back_under_it(users):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
     run = finished_demo(users)
-    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
-    with pytest.raises(SagaError, match="is running"):
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, lease_owner="worker-1",
+                                         lease_until=timezone.now() + timedelta(minutes=1))
+    with pytest.raises(SagaError, match="is running \\(worker-1\\)"):
         run_rollback(run=run, by=users["admin"])
+    assert Payment.objects.count() == 1
+
+
+def test_a_run_whose_worker_died_can_be_rolled_back_entirely_but_not_in_part(users):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    run = finished_demo(users)
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, lease_owner="dead-worker",
+                                         lease_until=timezone.now() - timedelta(seconds=1))
+    with pytest.raises(SagaError, match="roll it back entirely"):
+        run_rollback(run=run, to_step=3, by=users["admin"])
+    assert run_rollback(run=run, by=users["admin"]).run_status == Run.Status.ROLLED_BACK
+    assert balance("A-1001") == 0
 
 
 def test_rewind_then_continue_to_a_different_decision(users):

@@ -1,8 +1,12 @@
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+import time
 
-from runs.saga import SagaError, rollback_plan, run_rollback
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from runs.saga import RollbackBusy, SagaError, rollback_plan, run_rollback
 
 from ._common import run_by_id, user_by_name
 
@@ -26,10 +30,20 @@ class Command(BaseCommand):
             for call in plan.irreversible:
                 self.stdout.write(f"cannot undo #{call.pk} {call.tool_name} (step {call.step})")
             return
-        try:
-            result = run_rollback(run=run, to_step=to_step, by=by)
-        except SagaError as exc:
-            raise CommandError(str(exc)) from None
+        deadline = time.monotonic() + settings.DESK_LEASE_SECONDS + 5
+        while True:
+            try:
+                result = run_rollback(run=run, to_step=to_step, by=by)
+                break
+            except RollbackBusy as exc:
+                # Another rollback holds the run; if it died, its lock expires soon.
+                if not exc.until or not run.lease_owner.startswith("saga:") or time.monotonic() > deadline:
+                    raise CommandError(str(exc)) from None
+                self.stdout.write(f"waiting for {run.lease_owner} to let go")
+                time.sleep(max(0.2, min(2.0, (exc.until - timezone.now()).total_seconds())))
+                run.refresh_from_db()
+            except SagaError as exc:
+                raise CommandError(str(exc)) from None
         for call in result.compensated:
             self.stdout.write(
                 f"compensated #{call.pk} {call.tool_name} (step {call.step}): {call.compensation}"

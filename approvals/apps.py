@@ -8,4 +8,5 @@ class ApprovalsConfig(AppConfig):
     verbose_name = "Approvals and audit"
 
     def ready(self) -> None:
-        from . import receivers  # noqa: F401
+        # Receivers: audit trail, and the emails each event records.
+        from . import notifications, receivers  # noqa: F401

@@ -213,6 +213,9 @@ class Notification(models.Model):
 
     class Status(models.TextChoices):
         PENDING = "pending"
+        # Claimed by a worker that is talking to the SMTP server. A row left here
+        # by a dead worker has an unknown outcome and is never resent (at most once).
+        SENDING = "sending"
         SENT = "sent"
         FAILED = "failed"
 

@@ -1,43 +1,338 @@
-"""Email reviewers when work waits for them. Sent after commit."""
+"""Email: who hears about what, recorded once per event and recipient, sent after commit.
+
+Every email is a ``Notification`` row (unique on event + recipient) written in the
+transaction of the event it reports, so it exists if and only if the event does.
+The row is the outbox: after commit, ``approvals.tasks.send_notification(id)`` is
+enqueued; a worker renders the email from the database and sends it
+(``notification_send``). Nothing is sent by the process that made the event, so a
+``--sync`` command leaves its emails pending for a worker; the SLA sweep (beat)
+re-enqueues pending rows older than a minute, whose nudge was lost.
+
+Events and recipients:
+
+- ``approval:<id>:opened`` / ``:reminder`` / ``:escalated``: the reviewers allowed
+  to decide (``services.eligible_reviewers``: permission, required group, not the
+  requester unless the rule allows self-approval);
+- ``approval:<id>:declined``: the run's requester, when a reviewer declines the
+  call or the request times out with a decline;
+- ``run:<id>:done`` / ``run:<id>:failed``: the run's requester.
+
+The hooks are receivers, so the engine and the decision services do not know
+about email: the ``ApprovalRequest`` post_save (``RuleGate.hold`` creates it in the
+transaction that saves the model's reply), the ``AuditEvent`` post_save of a
+decline or expiry (written by ``services._close`` in the decision's transaction),
+and ``run_transitioned`` to done/failed (sent inside the transition's
+transaction; ``run_finished`` fires only after commit, too late to record the row
+with the event).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import json
 import logging
+from urllib.parse import urlparse
 
 from django.conf import settings
-from django.core.mail import send_mail
+from django.core.mail import EmailMultiAlternatives, mailers
+from django.db import transaction
+from django.db.models.signals import post_save
+from django.dispatch import receiver
+from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils import timezone
 
-from .models import ApprovalRequest
+from runs.models import Message, Run
+from runs.signals import run_transitioned
+
+from .models import ApprovalRequest, AuditEvent, Notification
 from .services import eligible_reviewers
 
 log = logging.getLogger(__name__)
 
+# One first try and up to five retries (approvals.tasks.send_notification).
+MAX_ATTEMPTS = 6
+# Written by the claim, before the SMTP conversation: what the row must say if
+# this process dies before it learns whether the server accepted the email.
 
-def approval_facts(approval: ApprovalRequest) -> list[tuple[str, str]]:
+
+class Kind:
+    APPROVAL_OPENED = "approval_opened"
+    APPROVAL_REMINDER = "approval_reminder"
+    APPROVAL_ESCALATED = "approval_escalated"
+    APPROVAL_DECLINED = "approval_declined"
+    RUN_FINISHED = "run_finished"
+
+
+REVIEWER_KINDS = {
+    Kind.APPROVAL_OPENED: "opened",
+    Kind.APPROVAL_REMINDER: "reminder",
+    Kind.APPROVAL_ESCALATED: "escalated",
+}
+
+
+# --- recording (inside the event's transaction) ----------------------------
+def notification_enqueue(notification_id: int) -> None:
+    """Nudge a worker to send it, once the current transaction commits."""
+    from .tasks import send_notification
+
+    transaction.on_commit(functools.partial(send_notification.delay, notification_id))
+
+
+def notifications_record(
+    *, event: str, kind: str, recipients, subject: str, approval: ApprovalRequest | None = None,
+    run_id: int | None = None, enqueue: bool = True,
+) -> list[Notification]:
+    """One pending Notification per recipient of ``event``; an existing one is left alone.
+
+    Call it inside the transaction of the event. Returns the rows it created.
+    """
+    subject = " ".join(subject.split())[:300]  # a header: one line
+    created = []
+    for recipient in dict.fromkeys(r for r in recipients if r):
+        note, new = Notification.objects.get_or_create(
+            event=event, recipient=recipient,
+            defaults={"kind": kind, "subject": subject, "approval": approval,
+                      "run_id": run_id if run_id is not None else (approval.run_id if approval else None)},
+        )
+        if new:
+            created.append(note)
+            if enqueue:
+                notification_enqueue(note.pk)
+    return created
+
+
+def approval_subject(approval: ApprovalRequest, kind: str) -> str:
     call = approval.tool_call
-    facts = [("Tool", call.tool_name)]
-    if isinstance(call.input, dict):
-        facts += [(str(k), str(v)) for k, v in call.input.items()]
-    facts.append(("Why", f"{call.verdict_rule or 'default'}: {approval.reason}"))
-    return facts
+    run = f"run {approval.run_id}"
+    if kind == Kind.APPROVAL_REMINDER:
+        return f"[Countersign] Reminder: {call.tool_name} for {run} is waiting for a decision"
+    if kind == Kind.APPROVAL_ESCALATED:
+        return f"[Countersign] Escalated: {call.tool_name} for {run} needs a senior reviewer"
+    return f"[Countersign] Approve {call.tool_name} for {run}? ({approval.reason})"
+
+
+def notify_reviewers(*, approval: ApprovalRequest, kind: str, enqueue: bool = True) -> list[Notification]:
+    """Record the email to everyone allowed to decide ``approval`` now."""
+    recipients = list(eligible_reviewers(approval).values_list("email", flat=True))
+    if not recipients:
+        log.warning("approval %s: nobody may decide it (no eligible reviewer with an email)", approval.pk)
+    return notifications_record(
+        event=f"approval:{approval.pk}:{REVIEWER_KINDS[kind]}", kind=kind, recipients=recipients,
+        subject=approval_subject(approval, kind), approval=approval, enqueue=enqueue,
+    )
+
+
+@receiver(post_save, sender=ApprovalRequest, dispatch_uid="notify_approval_opened")
+def record_approval_opened(sender, instance: ApprovalRequest, created: bool, raw: bool = False, **kwargs):
+    # In the transaction of RuleGate.hold. The nudge is sent by
+    # notify_approval_opened, which the gate calls on commit.
+    if created and not raw:
+        notify_reviewers(approval=instance, kind=Kind.APPROVAL_OPENED, enqueue=False)
 
 
 def notify_approval_opened(approval_id: int) -> None:
-    approval = ApprovalRequest.objects.select_related("tool_call", "run", "rule").get(pk=approval_id)
-    recipients = list(eligible_reviewers(approval).values_list("email", flat=True))
-    if not recipients:
-        log.warning("approval %s: nobody may decide it (no eligible reviewer with an email)", approval_id)
+    """After the approval committed (RuleGate.hold): nudge a worker to send its emails."""
+    pending = Notification.objects.filter(
+        event=f"approval:{approval_id}:opened", status=Notification.Status.PENDING
+    ).values_list("pk", flat=True)
+    for notification_id in pending:
+        notification_enqueue(notification_id)
+
+
+@receiver(post_save, sender=AuditEvent, dispatch_uid="notify_call_declined")
+def record_call_declined(sender, instance: AuditEvent, created: bool, raw: bool = False, **kwargs):
+    # approval.expired is a timeout that declined the call; a timeout that
+    # approved it is recorded as approval.approved and tells nobody.
+    if not created or raw or instance.action not in ("approval.declined", "approval.expired"):
         return
-    link = settings.DESK_BASE_URL + reverse("approval-detail", args=[approval.pk])
-    lines = [f"{k}: {v}" for k, v in approval_facts(approval)]
-    body = (
-        f"Run {approval.run_id} ({approval.run.agent}) needs your decision.\n\n"
-        f"Task: {approval.run.task}\n\n" + "\n".join(lines) + f"\n\nDecide: {link}\n"
+    approval = (ApprovalRequest.objects.select_related("run__requester", "tool_call")
+                .filter(pk=instance.approval_id).first())
+    requester = approval.run.requester if approval else None
+    if requester is None or not requester.email:
+        return
+    call = approval.tool_call
+    verb = "timed out" if instance.action == "approval.expired" else "was declined"
+    notifications_record(
+        event=f"approval:{approval.pk}:declined", kind=Kind.APPROVAL_DECLINED,
+        recipients=[requester.email], approval=approval,
+        subject=f"[Countersign] Run {approval.run_id}: {call.tool_name} {verb}",
     )
-    subject = f"[Countersign] Approve {approval.tool_call.tool_name} for run {approval.run_id}?"
+
+
+@receiver(run_transitioned, dispatch_uid="notify_run_finished")
+def record_run_finished(sender, *, run_id: int, new: str, **kwargs):
+    if new not in (Run.Status.DONE, Run.Status.FAILED):
+        return
+    run = Run.objects.select_related("requester").filter(pk=run_id).first()
+    if run is None or run.requester is None or not run.requester.email:
+        return
+    outcome = "finished" if new == Run.Status.DONE else "failed"
+    notifications_record(
+        event=f"run:{run_id}:{new}", kind=Kind.RUN_FINISHED, recipients=[run.requester.email],
+        run_id=run_id, subject=f"[Countersign] Run {run_id} {outcome}: {run.task[:120]}",
+    )
+
+
+# --- sending (a worker, after commit) --------------------------------------
+def notification_send(*, notification_id: int) -> str:
+    """Send one pending notification: "sent", "skipped" (not pending: sent, failed
+    or being sent by someone else) or "failed" (last attempt).
+
+    Raises the SMTP error (smtplib.SMTPException / OSError) when it should be
+    retried; the task retries it with backoff.
+
+    Exactly once: the claim is a conditional UPDATE ``pending -> sending`` with
+    ``attempts + 1`` (the row says, before the SMTP exchange, what must be believed
+    if this process dies during it). Only one process can win the claim, and only
+    the winner talks to the SMTP server. An SMTP error means the server did not accept the
+    email, so the row goes back to pending for the retry. (The one case a retry can
+    repeat is a reply lost after the server queued the email: SMTP cannot tell it
+    apart, and the stable Message-ID lets a mail client fold the two.)
+
+    If the worker dies after the server accepted the email but before the row says
+    "sent", the row stays "sending" (outcome unknown) and is never resent: we chose
+    at-most-once, because "never sent twice for one event" is the promise, and a
+    missing email has a backstop (the queue lists the approval; the SLA reminder
+    and escalation follow) while a duplicate cannot be taken back. An operator who
+    knows better can set such a row back to pending; the sweep then sends it. The
+    window is kept to the SMTP DATA exchange: the connection is opened before the
+    claim, so a worker dying while it connects leaves the row pending.
+    """
+    note = Notification.objects.filter(pk=notification_id).first()
+    if note is None or note.status != Notification.Status.PENDING:
+        return "skipped"
+    attempt = note.attempts + 1
+    unclaimed = Notification.objects.filter(
+        pk=note.pk, status=Notification.Status.PENDING, attempts=note.attempts
+    )
     try:
-        send_mail(subject, body, None, recipients)
-    except OSError:
-        # The approval stands without the email; the desk still lists it.
-        log.exception("approval %s: could not email reviewers", approval_id)
+        message = notification_message(note)
+    except Exception as exc:
+        # A template or data error: retrying will not fix it, and a row left
+        # pending would come back with every sweep.
+        log.exception("notification %s: could not render it", note.pk)
+        unclaimed.update(status=Notification.Status.FAILED, attempts=attempt,
+                         last_error=f"not rendered: {type(exc).__name__}: {exc}"[:2000])
+        return "failed"
+    connection = mailers.default
+    # Slow I/O, outside any transaction. Connect (and log in) before claiming, so
+    # that a connection error leaves the row plainly pending.
+    try:
+        connection.open()
+    except OSError as exc:
+        if _attempt_failed(unclaimed, note=note, attempt=attempt, exc=exc):
+            return "failed"
+        raise
+    try:
+        if unclaimed.update(status=Notification.Status.SENDING, attempts=attempt, last_error="") != 1:
+            return "skipped"  # another worker got there first
+        mine = Notification.objects.filter(pk=note.pk, status=Notification.Status.SENDING, attempts=attempt)
+        try:
+            connection.send_messages([message])
+        except OSError as exc:  # smtplib.SMTPException is an OSError
+            # The server did not take it: safe to try again.
+            if _attempt_failed(mine, note=note, attempt=attempt, exc=exc):
+                return "failed"
+            raise
+        mine.update(status=Notification.Status.SENT, sent_at=timezone.now(), last_error="")
+        return "sent"
+    finally:
+        # The email's fate is already recorded; a failed QUIT changes nothing.
+        with contextlib.suppress(OSError):
+            connection.close()
+
+
+def _attempt_failed(rows, *, note: Notification, attempt: int, exc: OSError) -> bool:
+    """Record a failed attempt on ``rows`` (the notification as this attempt knows
+    it); True if it was the last one and the notification is now failed."""
+    final = attempt >= MAX_ATTEMPTS
+    rows.update(attempts=attempt, last_error=f"{type(exc).__name__}: {exc}"[:2000],
+                status=Notification.Status.FAILED if final else Notification.Status.PENDING)
+    if final:
+        log.error("notification %s: giving up after %s attempts: %s", note.pk, attempt, exc)
+    else:
+        log.warning("notification %s: attempt %s failed, will retry: %s", note.pk, attempt, exc)
+    return final
+
+
+def notifications_renudge(*, older_than) -> int:
+    """Enqueue pending notifications created before ``older_than`` (their nudge was
+    lost, or nobody ran a worker when they were made). Claims make repeats harmless."""
+    stale = Notification.objects.filter(
+        status=Notification.Status.PENDING, created_at__lt=older_than
+    ).order_by("id").values_list("pk", flat=True)[:500]
+    count = 0
+    for notification_id in stale:
+        notification_enqueue(notification_id)
+        count += 1
+    return count
+
+
+# --- rendering -------------------------------------------------------------
+def approval_link(approval_id: int) -> str:
+    return settings.DESK_BASE_URL + reverse("approval-detail", args=[approval_id])
+
+
+def run_link(run_id: int) -> str:
+    return settings.DESK_BASE_URL + reverse("run-detail", args=[run_id])
+
+
+def _show(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _final_text(run: Run) -> str:
+    last = Message.objects.filter(run=run, role=Message.Role.ASSISTANT).order_by("-seq").first()
+    if last is None:
+        return ""
+    return "\n".join(b.get("text", "") for b in last.content if b.get("type") == "text").strip()
+
+
+def notification_context(note: Notification) -> dict:
+    context: dict = {"note": note, "base_url": settings.DESK_BASE_URL}
+    if note.approval_id:
+        approval = ApprovalRequest.objects.select_related(
+            "tool_call", "run__requester", "rule", "required_group", "decided_by"
+        ).get(pk=note.approval_id)
+        run = approval.run
+        context.update(
+            approval=approval, call=approval.tool_call,
+            arguments=[(k, _show(v)) for k, v in approval.tool_call.input.items()]
+            if isinstance(approval.tool_call.input, dict) else [],
+            # The requester follows their run; reviewers go where they decide.
+            link=run_link(run.pk) if note.kind == Kind.APPROVAL_DECLINED else approval_link(approval.pk),
+            waited_minutes=int((timezone.now() - approval.created_at).total_seconds() // 60),
+            sla_minutes=approval.rule.sla_minutes if approval.rule else None,
+        )
+    else:
+        run = Run.objects.select_related("requester").get(pk=note.run_id)
+        context.update(link=run_link(run.pk), final_text=_final_text(run))
+    requester = run.requester
+    context.update(
+        run=run,
+        requester=(requester.get_full_name() or requester.get_username()) if requester else "nobody",
+        requester_email=requester.email if requester else "",
+    )
+    return context
+
+
+def notification_message(note: Notification) -> EmailMultiAlternatives:
+    """The email for a notification, text and HTML, rendered from the database now."""
+    context = notification_context(note)
+    text = render_to_string(f"email/{note.kind}.txt", context)
+    html = render_to_string(f"email/{note.kind}.html", context)
+    domain = urlparse(settings.DESK_BASE_URL).hostname or "countersign.local"
+    message = EmailMultiAlternatives(
+        note.subject, text, None, [note.recipient],
+        headers={
+            # Stable per notification: a mail client can tell a repeat from a new email.
+            "Message-ID": f"<notification-{note.pk}@{domain}>",
+            "X-Countersign-Event": note.event,
+            "Auto-Submitted": "auto-generated",
+        },
+    )
+    message.attach_alternative(html, "text/html")
+    return message
+

@@ -77,11 +77,14 @@ class Command(BaseCommand):
     def _users(self) -> tuple[str, bool]:
         User = get_user_model()
         decide = Permission.objects.get(codename="decide_approvalrequest")
+        # Undo (roll back, rewind, fork) is for admins only; superusers have every permission.
+        rollback = Permission.objects.get(codename="rollback_run", content_type__app_label="runs")
         groups = {}
         for name in GROUPS:
             groups[name], _ = Group.objects.get_or_create(name=name)
         for name in ("reviewers", "senior-reviewers", "admins"):
             groups[name].permissions.add(decide)
+        groups["admins"].permissions.add(rollback)
         password = settings.DESK_DEMO_PASSWORD or secrets.token_urlsafe(12)
         created_any = False
         for username, group_names, superuser in USERS:

@@ -1,0 +1,133 @@
+"""SLA, escalation and expiry of pending approvals, swept by Celery beat.
+
+Per rule: after ``sla_minutes`` pending, the reviewers who may decide are reminded
+(once); after twice that, the approval is escalated to ``senior-reviewers`` (once);
+at ``expires_at`` (set from the rule's ``ttl_minutes`` when the request opened) it
+expires with the rule's timeout effect (``services.approval_expire``).
+
+Escalation narrows who may decide: the approval's ``required_group`` becomes
+``senior-reviewers``, so from then on only senior reviewers (and superusers) may
+decide it, whatever group the rule required. In the demo every senior is also a
+reviewer, so nobody who could act on a senior item loses it; a plain reviewer does.
+
+Each step is one conditional UPDATE on the approval (``reminded_at`` / ``escalated_at``
+still empty, still pending) whose row count is checked, in one transaction with the
+emails it records, so two beat processes (or a beat that runs twice) never remind
+or escalate twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.contrib.auth.models import Group
+from django.db import transaction
+from django.db.models import Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from .models import ApprovalRequest, AuditEvent, GateRule
+from .notifications import Kind, notifications_renudge, notify_reviewers
+from .services import AlreadyDecided, approval_expire
+
+log = logging.getLogger(__name__)
+
+ESCALATION_GROUP = "senior-reviewers"
+# A pending notification older than this lost its nudge (or nobody ran a worker).
+LOST_NUDGE_AGE = timedelta(minutes=1)
+# Per kind and sweep; the rest waits for the next sweep.
+BATCH = 200
+
+
+@dataclass
+class SweepCounts:
+    expired: int = 0
+    escalated: int = 0
+    reminded: int = 0
+    renudged: int = 0
+
+
+def approval_remind(*, approval_id: int, now: datetime) -> bool:
+    """Remind the reviewers of a pending approval once. False if it was done already
+    (or the approval is no longer pending)."""
+    with transaction.atomic():
+        won = ApprovalRequest.objects.filter(
+            pk=approval_id, status=ApprovalRequest.Status.PENDING, reminded_at__isnull=True
+        ).update(reminded_at=now)
+        if won != 1:
+            return False  # another sweep got there first, or it was decided
+        approval = _load(approval_id)
+        notify_reviewers(approval=approval, kind=Kind.APPROVAL_REMINDER)
+    return True
+
+
+def approval_escalate(*, approval_id: int, now: datetime, group: Group) -> bool:
+    """Hand a pending approval to ``group`` once: only its members may decide it now.
+
+    Also counts as the reminder, so an approval swept late is not reminded and
+    escalated in the same minute.
+    """
+    with transaction.atomic():
+        before = _load(approval_id)
+        won = ApprovalRequest.objects.filter(
+            pk=approval_id, status=ApprovalRequest.Status.PENDING, escalated_at__isnull=True
+        ).update(escalated_at=now, required_group=group, reminded_at=Coalesce("reminded_at", Value(now)))
+        if won != 1:
+            return False
+        approval = _load(approval_id)
+        old_group = before.required_group.name if before.required_group else "anyone"
+        AuditEvent.objects.create(
+            actor=None, action="approval.escalated", run_id=approval.run_id,
+            tool_call_id=approval.tool_call_id, approval=approval,
+            before=old_group[:30], after=group.name[:30],
+            detail=f"pending over twice the SLA ({approval.rule.sla_minutes} min); "
+                   f"required group {old_group} -> {group.name}" if approval.rule else "",
+        )
+        notify_reviewers(approval=approval, kind=Kind.APPROVAL_ESCALATED)
+    return True
+
+
+def _load(approval_id: int) -> ApprovalRequest:
+    return ApprovalRequest.objects.select_related("tool_call", "run", "rule", "required_group").get(
+        pk=approval_id
+    )
+
+
+def approvals_sweep_sla(*, now: datetime | None = None) -> SweepCounts:
+    """Expire, escalate and remind what is due at ``now``; re-nudge lost emails.
+
+    ``now`` picks what is due (tests pass it instead of freezing time). Expiry is
+    re-checked by ``approval_expire`` against the clock, so a test of expiry moves
+    ``expires_at`` into the past rather than ``now`` into the future.
+    """
+    now = now or timezone.now()
+    counts = SweepCounts()
+    pending = ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING)
+
+    # Expiry first: no point reminding anyone of a request that just timed out.
+    for approval_id in pending.filter(expires_at__lte=now).values_list("pk", flat=True)[:BATCH]:
+        # A reviewer may decide it in the meantime: then there is nothing to expire.
+        with contextlib.suppress(AlreadyDecided):
+            counts.expired += approval_expire(approval_id=approval_id)
+
+    group = Group.objects.filter(name=ESCALATION_GROUP).first()
+    # Per rule: a handful of rules, each query a plain date comparison on every database.
+    for rule in GateRule.objects.filter(sla_minutes__gt=0).only("pk", "sla_minutes"):
+        sla = timedelta(minutes=rule.sla_minutes)
+        if group is None:
+            log.warning("no %s group: approvals past twice their SLA are not escalated", ESCALATION_GROUP)
+        else:
+            due = pending.filter(rule=rule, escalated_at__isnull=True, created_at__lte=now - 2 * sla)
+            for approval_id in due.values_list("pk", flat=True)[:BATCH]:
+                counts.escalated += approval_escalate(approval_id=approval_id, now=now, group=group)
+        due = pending.filter(rule=rule, reminded_at__isnull=True, created_at__lte=now - sla)
+        for approval_id in due.values_list("pk", flat=True)[:BATCH]:
+            counts.reminded += approval_remind(approval_id=approval_id, now=now)
+
+    counts.renudged = notifications_renudge(older_than=now - LOST_NUDGE_AGE)
+    if counts.expired or counts.escalated or counts.reminded or counts.renudged:
+        log.info("SLA sweep: %s", counts)
+    return counts

@@ -1,0 +1,32 @@
+"""Celery tasks: thin; each takes an id (or nothing) and calls a service."""
+
+from __future__ import annotations
+
+import smtplib
+from dataclasses import asdict
+
+from celery import shared_task
+from django.conf import settings
+
+from .notifications import MAX_ATTEMPTS, notification_send
+from .sla import approvals_sweep_sla
+
+
+# Enqueued on commit of the event that recorded the notification (and re-enqueued
+# by the SLA sweep if that nudge was lost). notification_send claims the row, so a
+# repeated message sends nothing; an SMTP error is raised and retried with
+# exponential backoff (base DESK_EMAIL_RETRY_SECONDS, jittered), MAX_ATTEMPTS in all.
+@shared_task(
+    acks_late=True, ignore_result=True,
+    autoretry_for=(smtplib.SMTPException, OSError),
+    retry_backoff=getattr(settings, "DESK_EMAIL_RETRY_SECONDS", 10), retry_backoff_max=600,
+    retry_jitter=True, max_retries=MAX_ATTEMPTS - 1,
+)
+def send_notification(notification_id: int) -> str:
+    return notification_send(notification_id=notification_id)
+
+
+@shared_task(ignore_result=True)
+def sweep_sla() -> dict:
+    """Beat, every DESK_SLA_SWEEP_SECONDS: reminders, escalations, expiries, lost emails."""
+    return asdict(approvals_sweep_sla())

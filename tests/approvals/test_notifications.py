@@ -1,0 +1,298 @@
+"""Email: recorded once per event and recipient with the event, sent after commit by a
+worker, to those allowed to decide, with the facts and a deep link.
+
+In-process the broker is memory:// and an enqueued task goes nowhere, so these tests
+do what the worker does: call notification_send for each pending notification.
+"""
+
+from __future__ import annotations
+
+import smtplib
+from datetime import timedelta
+
+import pytest
+from django.core import mail
+from django.core.mail.backends.locmem import EmailBackend
+from django.utils import timezone
+
+from approvals.models import ApprovalRequest, Notification
+from approvals.notifications import (
+    MAX_ATTEMPTS,
+    Kind,
+    notification_send,
+    notifications_record,
+    notifications_renudge,
+)
+from approvals.services import approval_decide
+from approvals.tasks import send_notification
+from tests.runs.helpers import script, start, turn
+
+pytestmark = pytest.mark.django_db(databases=["default", "world"])
+
+BIG_REFUND = script(
+    turn(("refund_item", {"order_id": "A-1003", "amount": 12000, "reason": "Dead on arrival"})),
+    {"text": "Done."},
+)
+READS_ONLY = script(turn(("get_order", {"order_id": "A-1001"})), {"text": "Order A-1001 is fine."})
+
+
+def the_approval(run) -> ApprovalRequest:
+    return ApprovalRequest.objects.select_related("tool_call").get(run=run)
+
+
+def deliver() -> list[str]:
+    """What the workers do with their nudges: send every pending notification."""
+    pending = Notification.objects.filter(status=Notification.Status.PENDING).values_list("pk", flat=True)
+    return [notification_send(notification_id=pk) for pk in pending]
+
+
+def inbox(address: str):
+    return [m for m in mail.outbox if m.to == [address]]
+
+
+def html_of(message) -> str:
+    [(content, mimetype)] = message.alternatives
+    assert mimetype == "text/html"
+    return content
+
+
+class FlakySMTP:
+    """Make the test mailer fail like an SMTP server that went away, ``times`` times."""
+
+    def __init__(self, monkeypatch, times: int) -> None:
+        self.left = times
+        self.calls = 0
+        real = EmailBackend.send_messages
+
+        def send_messages(backend, messages):
+            self.calls += 1
+            if self.left:
+                self.left -= 1
+                raise smtplib.SMTPServerDisconnected("Connection unexpectedly closed")
+            return real(backend, messages)
+
+        monkeypatch.setattr(EmailBackend, "send_messages", send_messages)
+
+
+def test_reviewers_allowed_to_decide_get_one_email_each_with_html_text_link_and_facts(users):
+    run = start(requester=users["requester"])
+    approval = the_approval(run)
+    assert deliver() == ["sent", "sent", "sent"]
+
+    assert sorted(m.to[0] for m in mail.outbox) == [
+        "admin@countersign.local", "reviewer@countersign.local", "senior@countersign.local"]
+    [email] = inbox("reviewer@countersign.local")
+    assert email.subject == f"[Countersign] Approve refund_item for run {run.pk}? (amount 2900.0 > 500)"
+    link = f"http://127.0.0.1:8000/desk/approvals/{approval.pk}/"
+    for part in (email.body, html_of(email)):
+        assert link in part
+        assert "refund_item" in part and "A-1001" in part and "Item arrived broken" in part
+        assert "Refunds over ₹500 (v1)" in part
+        assert "Requester" in part and "requester@countersign.local" in part
+        assert run.task in part
+    assert "amount: 2900.0" in email.body and "Why: amount 2900.0 > 500" in email.body
+    assert "amount 2900.0 &gt; 500" in html_of(email)
+    assert f'href="{link}"' in html_of(email)
+    assert email.extra_headers["X-Countersign-Event"] == f"approval:{approval.pk}:opened"
+    sent = Notification.objects.filter(approval=approval)
+    assert {n.status for n in sent} == {"sent"} and all(n.sent_at and n.attempts == 1 for n in sent)
+
+
+def test_the_requester_does_not_get_the_reviewer_email(users):
+    run = start(requester=users["reviewer"])  # a reviewer who started the run themselves
+    deliver()
+    assert sorted(m.to[0] for m in mail.outbox) == ["admin@countersign.local", "senior@countersign.local"]
+    assert not Notification.objects.filter(approval=the_approval(run), recipient="reviewer@countersign.local")
+
+
+def test_only_seniors_hear_about_big_refunds(users):
+    start(BIG_REFUND, requester=users["requester"])
+    deliver()
+    assert sorted(m.to[0] for m in mail.outbox) == ["admin@countersign.local", "senior@countersign.local"]
+
+
+def test_emails_are_recorded_with_the_event_and_only_enqueued_after_commit(
+    users, monkeypatch, django_capture_on_commit_callbacks
+):
+    enqueued = []
+    monkeypatch.setattr(send_notification, "delay", enqueued.append)
+    with django_capture_on_commit_callbacks(execute=True):
+        run = start(requester=users["requester"])
+        rows = list(Notification.objects.filter(approval=the_approval(run)).values_list("pk", flat=True))
+        assert len(rows) == 3  # in the transaction that opened the approval
+        assert enqueued == []
+    assert sorted(enqueued) == sorted(rows)  # on commit
+    assert mail.outbox == []  # the process that made the event sends nothing itself
+
+
+def test_an_arguments_script_tag_is_text_in_the_html_email(users):
+    evil = "<script>alert(1)</script>"
+    start(script(turn(("send_email", {"to": "ada@example.com", "subject": "Hi", "body": evil}))),
+          requester=users["requester"])
+    deliver()
+    email = mail.outbox[0]
+    assert evil not in html_of(email)
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html_of(email)
+    assert evil in email.body  # the text part is plain text
+
+
+def test_sending_the_same_event_twice_sends_once(users):
+    run = start(requester=users["requester"])
+    approval = the_approval(run)
+    note = Notification.objects.get(approval=approval, recipient="reviewer@countersign.local")
+    assert notification_send(notification_id=note.pk) == "sent"
+    assert notification_send(notification_id=note.pk) == "skipped"
+    # Recording the same event again (a repeated signal, a second sweep) adds nothing.
+    again = notifications_record(event=note.event, kind=Kind.APPROVAL_OPENED, approval=approval,
+                                 recipients=["reviewer@countersign.local"], subject="again")
+    assert again == []
+    assert deliver() == ["sent", "sent"]  # the two other reviewers
+    assert len(inbox("reviewer@countersign.local")) == 1
+    assert Notification.objects.filter(event=note.event).count() == 3
+
+
+def test_a_second_worker_does_not_send_while_the_first_is_sending(users, monkeypatch):
+    run = start(requester=users["requester"])
+    note = Notification.objects.get(approval=the_approval(run), recipient="reviewer@countersign.local")
+    real = EmailBackend.send_messages
+    seen = []
+
+    def send_messages(backend, messages):
+        # A redelivered nudge reaches another worker mid-send.
+        seen.append(notification_send(notification_id=note.pk))
+        return real(backend, messages)
+
+    monkeypatch.setattr(EmailBackend, "send_messages", send_messages)
+    assert notification_send(notification_id=note.pk) == "sent"
+    assert seen == ["skipped"]
+    assert len(inbox("reviewer@countersign.local")) == 1
+
+
+def test_an_smtp_failure_is_retried_and_then_succeeds(users, monkeypatch):
+    run = start(requester=users["requester"])
+    note = Notification.objects.get(approval=the_approval(run), recipient="reviewer@countersign.local")
+    smtp = FlakySMTP(monkeypatch, times=1)
+
+    with pytest.raises(smtplib.SMTPServerDisconnected):
+        notification_send(notification_id=note.pk)
+    note.refresh_from_db()
+    assert note.status == "pending" and note.attempts == 1
+    assert note.last_error == "SMTPServerDisconnected: Connection unexpectedly closed"
+    assert mail.outbox == []
+
+    assert notification_send(notification_id=note.pk) == "sent"
+    note.refresh_from_db()
+    assert note.status == "sent" and note.attempts == 2 and note.last_error == ""
+    assert len(inbox("reviewer@countersign.local")) == 1 and smtp.calls == 2
+
+
+def test_the_task_retries_an_smtp_failure_on_its_own(users, monkeypatch):
+    run = start(requester=users["requester"])
+    note = Notification.objects.get(approval=the_approval(run), recipient="reviewer@countersign.local")
+    FlakySMTP(monkeypatch, times=2)
+    # apply() runs the task here, retries included (without their countdown).
+    send_notification.apply(args=[note.pk])
+    note.refresh_from_db()
+    assert note.status == "sent" and note.attempts == 3
+    assert len(inbox("reviewer@countersign.local")) == 1
+
+
+def test_it_gives_up_after_the_last_attempt(users, monkeypatch):
+    run = start(requester=users["requester"])
+    note = Notification.objects.get(approval=the_approval(run), recipient="reviewer@countersign.local")
+    smtp = FlakySMTP(monkeypatch, times=100)
+    send_notification.apply(args=[note.pk])
+    note.refresh_from_db()
+    assert note.status == "failed" and note.attempts == MAX_ATTEMPTS == smtp.calls
+    assert "SMTPServerDisconnected" in note.last_error
+    assert mail.outbox == []
+
+
+def test_a_worker_that_dies_mid_send_never_resends(users, monkeypatch, django_capture_on_commit_callbacks):
+    """At-most-once: the outcome of a send cut off by a crash is unknown, so it is
+    recorded as such and not repeated, by a redelivered nudge or by the sweep."""
+    run = start(requester=users["requester"])
+    note = Notification.objects.get(approval=the_approval(run), recipient="reviewer@countersign.local")
+
+    def crash(backend, messages):
+        raise KeyboardInterrupt  # stands in for os._exit after the server accepted
+
+    monkeypatch.setattr(EmailBackend, "send_messages", crash)
+    with pytest.raises(KeyboardInterrupt):
+        notification_send(notification_id=note.pk)
+    monkeypatch.undo()
+    note.refresh_from_db()
+    assert note.status == "sending" and note.attempts == 1
+    assert notification_send(notification_id=note.pk) == "skipped"
+    enqueued = []
+    monkeypatch.setattr(send_notification, "delay", enqueued.append)
+    with django_capture_on_commit_callbacks(execute=True):
+        notifications_renudge(older_than=timezone.now() + timedelta(minutes=5))
+    assert note.pk not in enqueued and len(enqueued) == 2  # only the other two, still pending
+    assert inbox("reviewer@countersign.local") == []
+
+
+def test_the_requester_hears_when_a_reviewer_declines_a_call(users):
+    run = start(requester=users["requester"])
+    approval = the_approval(run)
+    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"], approve=False,
+                    comment="Ask for a photo first", enqueue=False)
+    [note] = Notification.objects.filter(recipient="requester@countersign.local")
+    assert note.event == f"approval:{approval.pk}:declined" and note.kind == "approval_declined"
+    deliver()
+    [email] = inbox("requester@countersign.local")
+    assert email.subject == f"[Countersign] Run {run.pk}: refund_item was declined"
+    for part in (email.body, html_of(email)):
+        assert "Reviewer declined" in part and "Ask for a photo first" in part
+        assert f"http://127.0.0.1:8000/runs/{run.pk}/" in part
+
+
+def test_an_approval_is_not_news_to_the_requester(users):
+    run = start(requester=users["requester"])
+    approval_decide(approval_id=the_approval(run).pk, reviewer=users["reviewer"], approve=True,
+                    enqueue=False)
+    assert not Notification.objects.filter(recipient="requester@countersign.local").exists()
+
+
+def test_the_requester_hears_when_their_run_finishes(users):
+    run = start(READS_ONLY, requester=users["requester"])
+    assert run.status == "done"
+    [note] = Notification.objects.filter(recipient="requester@countersign.local")
+    assert note.event == f"run:{run.pk}:done"
+    deliver()
+    [email] = inbox("requester@countersign.local")
+    assert email.subject.startswith(f"[Countersign] Run {run.pk} finished")
+    for part in (email.body, html_of(email)):
+        assert "Order A-1001 is fine." in part
+        assert f"http://127.0.0.1:8000/runs/{run.pk}/" in part
+
+
+def test_the_requester_hears_when_their_run_fails(users):
+    looping = script(turn(("get_order", {"order_id": "A-1001"})), turn(("get_policy", {})), {"text": "x"})
+    run = start(looping, requester=users["requester"], max_steps=1)
+    assert run.status == "failed"
+    deliver()
+    [email] = inbox("requester@countersign.local")
+    assert email.subject.startswith(f"[Countersign] Run {run.pk} failed")
+    assert "step budget exhausted" in email.body and "step budget exhausted" in html_of(email)
+
+
+def test_a_run_without_a_requester_email_tells_nobody(users):
+    users["requester"].email = ""
+    users["requester"].save()
+    start(READS_ONLY, requester=users["requester"])
+    start(READS_ONLY)
+    assert not Notification.objects.exists()
+
+
+def test_an_email_that_cannot_be_rendered_fails_once_and_is_not_retried(users, monkeypatch):
+    run = start(requester=users["requester"])
+    note = Notification.objects.get(approval=the_approval(run), recipient="reviewer@countersign.local")
+
+    def broken(note):
+        raise KeyError("facts")
+
+    monkeypatch.setattr("approvals.notifications.notification_message", broken)
+    assert notification_send(notification_id=note.pk) == "failed"
+    note.refresh_from_db()
+    assert note.status == "failed" and note.last_error == "not rendered: KeyError: 'facts'"

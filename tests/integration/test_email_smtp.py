@@ -1,0 +1,132 @@
+"""Email over a real SMTP server (aiosmtpd on 127.0.0.1, in this process), sent by a
+real Celery worker: reviewers get the approval email once, with its deep link; an
+SMTP outage is retried and each email still arrives exactly once."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import socket
+import time
+from collections import Counter
+
+import pytest
+from aiosmtpd.controller import Controller
+
+from approvals.models import ApprovalRequest, Notification
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(databases=["default", "world"],
+                                                              transaction=True)]
+
+BASE_URL = "https://desk.example.com"
+REVIEWERS = ["admin@countersign.local", "reviewer@countersign.local", "senior@countersign.local"]
+
+
+class Inbox:
+    """An aiosmtpd handler that keeps what it accepted."""
+
+    def __init__(self) -> None:
+        self.messages: list[email.message.EmailMessage] = []
+
+    async def handle_DATA(self, server, session, envelope):
+        message = email.message_from_bytes(envelope.content, policy=email.policy.default)
+        self.messages.append(message)
+        return "250 Message accepted for delivery"
+
+    def delivered(self) -> Counter:
+        """How many emails each (event, recipient) got."""
+        return Counter((m["X-Countersign-Event"], str(m["To"])) for m in self.messages)
+
+    def one(self, event: str, to: str) -> email.message.EmailMessage:
+        [message] = [m for m in self.messages if m["X-Countersign-Event"] == event and str(m["To"]) == to]
+        return message
+
+
+class SMTPServer:
+    """A real SMTP server on a fixed free port, so it can be stopped and started again."""
+
+    def __init__(self) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.inbox = Inbox()
+        self.controller: Controller | None = None
+
+    def start(self) -> None:
+        self.controller = Controller(self.inbox, hostname="127.0.0.1", port=self.port)
+        self.controller.start()
+
+    def stop(self) -> None:
+        if self.controller is not None:
+            self.controller.stop()
+            self.controller = None
+
+
+@pytest.fixture
+def smtp():
+    server = SMTPServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+def eventually(check, *, desk, what: str, timeout: float = 15):
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        if time.monotonic() > deadline:
+            logs = "\n".join(w.log() for w in desk.workers)
+            raise AssertionError(f"timed out waiting for {what}:\n{logs}")
+        time.sleep(0.1)
+    return result
+
+
+def test_reviewers_get_the_email_over_smtp_once_and_an_outage_is_retried(desk, smtp):
+    desk.env.update(EMAIL_URL=f"smtp://127.0.0.1:{smtp.port}", DESK_BASE_URL=BASE_URL,
+                    DESK_EMAIL_RETRY_SECONDS="1")
+    worker = desk.start_worker()
+    out = desk.manage("startrun", "--agent", "refund-desk", "--task", "Refund A-1001, it broke",
+                      "--user", "requester").stdout
+    run_id = int(out.split()[0])
+
+    # The worker gates the refund, commits, and sends the reviewers' emails.
+    refund = eventually(lambda: ApprovalRequest.objects.filter(run_id=run_id).first(), desk=desk,
+                        what="the refund's approval")
+    opened = f"approval:{refund.pk}:opened"
+    eventually(lambda: len(smtp.inbox.messages) >= 3, desk=desk, what="three emails")
+    time.sleep(0.5)  # room for a duplicate to show up, if there were one
+    assert smtp.inbox.delivered() == {(opened, to): 1 for to in REVIEWERS}
+    message = smtp.inbox.one(opened, "reviewer@countersign.local")
+    link = f"{BASE_URL}/desk/approvals/{refund.pk}/"
+    text = message.get_body(("plain",)).get_content()
+    html = message.get_body(("html",)).get_content()
+    assert link in text and f'href="{link}"' in html
+    assert "amount: 2900.0" in text and "Why: amount 2900.0 > 500" in text
+    assert message["Subject"] == f"[Countersign] Approve refund_item for run {run_id}? (amount 2900.0 > 500)"
+    assert set(Notification.objects.filter(event=opened).values_list("status", flat=True)) == {"sent"}
+
+    # The SMTP server goes away; the reviewer declines; the requester's email fails...
+    smtp.stop()
+    desk.manage("decide", str(refund.pk), "--decline", "--user", "reviewer",
+                "--comment", "Ask for a photo first")
+    declined = f"approval:{refund.pk}:declined"
+    failed_once = eventually(
+        lambda: Notification.objects.filter(event=declined, attempts__gte=1, status="pending").first(),
+        desk=desk, what="a failed first attempt")
+    assert "ConnectionRefusedError" in failed_once.last_error
+    assert "will retry" in worker.log()
+
+    # ...and is retried until the server is back: delivered exactly once.
+    smtp.start()
+    note = eventually(lambda: Notification.objects.filter(event=declined, status="sent").first(),
+                      desk=desk, what="the retried email")
+    assert note.attempts >= 2 and note.last_error == ""
+    eventually(lambda: not Notification.objects.exclude(status="sent").exists(), desk=desk,
+               what="every email sent")
+    time.sleep(0.5)
+    delivered = smtp.inbox.delivered()
+    assert delivered[(declined, "requester@countersign.local")] == 1
+    assert all(count == 1 for count in delivered.values()), delivered
+    assert len(smtp.inbox.messages) == Notification.objects.count()
+    message = smtp.inbox.one(declined, "requester@countersign.local")
+    assert "Ask for a photo first" in message.get_body(("plain",)).get_content()
+    assert f"{BASE_URL}/runs/{run_id}/" in message.get_body(("plain",)).get_content()

@@ -98,6 +98,7 @@ def approval_decide(
     comment: str = "",
     args_hash: str | None = None,
     edited_input: dict | None = None,
+    confirm_irreversible: bool = False,
     enqueue: bool = True,
 ) -> DecisionResult:
     """Approve, decline or respond to one pending approval.
@@ -137,8 +138,11 @@ def approval_decide(
         if decision in ("decline", "respond") and not comment:
             raise DecisionError("A decline needs a reason: the model is told it." if decision == "decline"
                                 else "A response needs text: it becomes the tool's result.")
+        spec = find_tool(approval.tool_call.tool_name)
+        if decision == "approve" and spec is not None and spec.is_irreversible and not confirm_irreversible:
+            raise DecisionError(f"{spec.name} cannot be undone: confirm that you understand before "
+                                "approving it.")
         if decision == "approve" and edited_input is not None:
-            spec = find_tool(approval.tool_call.tool_name)
             errors = spec.validation_errors(edited_input) if spec else ["unknown tool"]
             if errors:
                 raise DecisionError(f"The edited arguments are not valid: {'; '.join(errors)}")

@@ -143,6 +143,7 @@ def approval_decide_view(request, approval_id: int):
             approval_id=approval.pk, reviewer=request.user, decision=decision,
             comment=request.POST.get("comment", ""), args_hash=request.POST.get("args_hash") or "",
             edited_input=_edited_input(request, approval) if decision == "approve" else None,
+            confirm_irreversible=request.POST.get("confirm_irreversible") == approval.tool_call.tool_name,
         )
         if result.approvals_missing:
             messages.success(request, f"Your approval is recorded; {result.approvals_missing} more "

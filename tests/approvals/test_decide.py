@@ -153,3 +153,34 @@ def test_the_gate_sees_rule_changes_at_once_and_skips_disabled_rules(users):
     run = start(requester=users["requester"])
     assert Payment.objects.get().amount == 2900  # ₹2,900 now falls to the allow rule
     assert the_approval(run).tool_call.tool_name == "send_email"
+
+
+IRREVERSIBLE = script(
+    turn(("delete_file_permanently", {"path": "home/marie/old.txt"})),
+    {"text": "Deleted."},
+)
+
+
+def test_an_irreversible_call_always_waits_and_says_so_whatever_the_rules(users):
+    GateRule.objects.create(name="Anything goes", tool="*", effect="allow", priority=1000)
+    run = start(IRREVERSIBLE, agent="onboarding", requester=users["requester"])
+    approval = the_approval(run)
+    assert run.status == Run.Status.WAITING_APPROVAL
+    assert approval.reason.startswith("irreversible: delete_file_permanently cannot be undone")
+
+
+def test_approving_an_irreversible_call_needs_an_explicit_confirmation(users):
+    run = start(IRREVERSIBLE, agent="onboarding", requester=users["requester"])
+    approval = the_approval(run)
+    with pytest.raises(DecisionError, match="cannot be undone: confirm"):
+        decide(approval, users["reviewer"])
+    assert the_approval(run).status == ApprovalRequest.Status.PENDING
+    decide(approval, users["reviewer"], confirm_irreversible=True)
+    assert the_approval(run).status == ApprovalRequest.Status.APPROVED
+
+
+def test_a_deny_rule_still_denies_an_irreversible_call(users):
+    GateRule.objects.create(name="Never delete", tool="delete_file_permanently", effect="deny", priority=5)
+    run = start(IRREVERSIBLE, agent="onboarding", requester=users["requester"])
+    assert run.status == Run.Status.DONE
+    assert not ApprovalRequest.objects.filter(run=run).exists()

@@ -313,3 +313,22 @@ def test_the_record_is_read_only_in_admin(users):
     assert page.status_code == 200 and b'name="status"' not in page.content
     delete = client.post(f"/admin/approvals/approvalrequest/{approval.pk}/delete/", {"post": "yes"})
     assert delete.status_code == 403
+
+
+def test_the_page_asks_to_type_the_tool_name_before_approving_what_cannot_be_undone(users):
+    run = start(script(turn(("delete_file_permanently", {"path": "home/marie/old.txt"}))),
+                agent="onboarding", requester=users["requester"])
+    approval = ApprovalRequest.objects.get(run=run)
+    client = client_for(users["reviewer"])
+    page = client.get(f"/desk/approvals/{approval.pk}/").content.decode()
+    assert "This cannot be undone." in page and ">irreversible<" in page
+    url = f"/desk/approvals/{approval.pk}/decide"
+    refused = client.post(url, {"decision": "approve", "args_hash": approval.args_hash,
+                                "confirm_irreversible": "yes"})
+    assert refused.status_code == 400
+    approval.refresh_from_db()
+    assert approval.status == "pending"
+    client.post(url, {"decision": "approve", "args_hash": approval.args_hash,
+                      "confirm_irreversible": "delete_file_permanently"})
+    approval.refresh_from_db()
+    assert approval.status == "approved"

@@ -17,16 +17,19 @@ class Command(BaseCommand):
         verdict.add_argument("--decline", action="store_true")
         parser.add_argument("--user", required=True)
         parser.add_argument("--comment", default="")
+        parser.add_argument("--confirm-irreversible", action="store_true",
+                            help="needed to approve a call that cannot be undone")
         parser.add_argument("--sync", action="store_true", help="advance the run here, without a worker")
 
-    def handle(self, *args, approval_id, approve, decline, user, comment, sync, **options):
+    def handle(self, *args, approval_id, approve, decline, user, comment, sync, confirm_irreversible,
+               **options):
         if not str(approval_id).isdigit():
             raise CommandError(f"No approval {approval_id}.")
         reviewer = user_by_name(user)
         try:
             result = approval_decide(
                 approval_id=int(approval_id), reviewer=reviewer, approve=approve, comment=comment,
-                enqueue=not sync,
+                confirm_irreversible=confirm_irreversible, enqueue=not sync,
             )
         except DecisionError as exc:
             raise CommandError(str(exc)) from None

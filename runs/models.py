@@ -57,6 +57,9 @@ class Run(models.Model):
     # Bumped by a rewind: a call made again after its effect was undone is a new
     # effect and gets a new idempotency key.
     generation = models.PositiveIntegerField(default=0)
+    # Why the last rollback or rewind asked for from the desk stopped (it runs in a
+    # worker; the page shows this). Cleared when another one is asked for.
+    undo_note = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)

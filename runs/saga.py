@@ -89,6 +89,15 @@ def _check_permission(by) -> None:
         raise SagaError(f"{by.get_username()} may not roll back, rewind or fork runs.")
 
 
+SAGA_OWNER_PREFIX = "saga:"
+
+
+def saga_in_progress(run: Run) -> bool:
+    """Whether a rollback (or rewind) holds the run right now."""
+    return (run.lease_owner.startswith(SAGA_OWNER_PREFIX) and run.lease_until is not None
+            and run.lease_until > timezone.now())
+
+
 def _lock(run: Run, *, full: bool) -> str:
     """Keep workers (and other rollbacks) off the run while we undo it.
 
@@ -96,7 +105,7 @@ def _lock(run: Run, *, full: bool) -> str:
     running run whose lease is free or expired (its worker died): it ends the
     run, so nothing can resume it afterwards. A partial one needs a stopped run.
     """
-    owner = f"saga:{uuid.uuid4().hex[:12]}"
+    owner = f"{SAGA_OWNER_PREFIX}{uuid.uuid4().hex[:12]}"
     now = timezone.now()
     free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
     rows = Run.objects.filter(free, pk=run.pk)

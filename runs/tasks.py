@@ -6,12 +6,15 @@ import logging
 from datetime import timedelta
 
 from celery import shared_task
+from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from .engine import Outcome, run_advance
 from .models import Run, ToolCall
+from .saga import RollbackBusy, SagaError, run_rewind, run_rollback, saga_in_progress
 from .services import run_enqueue, run_wake_if_ready
 
 log = logging.getLogger(__name__)
@@ -54,3 +57,56 @@ def sweep_leases() -> int:
     if nudged:
         log.info("sweeper nudged %s runs", nudged)
     return nudged
+
+
+# --- undo from the desk ---------------------------------------------------------
+# A rollback asked for on the run page runs here, in a worker: compensations
+# are slow I/O against the world and must not hold a web request. The page
+# follows it through what the saga itself writes (calls turn compensated, a
+# full rollback ends rolled_back, a rewind bumps the run's generation) and, if
+# it stopped, through run.undo_note.
+# Retries of a rollback that found another one (or a dead worker's) holding the run.
+ROLLBACK_BUSY_RETRIES = 5
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True, max_retries=ROLLBACK_BUSY_RETRIES)
+def rollback_run(self, run_id: int, to_step: int | None, user_id: int | None, rewind: bool = False) -> str:
+    """Roll back (or rewind) a run for a user; a SagaError is recorded on the run, not raised."""
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        return "missing"
+    by = get_user_model().objects.filter(pk=user_id).first() if user_id is not None else None
+    if user_id is not None and by is None:
+        run_undo_note(run_id=run_id, message="the user who asked for it no longer exists.")
+        return "stopped"
+    try:
+        if rewind:
+            result = run_rewind(run=run, to_step=to_step, by=by)
+        else:
+            result = run_rollback(run=run, to_step=to_step, by=by)
+    except RollbackBusy as exc:
+        run.refresh_from_db()
+        if saga_in_progress(run) and self.request.retries < self.max_retries:
+            # Another rollback holds the run, maybe a dead one (this very task,
+            # redelivered after its worker died): wait until its lock expires,
+            # then carry on where it stopped. Compensations are idempotent.
+            wait = (exc.until - timezone.now()).total_seconds()
+            raise self.retry(countdown=max(1.0, min(wait + 0.5, settings.DESK_LEASE_SECONDS))) from None
+        # A worker holds it (or we waited long enough): the user decides what next.
+        run_undo_note(run_id=run_id, message=str(exc))
+        return "stopped"
+    except SagaError as exc:
+        run_undo_note(run_id=run_id, message=str(exc))
+        return "stopped"
+    except Exception:
+        # Leave the page a final word instead of "in progress" forever; the
+        # traceback goes to the worker log.
+        run_undo_note(run_id=run_id, message="an unexpected error; see the worker log. "
+                                                 "Nothing was skipped: run it again to continue.")
+        raise
+    return result.run_status
+
+
+def run_undo_note(*, run_id: int, message: str) -> None:
+    """Say on the run why the rollback or rewind asked for from the desk stopped."""
+    Run.objects.filter(pk=run_id).update(undo_note=" ".join(message.split()))

@@ -1,4 +1,5 @@
-"""Run history: the list, the timeline of one run, its checkpoints, start and cancel.
+"""Run history: the list, the timeline of one run, its checkpoints, start and cancel;
+and undo: roll back, rewind or fork a run from its timeline.
 
 Model text, tool arguments and results are untrusted: templates autoescape
 them and nothing here marks them safe. JSON is pretty-printed as plain text.
@@ -7,20 +8,30 @@ them and nothing here marks them safe. JSON is pretty-printed as plain text.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from urllib.parse import urlencode
 
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.core.paginator import Paginator
+from django.db import transaction
 from django.http import Http404
 from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import trigger_client_event
 
+from tools.registry import find_tool
+
 from .forms import RunFilterForm, RunStartForm
-from .models import Run
+from .models import Run, Step, ToolCall
+from .saga import PERMISSION as UNDO_PERMISSION
+from .saga import SagaError, rollback_plan, run_fork, saga_in_progress
 from .selectors import run_get, run_search, run_step_checkpoint, run_timeline
 from .services import IllegalTransition, TransitionConflict, run_cancel, run_create
+from .tasks import rollback_run
 
 RUNS_PER_PAGE = 50
 # Named by string: runs never imports approvals (see docs/architecture.md).
@@ -74,20 +85,110 @@ def run_list(request):
     return response
 
 
+def may_undo(user) -> bool:
+    return user.is_authenticated and user.has_perm(UNDO_PERMISSION)
+
+
+def _is_live(run: Run) -> bool:
+    """Queued or running: a worker may be advancing it."""
+    return run.status in (Run.Status.QUEUED, Run.Status.RUNNING)
+
+
+def _worker_holds(run: Run) -> bool:
+    """A worker is advancing it right now: the saga will not touch it at all."""
+    return (_is_live(run) and not saga_in_progress(run)
+            and run.lease_until is not None and run.lease_until > timezone.now())
+
+
 # --- one run ------------------------------------------------------------------
-def _status_marker(run: Run) -> str:
+def _status_marker(run: Run, undo: dict) -> str:
     """Changes whenever the timeline would: a poll that sees a new one refreshes it."""
-    return f"{run.status}-{run.message_count}"
+    marker = f"{run.status}-{run.message_count}"
+    if undo["undo_tracking"]:
+        marker += f"-c{undo['undo_compensated']}"  # a call turned compensated
+    return marker
 
 
 def _status_context(request, run: Run, **extra) -> dict:
+    undo = _undo_state(request, run)
     return {
         "run": run,
-        "marker": _status_marker(run),
+        "marker": _status_marker(run, undo),
         "can_cancel": not run.is_finished and may_cancel(request.user, run),
+        "can_undo": may_undo(request.user),
+        "run_is_live": _is_live(run),
+        "worker_holds": _worker_holds(run),
         "nav_section": "runs",
+        **undo,
         **extra,
     }
+
+
+def _int_param(params, name: str, *, required: bool = False) -> int | None:
+    raw = params.get(name, "")
+    if raw == "" and not required:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"{name} must be a step number, not {raw!r}.") from None
+    if value < 0:
+        raise BadRequest(f"{name} must be a step number, not {raw!r}.")
+    return value
+
+
+def _undo_state(request, run: Run) -> dict:
+    """Where a rollback asked for from the desk has got to, read from what the saga writes.
+
+    The confirm POST redirects here with ``?undo=rollback|rewind&to_step=N``
+    (and the run's ``generation`` for a rewind); the status poll carries them
+    along. A rollback is in progress while the saga holds the run's lease; it
+    was asked for and not yet started while the thing it changes has not
+    changed yet: for a full rollback the run is not rolled_back, for a partial
+    one committed calls remain after step N, for a rewind the generation has
+    not moved. It stopped if the task left a note on ``run.error`` (the confirm
+    POST cleared the previous one, so any note is this attempt's).
+    """
+    note, own_error = run.undo_note, run.error
+    state = {"undo_note": note, "run_error": own_error, "undo_tracking": False, "undo_live": False,
+             "undo_text": "", "undo_done": False, "undo_query": "", "undo_compensated": 0}
+    params = request.GET
+    kind = params.get("undo") if params.get("undo") in ("rollback", "rewind") else ""
+    busy = saga_in_progress(run)
+    if not kind and not busy:
+        return state
+    try:
+        to_step = _int_param(params, "to_step", required=kind == "rewind")
+        generation = _int_param(params, "generation", required=kind == "rewind")
+    except BadRequest:
+        kind, to_step, generation = "", None, None
+        if not busy:
+            return state
+    compensated = ToolCall.objects.filter(run=run, status=ToolCall.Status.COMPENSATED,
+                                          superseded_at__isnull=True)
+    if to_step is not None:
+        compensated = compensated.filter(step__gt=to_step)
+    count = compensated.count()
+    state.update(undo_tracking=True, undo_compensated=count, undo_query=urlencode(
+        {k: v for k, v in {"undo": kind, "to_step": to_step, "generation": generation}.items()
+         if v not in ("", None)}))
+    calls = f"{count} call{'' if count == 1 else 's'} compensated"
+    if busy:
+        state.update(undo_live=True, undo_text=f"Rolling back: {calls} so far.")
+    elif note:
+        pass  # stopped: the note says why
+    elif kind == "rewind" and run.generation > generation:
+        state.update(undo_done=True, undo_text=f"Rewound to step {to_step}: the run continues from "
+                                               "that checkpoint.")
+    elif kind == "rewind":
+        state.update(undo_live=True, undo_text="Rewind requested: waiting for a worker to start it.")
+    elif (run.status == Run.Status.ROLLED_BACK if to_step is None
+          else not rollback_plan(run, to_step=to_step).compensable):
+        where = "" if to_step is None else f" to step {to_step}"
+        state.update(undo_done=True, undo_text=f"Rolled back{where}: {calls}.")
+    else:
+        state.update(undo_live=True, undo_text="Rollback requested: waiting for a worker to start it.")
+    return state
 
 
 def _timeline_for_display(run: Run) -> list:
@@ -97,6 +198,7 @@ def _timeline_for_display(run: Run) -> list:
             call.input_text = pretty(call.input)
             call.original_input_text = pretty(call.original_input) if call.original_input else ""
             call.result_text = pretty(call.result) if call.result is not None else ""
+            call.compensation_text = pretty(call.compensation) if call.compensation is not None else ""
     return timeline
 
 
@@ -116,6 +218,8 @@ def run_detail(request, run_id: int):
         split = max(0, len(timeline) - RECENT_STEPS)
         context.update(earlier_steps=timeline[:split], recent_steps=timeline[split:],
                        step_count=len(timeline))
+        if target is None:  # the page head: where this run came from, what came of it
+            context.update(parent=run.parent, forks=list(run.forks.order_by("pk")))
         template = "runs/run_detail.html"
         if target == "run-timeline":
             template += "#timeline"
@@ -219,3 +323,164 @@ def _cancel(run: Run, user) -> tuple[str, bool]:
         run.refresh_from_db()
         return f"Run {run.pk} cancelled. It will not resume; nothing of it waits for a decision.", True
     return f"Run {run.pk} kept changing while we tried to cancel it; try again.", False
+
+
+# --- undo: roll back, rewind, fork --------------------------------------------
+UNDO_KINDS_SHOWN = {
+    "reversible": "a true inverse: the created thing is removed, the renamed one renamed back",
+    "compensable": "a corrective follow-up (a reversal, a correction email); the original stays on record",
+    "irreversible": "no compensation exists",
+}
+
+
+@dataclass
+class UndoRow:
+    """One call on a confirmation page: what it did and how it is undone."""
+
+    call: ToolCall
+    arguments: str
+    kind: str
+
+    @property
+    def meaning(self) -> str:
+        return UNDO_KINDS_SHOWN.get(self.kind, "")
+
+
+def args_summary(value, *, limit: int = 160, each: int = 60) -> str:
+    """A tool call's arguments on one line: ``order_id: A-1001, amount: 2900.0``."""
+
+    def short(item) -> str:
+        text = item if isinstance(item, str) else json.dumps(item, ensure_ascii=False, default=str)
+        text = " ".join(text.split())
+        return text if len(text) <= each else text[: each - 1] + "…"
+
+    if isinstance(value, dict):
+        text = ", ".join(f"{key}: {short(item)}" for key, item in value.items())
+    else:
+        text = short(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _undo_rows(calls: list[ToolCall]) -> list[UndoRow]:
+    rows = []
+    for call in calls:
+        spec = find_tool(call.tool_name)
+        rows.append(UndoRow(call=call, arguments=args_summary(call.input),
+                            kind=spec.effect_kind if spec else "unknown"))
+    return rows
+
+
+def _require_undo(request) -> None:
+    if not may_undo(request.user):
+        raise PermissionDenied("You may not roll back, rewind or fork runs.")
+
+
+def _checkpoint_or_404(run: Run, number: int) -> Step:
+    step = Step.objects.filter(run=run, number=number, superseded_at__isnull=True).first()
+    if step is None:
+        raise Http404(f"Run {run.pk} has no closed step {number}.")
+    return step
+
+
+def _undo_context(run: Run, *, to_step: int | None, rewind: bool) -> dict:
+    """What the rollback (or rewind) would do, and whether it may be asked for."""
+    plan = rollback_plan(run, to_step=to_step)
+    refusal = blocked = ""
+    if plan.irreversible:
+        names = ", ".join(f"#{c.pk} {c.tool_name} (step {c.step})" for c in plan.irreversible)
+        verb = "rewind" if rewind else "roll back"
+        refusal = (f"Cannot {verb} run {run.pk}{'' if to_step is None else f' to step {to_step}'}: "
+                   f"{names} cannot be undone. Nothing will be changed.")
+    elif saga_in_progress(run):
+        blocked = f"A rollback of run {run.pk} is in progress; wait until it finishes."
+    elif _worker_holds(run):
+        blocked = (f"Run {run.pk} is {run.get_status_display().lower()} and a worker holds it: cancel it "
+                   "or wait until it pauses for a decision, then try again.")
+    elif _is_live(run) and (to_step is not None or rewind):
+        # Only a full rollback may take a live run nobody holds (its worker
+        # died, or none picked it up yet): it ends the run, so nothing resumes it.
+        blocked = (f"Run {run.pk} is {run.get_status_display().lower()}: roll it back entirely, cancel "
+                   "it, or wait until it pauses for a decision.")
+    elif not rewind and not plan.compensable and (to_step is not None
+                                                  or run.status == Run.Status.ROLLED_BACK):
+        blocked = ("Nothing to undo: " + (f"no call after step {to_step} took effect in the world."
+                                          if to_step is not None else "the run is already rolled back."))
+    withdrawn = []
+    if rewind:
+        withdrawn = list(ToolCall.objects.filter(run=run, step__gt=to_step, superseded_at__isnull=True,
+                                                 status=ToolCall.Status.AWAITING_APPROVAL)
+                         .order_by("step", "position"))
+    return {
+        "run": run, "to_step": to_step, "rewind": rewind, "action": "rewind" if rewind else "rollback",
+        "compensable": _undo_rows(plan.compensable), "irreversible": _undo_rows(plan.irreversible),
+        "withdrawn": withdrawn, "refusal": refusal, "blocked": blocked,
+        "can_confirm": not (refusal or blocked), "undo_kinds": UNDO_KINDS_SHOWN, "nav_section": "runs",
+    }
+
+
+def _undo(request, run_id: int, *, rewind: bool):
+    _require_undo(request)
+    run = _run_or_404(run_id)
+    params = request.POST if request.method == "POST" else request.GET
+    to_step = _int_param(params, "to_step", required=rewind)
+    if to_step is not None:
+        _checkpoint_or_404(run, to_step)
+    context = _undo_context(run, to_step=to_step, rewind=rewind)
+    if request.method == "GET":
+        return render(request, "runs/run_undo.html", context)
+    if not context["can_confirm"]:
+        # Re-checked on confirm: the run may have moved since the page was shown.
+        return render(request, "runs/run_undo.html", context, status=409)
+    user_id = request.user.pk
+    with transaction.atomic():
+        # The page follows this attempt; an earlier attempt's "stopped" note
+        # would read as this one's outcome.
+        Run.objects.filter(pk=run.pk).update(undo_note="")
+        # Compensations are slow I/O against the world: a worker does them.
+        transaction.on_commit(lambda: rollback_run.delay(run.pk, to_step, user_id, rewind))
+    query = {"undo": context["action"]}
+    if to_step is not None:
+        query["to_step"] = to_step
+    if rewind:
+        query["generation"] = run.generation
+    where = "" if to_step is None else f" to step {to_step}"
+    messages.info(request, f"{'Rewind' if rewind else 'Rollback'} of run {run.pk}{where} requested.")
+    return redirect(reverse("run-detail", args=[run.pk]) + "?" + urlencode(query))
+
+
+@require_http_methods(["GET", "POST"])
+def run_rollback_view(request, run_id: int):
+    """GET: what rolling back (after ``to_step``, or entirely) would undo. POST: do it, in a worker."""
+    return _undo(request, run_id, rewind=False)
+
+
+@require_http_methods(["GET", "POST"])
+def run_rewind_view(request, run_id: int):
+    """Roll back the effects after ``to_step``, then continue the run from that checkpoint."""
+    return _undo(request, run_id, rewind=True)
+
+
+@require_http_methods(["GET", "POST"])
+def run_fork_view(request, run_id: int):
+    """GET: the checkpoint a fork starts from. POST: start the fork and go to it."""
+    _require_undo(request)
+    run = _run_or_404(run_id)
+    params = request.POST if request.method == "POST" else request.GET
+    step = _checkpoint_or_404(run, _int_param(params, "step", required=True))
+    if request.method == "POST":
+        try:
+            fork = run_fork(run=run, step=step.number, by=request.user)
+        except SagaError as exc:
+            messages.error(request, str(exc))
+            return redirect("run-detail", run_id=run.pk)
+        messages.success(request, f"Run {fork.pk} forked from run {run.pk} at step {step.number}.")
+        return redirect("run-detail", run_id=fork.pk)
+    context = {"run": run, "action": "fork", "checkpoint": step, "can_confirm": True, "nav_section": "runs",
+               "reply_texts": _step_texts(run, step)}
+    return render(request, "runs/run_undo.html", context)
+
+
+def _step_texts(run: Run, step: Step) -> list[str]:
+    """What the model said at the step a fork starts from (its reply is asked for again)."""
+    reply = (run_step_checkpoint(run, step.number) or {}).get("reply") or []
+    return [b.get("text", "") for b in reply if isinstance(b, dict) and b.get("type") == "text"]

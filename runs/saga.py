@@ -127,6 +127,13 @@ def _lock(run: Run, *, full: bool) -> str:
     return owner
 
 
+def _renew(run: Run, owner: str) -> None:
+    """Keep the lock for as long as compensations take, or stop if it was lost."""
+    until = timezone.now() + timedelta(seconds=settings.DESK_LEASE_SECONDS)
+    if not Run.objects.filter(pk=run.pk, lease_owner=owner).update(lease_until=until):
+        raise RollbackHalted(f"Run {run.pk}: the rollback lost its lock on the run; run it again.")
+
+
 def _unlock(run: Run, owner: str) -> None:
     Run.objects.filter(pk=run.pk, lease_owner=owner).update(lease_owner="", lease_until=None)
 
@@ -156,6 +163,7 @@ def run_rollback(*, run: Run, to_step: int | None = None, by=None) -> RollbackRe
         _settle_interrupted(run, to_step, by)
         plan = rollback_plan(run, to_step=to_step)
         for call in plan.compensable:
+            _renew(run, owner)
             _compensate(run, call, by, number=_compensations_so_far(run) + 1)
             done.append(call)
         run.refresh_from_db()

@@ -283,6 +283,16 @@ def compensate_create_file(ctx: ToolContext, args: dict, result, pre_state) -> s
 
 
 @counted("rename_file")
+def _move_no_overwrite(source: Path, target: Path) -> None:
+    """Rename without ever replacing a file that appeared at ``target`` since we
+    looked (``os.rename`` would overwrite it on POSIX): link, then unlink."""
+    try:
+        os.link(source, target)
+    except FileExistsError:
+        raise ToolError(f"{target.name} appeared meanwhile; not overwritten.") from None
+    source.unlink()
+
+
 def rename_file(ctx: ToolContext, args: dict) -> dict:
     relative, path = sandbox_path(args["path"])
     new_relative, new_path = sandbox_path(args["new_path"])
@@ -303,7 +313,7 @@ def rename_file(ctx: ToolContext, args: dict) -> dict:
             _make_parents(new_path)
         except NotADirectoryError:
             raise _abandon(op, f"cannot rename to {new_relative}: a file is in the way.") from None
-        path.rename(new_path)
+        _move_no_overwrite(path, new_path)
     elif not (new_path.is_file() and not path.exists()):
         # Not renamed by the earlier attempt either: the folder changed under us.
         raise _abandon(op, f"cannot rename {relative} to {new_relative}: the files changed meanwhile.")
@@ -333,7 +343,7 @@ def compensate_rename_file(ctx: ToolContext, args: dict, result, pre_state) -> s
             _make_parents(path)
         except NotADirectoryError:
             return f"{relative} cannot be restored: a file is in the way; {new_relative} left as it is."
-        new_path.rename(path)
+        _move_no_overwrite(new_path, path)
         _prune(new_path, pre_state.get("new_folders") if isinstance(pre_state, dict) else None)
         return f"Renamed {new_relative} back to {relative}."
     if path.exists() and not new_path.exists():

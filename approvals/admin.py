@@ -3,24 +3,13 @@ from __future__ import annotations
 from django.contrib import admin
 from django.forms.models import model_to_dict
 
+from runs.admin import ReadOnlyAdmin
+
 from .models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule, Notification
 
 RULE_FIELDS = ["name", "tool", "field", "operator", "value", "effect", "priority", "enabled",
                "required_group", "approvers_required", "allow_self_approval", "sla_minutes",
                "ttl_minutes", "timeout_effect"]
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """The record of what happened is not edited by hand."""
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(GateRule)

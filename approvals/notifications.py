@@ -22,8 +22,7 @@ about email: the ``ApprovalRequest`` post_save (``RuleGate.hold`` creates it in 
 transaction that saves the model's reply), the ``AuditEvent`` post_save of a
 decline or expiry (written by ``services._close`` in the decision's transaction),
 and ``run_transitioned`` to done/failed (sent inside the transition's
-transaction; ``run_finished`` fires only after commit, too late to record the row
-with the event).
+transaction, so the row is recorded with the event).
 """
 
 from __future__ import annotations

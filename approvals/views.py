@@ -5,7 +5,6 @@ from decimal import Decimal, InvalidOperation
 
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import Count
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -62,7 +61,7 @@ def queue(request):
 def _choices(field: str) -> list[str]:
     return list(
         ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING)
-        .values_list(field, flat=True).annotate(n=Count("id")).order_by(field)
+        .values_list(field, flat=True).order_by(field).distinct()
     )
 
 

@@ -29,7 +29,9 @@ class StepInline(ReadOnlyInline):
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request):
+    """The record of what happened is not edited by hand."""
+
+    def has_add_permission(self, request, obj=None):
         return False
 
     def has_change_permission(self, request, obj=None):

@@ -18,7 +18,7 @@ from tools.registry import find_tool, get_agent, idempotency_key, input_hash
 
 from .llm import validate_scenario
 from .models import FINISHED_RUN_STATUSES, Message, Run, ToolCall
-from .signals import run_finished, run_transitioned, tool_call_transitioned
+from .signals import run_transitioned, tool_call_transitioned
 
 log = logging.getLogger(__name__)
 S = Run.Status
@@ -68,8 +68,6 @@ def run_transition(
     if rows.update(status=new, updated_at=timezone.now(), **fields) != 1:
         raise TransitionConflict(f"run {run_id} is no longer {old}")
     run_transitioned.send(Run, run_id=run_id, old=old, new=new, actor=actor, reason=reason)
-    if new in FINISHED_RUN_STATUSES:
-        transaction.on_commit(lambda: run_finished.send(Run, run_id=run_id, status=new))
 
 
 def run_enqueue(run_id: int, *, countdown: float | None = None) -> None:

@@ -11,5 +11,3 @@ from django.dispatch import Signal
 run_transitioned = Signal()
 # sender=ToolCall model; kwargs: call, old, new, actor, reason
 tool_call_transitioned = Signal()
-# sender=Run model; kwargs: run_id, status (the run has finished: done/failed/...)
-run_finished = Signal()

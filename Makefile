@@ -29,6 +29,11 @@ $(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(BIN)/python
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
+# DEBUG is off unless set, and with DEBUG off the desk will not start without
+# SECRET_KEY and ALLOWED_HOSTS (README.md "Configuration"). The local desk runs with
+# DEBUG on; exported, so honcho's web, worker and beat processes inherit it.
+run migrate: export DEBUG = 1
+
 migrate: install
 	$(BIN)/python manage.py migrate --noinput -v0
 	$(BIN)/python manage.py migrate --database world --noinput -v0
@@ -48,8 +53,10 @@ lint: install-dev
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m ruff format --check .
 
+# The bench measures with DEBUG off, as in production: a throwaway key, no web.
 bench: install
-	$(BIN)/python bench/step_overhead.py
+	SECRET_KEY=$$($(BIN)/python -c 'import secrets; print(secrets.token_urlsafe(50))') \
+	ALLOWED_HOSTS=localhost $(BIN)/python bench/step_overhead.py
 
 clean:
 	rm -rf var/ .pytest_cache

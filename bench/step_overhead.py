@@ -78,6 +78,8 @@ def setup_django(db_dir: Path, *, debug: bool) -> None:
     if not debug:
         # Production runs with DEBUG off (SECRET_KEY set); DEBUG on keeps a query log.
         os.environ["DEBUG"] = "0"
+        os.environ.setdefault("SECRET_KEY", "bench-" + "k" * 60)
+        os.environ.setdefault("ALLOWED_HOSTS", "localhost")
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     import django

@@ -4,17 +4,26 @@ A fresh checkout runs with no configuration: SQLite files under ``var/``, an
 embedded (file-system) Celery broker, console email, the scripted LLM.
 Production switches by environment only: DATABASE_URL, WORLD_DATABASE_URL,
 CELERY_BROKER_URL, EMAIL_URL, ANTHROPIC_API_KEY, DESK_BASE_URL, SECRET_KEY,
-ALLOWED_HOSTS.
+ALLOWED_HOSTS and the HTTPS switches, each named as the setting it sets.
+
+DEBUG is off unless DEBUG=1 (``make run`` sets it; tests need neither). With
+DEBUG off, outside tests, the process refuses to start without SECRET_KEY and
+ALLOWED_HOSTS, so a known key is never used in production.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import sys
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.csp import CSP
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("DESK_VAR_DIR", BASE_DIR / "var"))
@@ -27,24 +36,69 @@ def env_str(name: str, default: str = "") -> str:
 
 def env_int(name: str, default: int) -> int:
     value = os.environ.get(name, "")
-    return int(value) if value.strip() else default
+    if not value.strip():
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a whole number.") from None
 
 
 def env_bool(name: str, default: bool = False) -> bool:
-    value = os.environ.get(name, "")
-    if not value.strip():
+    # Strict: a typo in a security switch ("ture") must not quietly mean off.
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
         return default
-    return value.strip().lower() in {"1", "true", "yes", "on"}
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name}={os.environ[name]!r}: use 1, true, yes, on or 0, false, no, off.")
 
 
 def env_list(name: str, default: str = "") -> list[str]:
     return [part.strip() for part in env_str(name, default).split(",") if part.strip()]
 
 
-TESTING = "pytest" in sys.modules or env_bool("DESK_TESTING")
+def parse_proxy_ssl_header(value: str) -> tuple[str, str] | None:
+    """SECURE_PROXY_SSL_HEADER given as "HEADER,value", e.g. "HTTP_X_FORWARDED_PROTO,https"."""
+    if not value.strip():
+        return None
+    header, comma, expected = (part.strip() for part in value.partition(","))
+    # Django compares request.META[header]: a header written as it travels on the
+    # wire ("X-Forwarded-Proto") would never match, and HTTPS would go unnoticed.
+    if not comma or not re.fullmatch(r"HTTP_[A-Z0-9_]+", header) or not expected or "," in expected:
+        raise ImproperlyConfigured(
+            f'SECURE_PROXY_SSL_HEADER={value!r} is not "HEADER,value": give the request.META name of '
+            "the header your proxy sets and the value that means HTTPS, e.g. "
+            "SECURE_PROXY_SSL_HEADER=HTTP_X_FORWARDED_PROTO,https"
+        )
+    return header, expected
 
-SECRET_KEY = env_str("SECRET_KEY", "dev-only-insecure-key-change-me")
-DEBUG = env_bool("DEBUG", default=not os.environ.get("SECRET_KEY"))
+
+TESTING = "pytest" in sys.modules or env_bool("DESK_TESTING")
+DEBUG = env_bool("DEBUG")
+
+if not DEBUG and not TESTING:
+    missing = [name for name in ("SECRET_KEY", "ALLOWED_HOSTS") if not env_str(name).strip()]
+    if missing:
+        raise ImproperlyConfigured(
+            f"DEBUG is off, so Countersign will not start without {' and '.join(missing)}. "
+            "In production set SECRET_KEY (50+ random characters) and ALLOWED_HOSTS (the desk's "
+            'host names, comma-separated); see README.md, "Production environment". '
+            "For a local desk set DEBUG=1 instead (make run does)."
+        )
+
+# A known key only ever goes with DEBUG on (a local desk). Tests get a random one
+# (tests/support.py hands it to the processes a test starts).
+LOCAL_SECRET_KEY = "django-insecure-countersign-local-desk-only"
+SECRET_KEY = (
+    env_str("SECRET_KEY").strip()
+    or (secrets.token_urlsafe(50) if TESTING else "")
+    or (LOCAL_SECRET_KEY if DEBUG else "")
+)
+if SECRET_KEY == LOCAL_SECRET_KEY and not DEBUG:
+    raise ImproperlyConfigured("SECRET_KEY is the local desk's published key: set a secret one.")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost")
 
 INSTALLED_APPS = [
@@ -55,6 +109,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_htmx",
+    "axes",
     "tools",
     "runs",
     "approvals",
@@ -62,6 +117,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -71,6 +127,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: turns a locked-out sign-in into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "desk.urls"
@@ -135,10 +193,63 @@ DATABASE_ROUTERS = ["tools.routers.WorldRouter"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 if TESTING:
     PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+# --- Sign-in throttling (django-axes) ----------------------------------------
+# A username tried from one address is locked out after DESK_LOGIN_FAILURE_LIMIT
+# failures for DESK_LOGIN_COOLOFF_MINUTES; a failure meanwhile starts the wait
+# over, a successful sign-in clears the count. Keyed on username *and* address,
+# so a stranger guessing cannot lock a reviewer out of the desk from elsewhere.
+# The address is REMOTE_ADDR: behind a proxy every client shares the proxy's, and
+# the lockout is then in effect per username.
+AUTHENTICATION_BACKENDS = [
+    # First: refuses a locked-out username and address before any password is checked.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("DESK_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("DESK_LOGIN_COOLOFF_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = True
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+
+
+# --- HTTPS -------------------------------------------------------------------
+# Each variable is named as the setting it sets. Off by default, so the local
+# desk works over plain HTTP; README.md "Production environment" turns them on.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT")
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS")
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD")
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE")
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+SECURE_PROXY_SSL_HEADER = parse_proxy_ssl_header(env_str("SECURE_PROXY_SSL_HEADER"))
+
+# --- Content Security Policy -------------------------------------------------
+# Strict: only the desk's own files, no inline script, style or event handler
+# (templates/base.html tells htmx not to inject its indicator <style> and never
+# to eval). Django's admin and debug pages work under it as they are.
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF],
+    "style-src": [CSP.SELF],
+    "img-src": [CSP.SELF, "data:"],
+    "connect-src": [CSP.SELF],
+    "object-src": [CSP.NONE],
+    "base-uri": [CSP.NONE],
+    "frame-ancestors": [CSP.NONE],
+    "form-action": [CSP.SELF],
+}
 
 LANGUAGE_CODE = "en"
 TIME_ZONE = "UTC"

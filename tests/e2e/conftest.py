@@ -4,6 +4,7 @@ CLI subprocesses (tests.support.Desk)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -22,6 +23,15 @@ CHROMIUM_ARGS = [
     "--disable-sync", "--no-first-run", "--disable-quic",
 ]
 PASSWORD = settings.DESK_DEMO_PASSWORD
+# Every page a browser test opens must live within the Content Security Policy: the
+# browser reports each violation as a `securitypolicyviolation` event (and a console
+# message); the page fixture collects both and fails the test at teardown.
+RECORD_CSP_VIOLATIONS = """
+document.addEventListener("securitypolicyviolation", (event) => {
+  window.reportCspViolation(`${event.effectiveDirective} blocked ${event.blockedURI || "inline"}`
+    + ` at ${event.sourceFile || event.documentURI}:${event.lineNumber} ${event.sample || ""}`);
+}, true);
+"""
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 
@@ -44,8 +54,7 @@ def browser():
 def desk(transactional_db, tmp_path, demo):
     desk = Desk(tmp_path)
     yield desk
-    for worker in desk.workers:
-        worker.stop()
+    desk.stop()
 
 
 @pytest.fixture
@@ -53,13 +62,29 @@ def page(browser, desk):
     # A real web process, so a decision made in the browser reaches the
     # worker through the same broker, as in production.
     context = browser.new_context(base_url=desk.start_web(), viewport={"width": 1360, "height": 900})
+    violations = []
+    context.expose_function("reportCspViolation", lambda report: violations.append(report))
+    context.add_init_script(RECORD_CSP_VIOLATIONS)
     page = context.new_page()
     page.set_default_timeout(15_000)
     dialogs = []
     page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
     page.dialogs = dialogs
+
+    def console(message):
+        if "Content Security Policy" in message.text:
+            violations.append(f"console: {message.text}")
+
+    page.on("console", console)
+    page.csp_violations = violations
     yield page
+    # A round trip delivers the reports still on their way (a failed test may have
+    # left the page mid-navigation: that is its own failure, not this one).
+    with contextlib.suppress(Exception):
+        page.evaluate("0")
     context.close()
+    if violations:
+        pytest.fail("Content Security Policy violations:\n" + "\n".join(violations))
 
 
 def sign_in(page, username: str) -> None:

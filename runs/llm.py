@@ -14,6 +14,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
 
+from tools.inputs import UnsafeJSON, check_json, parse_json
+
 
 class LLMError(Exception):
     pass
@@ -57,8 +59,21 @@ class LLM(Protocol):
 
 
 # --- scripted ---------------------------------------------------------------
+# A scenario is a few turns of text and tool calls; a file bigger than this is
+# not one (and /dev/zero would otherwise be read until memory runs out).
+MAX_SCENARIO_BYTES = 10_000_000
+
+
 def validate_scenario(data: Any) -> dict:
-    """Check a scenario's shape; raise ScenarioError naming the first problem."""
+    """Check a scenario's shape; raise ScenarioError naming the first problem.
+
+    Its values are untrusted JSON, checked like every other (tools.inputs):
+    finite numbers, shallow nesting, text a database can store.
+    """
+    try:
+        check_json(data)
+    except UnsafeJSON as exc:
+        raise ScenarioError(f"a scenario is plain JSON: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("turns"), list):
         raise ScenarioError('a scenario is a JSON object with a "turns" list')
     extra = set(data) - {"turns"}
@@ -91,14 +106,22 @@ def validate_scenario(data: Any) -> dict:
 
 
 def load_scenario(path: str | Path) -> dict:
+    """Read and check a scenario file; any problem is a ScenarioError saying what it is."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as file:
+            raw = file.read(MAX_SCENARIO_BYTES + 1)
     except OSError as exc:
-        raise ScenarioError(f"cannot read scenario {path}: {exc.strerror}") from None
+        raise ScenarioError(f"cannot read scenario {path}: {exc.strerror or exc}") from None
+    except ValueError:  # a NUL character in the name
+        raise ScenarioError(f"cannot read scenario {path!r}: that is not a file name") from None
+    if len(raw) > MAX_SCENARIO_BYTES:
+        raise ScenarioError(f"{path} is over {MAX_SCENARIO_BYTES:,} bytes: too big for a scenario")
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ScenarioError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+        data = parse_json(raw)
+    except UnsafeJSON as exc:
+        reason = str(exc)  # "not valid JSON: ...", "not UTF-8 text", "NaN is not a number: ..."
+        message = f"{path} is {reason}" if reason.startswith("not ") else f"{path}: {reason}"
+        raise ScenarioError(message) from None
     return validate_scenario(data)
 
 

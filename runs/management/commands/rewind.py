@@ -5,7 +5,7 @@ from django.core.management.base import BaseCommand, CommandError
 from runs.engine import run_advance_until_settled
 from runs.saga import SagaError, run_rewind
 
-from ._common import run_by_id, user_by_name
+from ._common import run_by_id, step_number, user_by_name
 
 
 class Command(BaseCommand):
@@ -13,7 +13,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("run_id")
-        parser.add_argument("--to-step", type=int, required=True)
+        parser.add_argument("--to-step", type=step_number, required=True)
         parser.add_argument("--user", required=True)
         parser.add_argument("--sync", action="store_true", help="advance here, without a worker")
 

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from runs.saga import RollbackBusy, SagaError, rollback_plan, run_rollback, saga_in_progress
 
-from ._common import run_by_id, user_by_name
+from ._common import run_by_id, step_number, user_by_name
 
 
 class Command(BaseCommand):
@@ -16,7 +16,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("run_id")
-        parser.add_argument("--to-step", type=int, help="keep the effects of steps up to N")
+        parser.add_argument("--to-step", type=step_number, help="keep the effects of steps up to N")
         parser.add_argument("--user", required=True)
         parser.add_argument("--dry-run", action="store_true", help="show what would be undone")
 

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from runs.selectors import checkpoint
 
-from ._common import run_by_id
+from ._common import run_by_id, step_number
 
 
 def _block_text(block: dict) -> str:
@@ -27,7 +27,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("run_id")
-        parser.add_argument("--step", type=int, required=True)
+        parser.add_argument("--step", type=step_number, required=True)
         parser.add_argument("--json", action="store_true", dest="as_json")
 
     def handle(self, *args, run_id, step, as_json, **options):

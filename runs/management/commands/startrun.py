@@ -9,7 +9,7 @@ from runs.llm import ScenarioError, load_scenario
 from runs.services import run_create
 from tools.registry import get_agent
 
-from ._common import user_by_name
+from ._common import text_argument, user_by_name
 
 
 class Command(BaseCommand):
@@ -23,6 +23,7 @@ class Command(BaseCommand):
         parser.add_argument("--sync", action="store_true", help="advance here, without a worker")
 
     def handle(self, *args, agent, task, script, user, sync, **options):
+        text_argument(task, "The task")
         try:
             get_agent(agent)
             scenario = load_scenario(script) if script else None

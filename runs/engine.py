@@ -30,6 +30,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from tools.inputs import UnsafeJSON, check_json
 from tools.registry import (
     ToolContext,
     ToolError,
@@ -44,6 +45,7 @@ from tools.registry import (
 from . import gate as gate_module
 from .failpoints import failpoint
 from .history import transcript_messages
+from .integrity import call_record, chain_head, step_digest
 from .llm import (
     LLM,
     AnthropicLLM,
@@ -238,6 +240,23 @@ class _Loop:
                                                  superseded_at__isnull=True, status=C.COMMITTED)
             }
         self.dirty: list[ToolCall] = []  # read results not yet written
+        # tool_use id -> why its input could not be kept (NaN, too deep): the call
+        # gets an error result instead of reaching the gate.
+        self.unsafe_inputs: dict[str, str] = {}
+        # The last checkpoint's digest and how many messages it had closed: the next
+        # step chains from it (runs.integrity).
+        self.chain: tuple[str, int] = chain_head(run)
+
+    def _digest(self, *, message_count: int, status: str, closing: list[dict], calls: list[ToolCall]) -> str:
+        """The digest of the step being closed: the messages since the last checkpoint
+        (those in memory and ``closing``, about to be written) and the calls."""
+        previous, start = self.chain
+        messages = [*self.transcript[start:], *closing]
+        return step_digest(
+            previous=previous, run_id=self.run.pk, number=self.run.step, message_count=message_count,
+            status=status, messages=[(start + i, m["role"], m["content"]) for i, m in enumerate(messages)],
+            calls=[call_record(call) for call in calls],
+        )
 
     # --- leases -----------------------------------------------------------
     def _own(self, **fields) -> None:
@@ -277,13 +296,16 @@ class _Loop:
             system=self.agent.system, messages=self.transcript, tools=self.tools_for_model
         )
         _check_reply(reply)
+        self.unsafe_inputs = _set_aside_unsafe_inputs(reply)
         seen = len(self.transcript)
         run.input_tokens += reply.usage.input_tokens
         run.output_tokens += reply.usage.output_tokens
         run.cost += reply.usage.cost
         calls: list[ToolCall] = []
+        # The gate's verdicts by position, carried to hold() for calls that wait.
+        verdicts: dict[int, gate_module.Verdict] = {}
         for position, block in enumerate(reply.tool_uses):
-            calls.append(self._new_call(position, block, calls))
+            calls.append(self._new_call(position, block, calls, verdicts))
         if calls and all(_is_read_or_resolved(call) for call in calls):
             self._reads_only_step(reply, calls)
             return _STEP_CLOSED
@@ -294,26 +316,36 @@ class _Loop:
             Message.objects.create(run=run, seq=seen, role=Message.Role.ASSISTANT, content=reply.content)
             if not calls:
                 # A reply with no tool call ends the run.
+                reply_message = {"role": Message.Role.ASSISTANT, "content": reply.content}
+                digest = self._digest(message_count=seen, status=S.DONE, closing=[reply_message], calls=[])
                 Step.objects.create(run=run, number=run.step, message_count=seen,
-                                    status=S.DONE, **_usage_fields(run))
+                                    status=S.DONE, digest=digest, **_usage_fields(run))
                 run_transition(run_id=run.pk, old=S.RUNNING, new=S.DONE, owner=self.owner,
                                reason="final reply", step=run.step + 1, error="")
             else:
-                ToolCall.objects.bulk_create(calls)
-                self._announce(calls)
+                for call in calls:
+                    if call.status == C.PROPOSED:
+                        # Writes are reviewed here, inside the transaction that saves
+                        # them, one by one: a rule that adds up earlier calls (a total
+                        # per order) sees this reply's earlier calls and holds its lock
+                        # until this one is saved, so two runs cannot both slip under it.
+                        self._review(call, find_tool(call.tool_name), verdicts)
+                    call.save(force_insert=True)
+                self._announce(calls, verdicts)
         run.message_count, run.llm_attempts, run.error = seen + 1, 0, ""
         self.transcript.append({"role": Message.Role.ASSISTANT, "content": reply.content})
         failpoint("after_model_reply", run.step)
         if not calls:
+            self.chain = (digest, seen + 1)
             run.step += 1
             return None
         return calls
 
-    def _announce(self, calls: list[ToolCall]) -> None:
+    def _announce(self, calls: list[ToolCall], verdicts: dict[int, gate_module.Verdict]) -> None:
         """Open approvals and audit new calls (inside the reply's transaction)."""
         for call in calls:
             if call.status == C.AWAITING_APPROVAL:
-                self.gate.hold(run=self.run, call=call, verdict=call._verdict)
+                self.gate.hold(run=self.run, call=call, verdict=verdicts[call.position])
             if _announced(call):
                 tool_call_transitioned.send(ToolCall, call=call, old="", new=call.status,
                                             actor=None, reason=call.verdict_reason)
@@ -331,6 +363,9 @@ class _Loop:
         results = [tool_result_block(call) for call in calls]
         seen = len(self.transcript)
         now = timezone.now()
+        closing = [{"role": Message.Role.ASSISTANT, "content": reply.content},
+                   {"role": Message.Role.USER, "content": results}]
+        digest = self._digest(message_count=seen, status=S.RUNNING, closing=closing, calls=calls)
         with transaction.atomic():
             self._own(message_count=seen + 2, step=run.step + 1, llm_attempts=0, error="",
                       **_usage_fields(run))
@@ -340,14 +375,13 @@ class _Loop:
             ])
             if any(_announced(call) for call in calls):
                 ToolCall.objects.bulk_create(calls)  # the audit needs their ids
-                self._announce(calls)
+                self._announce(calls, {})
             else:
                 insert_rows(ToolCall, TOOL_CALL_COLUMNS, [_tool_call_row(c, now) for c in calls])
-            insert_rows(Step, STEP_COLUMNS, [
-                (run.pk, run.step, seen, run.input_tokens, run.output_tokens, run.cost, S.RUNNING, now)
-            ])
-        self.transcript.append({"role": Message.Role.ASSISTANT, "content": reply.content})
-        self.transcript.append({"role": Message.Role.USER, "content": results})
+            insert_rows(Step, STEP_COLUMNS, [(run.pk, run.step, seen, run.input_tokens, run.output_tokens,
+                                              run.cost, S.RUNNING, digest, now)])
+        self.transcript.extend(closing)
+        self.chain = (digest, seen + 2)
         run.message_count, run.llm_attempts, run.error = seen + 2, 0, ""
         failpoint("after_model_reply", run.step)
         failpoint("after_step_commit", run.step)
@@ -358,10 +392,17 @@ class _Loop:
         call.status = C.FAILED if is_error else C.COMMITTED
         call.result, call.is_error, call.finished_at = result, is_error, timezone.now()
 
-    def _new_call(self, position: int, block: dict, batch: list[ToolCall]) -> ToolCall:
-        """Build the call for one tool_use block and decide it (saved by the caller)."""
+    def _new_call(self, position: int, block: dict, batch: list[ToolCall],
+                  verdicts: dict[int, gate_module.Verdict]) -> ToolCall:
+        """Build the call for one tool_use block (saved by the caller).
+
+        Resolves what needs no gate (an unknown tool, bad input, a repeat, a
+        fork's reused result) and reviews reads; a write is left ``proposed`` for
+        ``_review`` inside the transaction that saves it.
+        """
         run = self.run
         tool_input = block.get("input")
+        unsafe = self.unsafe_inputs.get(block["id"])
         spec = find_tool(block["name"]) if block["name"] in self.agent.tool_names else None
         call = ToolCall(
             run=run, step=run.step, position=position, tool_use_id=block["id"],
@@ -369,14 +410,18 @@ class _Loop:
         )
         if spec is not None and not spec.is_read:
             # Reads have no effect to deduplicate: only writes carry a key.
-            call.idempotency_key = idempotency_key(run_id=run.pk, tool_name=call.tool_name,
-                                                   tool_input=tool_input, generation=run.generation)
+            call.idempotency_key = idempotency_key(run_id=run.pk, generation=run.generation,
+                                                   tool_name=call.tool_name, tool_input=tool_input)
         if spec is None:
             available = ", ".join(self.agent.tool_names)
             return _resolved(call, C.FAILED, f"Unknown tool {call.tool_name!r}. "
                              f"Available tools: {available}. Nothing was done.", reason="unknown tool")
-        errors = spec.validation_errors(tool_input) if isinstance(tool_input, dict) else [
-            "input must be a JSON object"]
+        if unsafe:
+            errors = [unsafe]
+        elif isinstance(tool_input, dict):
+            errors = spec.validation_errors(tool_input)
+        else:
+            errors = ["input must be a JSON object"]
         if errors:
             return _resolved(call, C.FAILED, f"Invalid input for {call.tool_name}: "
                              f"{'; '.join(errors)}. Nothing was done.", reason="invalid input")
@@ -387,26 +432,24 @@ class _Loop:
             call.verdict = gate_module.ALLOW
             return _resolved(call, C.COMMITTED, recorded.result, is_error=recorded.is_error,
                              reason=f"reused from run {recorded.run_id} step {recorded.step}")
-        if not spec.is_read:
-            twin = next((c for c in batch if c.idempotency_key == call.idempotency_key
-                         and c.status not in (C.FAILED, C.DENIED)), None)
-            if twin is not None:
-                call.verdict = gate_module.ALLOW
-                return _resolved(call, C.FAILED, f"Duplicate of {twin.tool_use_id} in the same "
-                                 "reply; it is done once, not repeated.", reason="duplicate in reply")
-            repeat = self._repeat_of(call)
-            if repeat is not None:
-                return repeat
-        verdict = self.gate.review(run=run, call=call, spec=spec)
-        if spec.is_irreversible and verdict.effect != gate_module.DENY:
-            # Whatever the rules say: what cannot be undone waits for a person.
-            verdict = gate_module.Verdict(
-                gate_module.NEEDS_APPROVAL, rule=verdict.rule, rule_id=verdict.rule_id,
-                reason=f"irreversible: {call.tool_name} cannot be undone"
-                + (f"; {verdict.reason}" if verdict.reason else ""),
-            )
+        if spec.is_read:
+            return self._review(call, spec, verdicts)
+        twin = next((c for c in batch if c.idempotency_key == call.idempotency_key
+                     and c.status not in (C.FAILED, C.DENIED)), None)
+        if twin is not None:
+            call.verdict = gate_module.ALLOW
+            return _resolved(call, C.FAILED, f"Duplicate of {twin.tool_use_id} in the same "
+                             "reply; it is done once, not repeated.", reason="duplicate in reply")
+        repeat = self._repeat_of(call)
+        if repeat is not None:
+            return repeat
+        return call  # proposed: reviewed when it is saved
+
+    def _review(self, call: ToolCall, spec: ToolSpec, verdicts: dict[int, gate_module.Verdict]) -> ToolCall:
+        """The gate's verdict on the call, applied to it and kept in ``verdicts``."""
+        verdict = gate_module.review_call(run=self.run, call=call, spec=spec)
+        verdicts[call.position] = verdict
         call.verdict, call.verdict_rule, call.verdict_reason = verdict.effect, verdict.rule, verdict.reason
-        call._verdict = verdict
         if verdict.effect == gate_module.ALLOW:
             call.status = C.APPROVED
             if not spec.is_read:
@@ -587,13 +630,16 @@ class _Loop:
         results = [tool_result_block(call) for call in calls]
         seen = len(self.transcript) - 1  # what the model saw when it made these calls
         seq = len(self.transcript)
+        closing = {"role": Message.Role.USER, "content": results}
+        digest = self._digest(message_count=seen, status=S.RUNNING, closing=[closing], calls=calls)
         with transaction.atomic():
             self._own(step=run.step + 1, message_count=seq + 1)
             self._flush_dirty()
             Message.objects.create(run=run, seq=seq, role=Message.Role.USER, content=results)
             Step.objects.create(run=run, number=run.step, message_count=seen, status=S.RUNNING,
-                                **_usage_fields(run))
-        self.transcript.append({"role": Message.Role.USER, "content": results})
+                                digest=digest, **_usage_fields(run))
+        self.transcript.append(closing)
+        self.chain = (digest, seq + 1)
         run.message_count = seq + 1
         failpoint("after_step_commit", run.step)
         run.step += 1
@@ -603,7 +649,7 @@ class _Loop:
 _STEP_CLOSED = "step closed"
 MESSAGE_COLUMNS = ("run", "seq", "role", "content", "created_at")
 STEP_COLUMNS = ("run", "number", "message_count", "input_tokens", "output_tokens", "cost", "status",
-                "created_at")
+                "digest", "created_at")
 TOOL_CALL_COLUMNS = ("run", "step", "position", "tool_use_id", "tool_name", "input", "input_hash",
                      "idempotency_key", "approved_hash", "verdict", "verdict_rule", "verdict_reason",
                      "status", "result", "is_error", "attempts", "created_at", "finished_at")
@@ -655,6 +701,29 @@ def _invoke(spec: ToolSpec, ctx: ToolContext, tool_input: dict) -> tuple[object,
         # effect: treat it as an unknown outcome, never as a clean failure.
         log.exception("write tool %s crashed; treating the outcome as unknown", spec.name)
         raise UnknownOutcome(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _set_aside_unsafe_inputs(reply: Reply) -> dict[str, str]:
+    """Tool inputs that are not plain JSON (NaN, Infinity, 1e999999, nested too
+    deep, a NUL character) cannot be stored, hashed or compared by a rule. Keep the
+    reply, with such an input replaced by a note of what it was; the call becomes an
+    error result the model can read. Returns tool_use id -> reason."""
+    unsafe = {}
+    for block in reply.content:
+        if block["type"] == "text" and "\x00" in block.get("text", ""):
+            block["text"] = block["text"].replace("\x00", "\ufffd")
+        if block["type"] != "tool_use":
+            continue
+        try:
+            check_json(block.get("input"))
+        except UnsafeJSON as exc:
+            unsafe[block["id"]] = str(exc)
+            try:
+                shown = json.dumps(block.get("input"), ensure_ascii=False)[:500]
+            except (ValueError, RecursionError):
+                shown = "(not shown)"
+            block["input"] = {"unusable_input": shown.replace("\x00", "\ufffd"), "why": str(exc)}
+    return unsafe
 
 
 def _check_reply(reply: Reply) -> None:

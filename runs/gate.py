@@ -31,11 +31,19 @@ class Verdict:
     rule: str = ""  # a label for people: "Refunds over 500 (v3)"
     reason: str = ""  # why, with the actual value: "amount 2900.00 > 500"
     rule_id: int | None = None
+    # What an aggregate rule added up (so far, this call, total, threshold, scope), for
+    # people: the desk shows "₹2,450 so far on A-1001 + ₹490 = ₹2,940 > ₹500".
+    detail: dict | None = None
 
 
 class Gate(Protocol):
     def review(self, *, run: Run, call: ToolCall, spec: ToolSpec) -> Verdict:
-        """Decide a call (the call is not saved yet; no writes here)."""
+        """Decide a call or a reviewer's edit of one (not saved yet; no writes here).
+
+        Called inside the transaction that will save the call, so a rule that
+        adds up earlier calls sees them, and may lock what it adds up until the
+        call is saved.
+        """
 
     def hold(self, *, run: Run, call: ToolCall, verdict: Verdict) -> None:
         """The call (saved) needs approval: open the request, notify on commit."""
@@ -51,6 +59,22 @@ class ReadsOnlyGate:
 
     def hold(self, *, run: Run, call: ToolCall, verdict: Verdict) -> None:
         raise RuntimeError("ReadsOnlyGate never asks for approval")
+
+
+def review_call(*, run: Run, call: ToolCall, spec: ToolSpec) -> Verdict:
+    """The configured gate's verdict on a proposal, with what no rule can change:
+    what cannot be undone always waits for a person.
+
+    The one review for a model's call and for a reviewer's edit of it.
+    """
+    verdict = get_gate().review(run=run, call=call, spec=spec)
+    if spec.is_irreversible and verdict.effect != DENY:
+        verdict = Verdict(
+            NEEDS_APPROVAL, rule=verdict.rule, rule_id=verdict.rule_id, detail=verdict.detail,
+            reason=f"irreversible: {call.tool_name} cannot be undone"
+            + (f"; {verdict.reason}" if verdict.reason else ""),
+        )
+    return verdict
 
 
 @cache

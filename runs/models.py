@@ -75,7 +75,11 @@ class Run(models.Model):
                 condition=Q(status__in=RUN_STATUSES), name="run_status_valid"
             ),
         ]
-        permissions = [("rollback_run", "Can roll back, rewind and fork runs")]
+        permissions = [
+            ("rollback_run", "Can roll back, rewind and fork runs"),
+            # Without it a person sees only the runs they requested (and what they may decide).
+            ("view_all_runs", "Can see every run, its transcript and its approvals"),
+        ]
 
     def __str__(self) -> str:
         return f"Run {self.pk} ({self.agent}, {self.status})"
@@ -89,6 +93,12 @@ FINISHED_RUN_STATUSES = frozenset({
     Run.Status.DONE, Run.Status.FAILED, Run.Status.CANCELLED, Run.Status.HANDED_OVER,
     Run.Status.ROLLED_BACK,
 })
+
+
+class LiveQuerySet(models.QuerySet):
+    def live(self):
+        """Rows on the run's live branch: not superseded by a rewind (those stay as history)."""
+        return self.filter(superseded_at__isnull=True)
 
 
 class Message(models.Model):
@@ -106,6 +116,8 @@ class Message(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     # Set when a rewind moved the live head back past this message; kept as history.
     superseded_at = models.DateTimeField(null=True, blank=True)
+
+    objects = LiveQuerySet.as_manager()
 
     class Meta:
         # run_id, not run: ordering by the relation would join Run for its ordering.
@@ -136,8 +148,13 @@ class Step(models.Model):
     output_tokens = models.PositiveBigIntegerField(default=0)
     cost = models.DecimalField(max_digits=12, decimal_places=6, default=0)
     status = models.CharField(max_length=20, choices=Run.Status.choices)
+    # Chained over the previous step's digest, the messages this step closed and its
+    # calls (runs.integrity): a record changed afterwards no longer matches.
+    digest = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     superseded_at = models.DateTimeField(null=True, blank=True)
+
+    objects = LiveQuerySet.as_manager()
 
     class Meta:
         ordering = ["run_id", "number"]
@@ -200,6 +217,8 @@ class ToolCall(models.Model):
     compensated_at = models.DateTimeField(null=True, blank=True)
     superseded_at = models.DateTimeField(null=True, blank=True)
 
+    objects = LiveQuerySet.as_manager()
+
     class Meta:
         ordering = ["run_id", "step", "position"]
         indexes = [
@@ -207,6 +226,9 @@ class ToolCall(models.Model):
             models.Index(fields=["run", "idempotency_key"], name="toolcall_run_key",
                          condition=~Q(idempotency_key="")),
             models.Index(fields=["status"], name="toolcall_status"),
+            # Aggregate gate rules add up a tool's writes over a window (approvals.gate).
+            models.Index(fields=["tool_name", "created_at"], name="toolcall_write_tool_time",
+                         condition=~Q(idempotency_key="")),
         ]
         constraints = [
             models.UniqueConstraint(fields=["run", "tool_use_id"], name="toolcall_run_tool_use_unique",

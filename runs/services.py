@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from tools.registry import find_tool, get_agent, idempotency_key, input_hash
+from tools.registry import get_agent, idempotency_key, input_hash
 
 from .llm import validate_scenario
 from .models import FINISHED_RUN_STATUSES, Message, Run, ToolCall
@@ -163,24 +163,28 @@ def _call_transition(*, call: ToolCall, new: str, actor, reason: str, **fields) 
     tool_call_transitioned.send(ToolCall, call=call, old=old, new=new, actor=actor, reason=reason)
 
 
-def tool_call_approve(*, call: ToolCall, actor, edited_input: dict | None = None) -> None:
-    """Approve exactly the arguments shown (or the reviewer's edit of them)."""
+def tool_call_approve(
+    *, call: ToolCall, actor, approved_input: dict | None = None, verdict_rule: str | None = None,
+    verdict_reason: str | None = None, reason: str | None = None,
+) -> None:
+    """Let the call run with exactly the approved arguments: the model's
+    (``approved_input`` None) or a reviewer's edit of them, which the gate has
+    reviewed (``verdict_rule``/``verdict_reason`` say how). The worker re-checks the
+    arguments against ``approved_hash`` before it executes."""
     fields: dict = {"approved_hash": call.input_hash}
-    reason = "approved"
-    if edited_input is not None and input_hash(edited_input) != call.input_hash:
-        spec = find_tool(call.tool_name)
-        errors = spec.validation_errors(edited_input) if spec else ["unknown tool"]
-        if errors:
-            raise ValueError("; ".join(errors))
-        new_hash = input_hash(edited_input)
+    reason = reason or "approved"
+    if approved_input is not None and input_hash(approved_input) != call.input_hash:
+        new_hash = input_hash(approved_input)
+        run = Run.objects.only("generation").get(pk=call.run_id)
         fields = {
             "original_input": call.input,
-            "input": edited_input,
+            "input": approved_input,
             "input_hash": new_hash,
             "approved_hash": new_hash,
-            "idempotency_key": idempotency_key(
-                run_id=call.run_id, tool_name=call.tool_name, tool_input=edited_input
-            ),
+            "idempotency_key": idempotency_key(run_id=call.run_id, generation=run.generation,
+                                               tool_name=call.tool_name, tool_input=approved_input),
+            "verdict_rule": verdict_rule if verdict_rule is not None else call.verdict_rule,
+            "verdict_reason": verdict_reason if verdict_reason is not None else call.verdict_reason,
         }
         reason = "approved with edited arguments"
     _call_transition(call=call, new=ToolCall.Status.APPROVED, actor=actor, reason=reason, **fields)

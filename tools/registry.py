@@ -206,11 +206,15 @@ def input_hash(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()
 
 
-def idempotency_key(*, run_id: int, tool_name: str, tool_input: Any, generation: int = 0) -> str:
-    """Derived, never random: a retry, a resumed run or a repeated request carries
-    the same key, so downstream systems can deduplicate. A rewound run starts a
-    new generation: a call it makes again after its effect was undone is a new
-    effect, so it gets a new key."""
+def idempotency_key(*, run_id: int, generation: int, tool_name: str, tool_input: Any) -> str:
+    """The one derivation of a call's key (a model's call or a reviewer's edit of it).
+
+    Derived, never random: a retry, a resumed run or a repeated request carries
+    the same key, so downstream systems can deduplicate. ``generation`` has no
+    default: a rewound run starts a new generation, and a call it makes again
+    after its effect was undone is a new effect that must get a new key.
+    Compensations derive theirs from the call's (``compensation_key``).
+    """
     material = f"{run_id}:{tool_name}:{input_hash(tool_input)}"
     if generation:
         material += f":g{generation}"

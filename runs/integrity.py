@@ -1,0 +1,201 @@
+"""Chained checkpoints: each Step stores a digest over what it closed.
+
+A step closes the messages added since the previous step (the model's reply and
+the tool results; a fork's first step also covers what it shares with its parent)
+and its tool calls' arguments and results. Its digest is
+``SHA-256(previous step's digest | canonical JSON of those)``, the first step of a
+run starting from the run's genesis. Writing it costs the size of the step, never
+of the run. ``verify_steps`` recomputes the chain from the rows and names the first
+step whose record no longer matches: a message, a tool result, arguments changed
+after the fact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from dataclasses import dataclass
+
+from tools.registry import canonical_json
+
+from .history import transcript_messages
+from .models import Message, Run, Step, ToolCall
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One broken link: where, and what is wrong there."""
+
+    where: str
+    problem: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.problem}"
+
+    def as_dict(self) -> dict:
+        return {"where": self.where, "problem": self.problem}
+
+
+def genesis(run_id: int) -> str:
+    return hashlib.sha256(f"countersign run {run_id}".encode()).hexdigest()
+
+
+def closed_until(message_count: int, status: str) -> int:
+    """How many messages exist once a step with this checkpoint is closed: what the
+    model saw, its reply, and (unless it was the final reply) the tool results."""
+    return message_count + (1 if status == Run.Status.DONE else 2)
+
+
+def call_record(call: ToolCall) -> dict:
+    return {
+        "id": call.tool_use_id,
+        "tool": call.tool_name,
+        "input": call.input,
+        "original_input": call.original_input,
+        "result": call.result,
+        "is_error": call.is_error,
+    }
+
+
+def step_digest(
+    *,
+    previous: str,
+    run_id: int,
+    number: int,
+    message_count: int,
+    status: str,
+    messages: list[tuple[int, str, object]],
+    calls: list[dict],
+) -> str:
+    """``messages`` are (seq, role, content) of the messages the step closed."""
+    payload = canonical_json(
+        {
+            "run": run_id,
+            "number": number,
+            "message_count": message_count,
+            "status": status,
+            "messages": [[seq, role, content] for seq, role, content in messages],
+            "calls": calls,
+        }
+    )
+    return hashlib.sha256(f"{previous}|{payload}".encode()).hexdigest()
+
+
+def chain_head(run: Run) -> tuple[str, int]:
+    """The digest the next step of ``run`` chains from, and where its messages start."""
+    last = (
+        Step.objects.live()
+        .filter(run=run)
+        .order_by("-number")
+        .values_list("digest", "message_count", "status")
+        .first()
+    )
+    if last is None:
+        return genesis(run.pk), 0
+    digest, message_count, status = last
+    return digest, closed_until(message_count, status)
+
+
+def verify_steps(run: Run) -> tuple[int, list[Finding]]:
+    """Recompute every checkpoint of ``run`` (superseded ones against the transcript
+    as it was when they were written). Returns the number of steps checked and what
+    is wrong, in the order the steps were written. A constant number of queries."""
+    findings: list[Finding] = []
+    steps = list(Step.objects.filter(run=run).order_by("created_at", "number", "pk"))
+    # A fork shares its parent's first messages, as they were when it was made.
+    shared = (
+        {m.seq: m for m in transcript_messages(run.parent, at=run.created_at, limit=run.shared_messages)}
+        if run.parent_id
+        else {}
+    )
+    versions: dict[int, list] = defaultdict(list)  # seq -> every message of its own written at it
+    for message in Message.objects.filter(run=run).order_by("seq", "created_at", "pk"):
+        versions[message.seq].append(message)
+    calls: dict[tuple, list[ToolCall]] = defaultdict(list)
+    for call in ToolCall.objects.filter(run=run).order_by("position"):
+        calls[(call.step, call.superseded_at)].append(call)
+    for step in steps:
+        where = f"run {run.pk} step {step.number}" + (" (superseded)" if step.superseded_at else "")
+        if not step.digest:
+            findings.append(Finding(where, "has no digest (written before checkpoints were chained)"))
+            continue
+        at = step.created_at
+        previous = next(
+            (
+                s
+                for s in reversed(steps)
+                if s.number == step.number - 1 and s.created_at <= at and _live_at(s, at)
+            ),
+            None,
+        )
+        prev_digest = previous.digest if previous else genesis(run.pk)
+        start = closed_until(previous.message_count, previous.status) if previous else 0
+        end = closed_until(step.message_count, step.status)
+        messages = [
+            version
+            for seq in range(start, end)
+            if (version := shared.get(seq) or _version_at(versions[seq], at)) is not None
+        ]
+        if len(messages) != end - start:
+            findings.append(
+                Finding(
+                    where,
+                    f"messages {start}–{end - 1} are not all there: {len(messages)} of {end - start} found",
+                )
+            )
+            continue
+        step_calls = calls[(step.number, step.superseded_at)]
+        digest = step_digest(
+            previous=prev_digest,
+            run_id=run.pk,
+            number=step.number,
+            message_count=step.message_count,
+            status=step.status,
+            messages=[(m.seq, m.role, m.content) for m in messages],
+            calls=[call_record(c) for c in step_calls],
+        )
+        if digest != step.digest:
+            findings.append(Finding(where, _what_changed(messages, step_calls)))
+    return len(steps), findings
+
+
+def _version_at(versions: list[Message], at) -> Message | None:
+    """The message at one seq as it stood at ``at`` (a rewind may have written another)."""
+    live = [m for m in versions if m.created_at <= at and (m.superseded_at is None or m.superseded_at > at)]
+    return live[-1] if live else None
+
+
+def _live_at(step: Step, at) -> bool:
+    return step.superseded_at is None or step.superseded_at > at
+
+
+def _what_changed(messages, calls) -> str:
+    """The digest says that something changed, not what: point at the call whose log
+    and transcript disagree if there is one, else at what the step covers."""
+    from .engine import tool_result_block
+
+    blocks = {}
+    for message in messages:
+        for block in message.content if isinstance(message.content, list) else []:
+            if isinstance(block, dict) and block.get("type") in ("tool_use", "tool_result"):
+                blocks[(block["type"], block.get("id") or block.get("tool_use_id"))] = (message.seq, block)
+    for call in calls:
+        seq, block = blocks.get(("tool_result", call.tool_use_id), (None, None))
+        if block is not None and block != tool_result_block(call):
+            return (
+                f"the result of {call.tool_name} ({call.tool_use_id}) in message {seq} differs from the "
+                "call log: one of them was changed after the step was written"
+            )
+        seq, block = blocks.get(("tool_use", call.tool_use_id), (None, None))
+        asked = call.original_input if call.original_input is not None else call.input
+        if block is not None and canonical_json(block.get("input")) != canonical_json(asked):
+            return (
+                f"the arguments of {call.tool_name} ({call.tool_use_id}) in message {seq} differ from the "
+                "call log: one of them was changed after the step was written"
+            )
+    seqs = f"messages {messages[0].seq}–{messages[-1].seq}" if messages else "no messages"
+    tools = ", ".join(c.tool_name for c in calls) or "no calls"
+    return (
+        f"its record was changed after the step was written ({seqs}; calls: {tools}): what is shown "
+        "is not what the model saw and said, or not what the tools returned"
+    )

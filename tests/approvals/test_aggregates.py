@@ -1,0 +1,208 @@
+"""Aggregate rules: a running total, so that splitting a payment does not beat a threshold.
+
+seeddemo's "Refunds per order over ₹500 in total need approval" sums refund_item's
+amount per order_id over all time, below the per-call rules and above the catch-all
+"Refunds up to ₹500" allow.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.utils import timezone
+
+from approvals.models import ApprovalRequest, GateRule
+from approvals.services import approval_decide
+from runs.models import Run, ToolCall
+from runs.saga import run_rollback
+from tests.runs.helpers import client_for, script, start, turn
+from tools.models import Payment
+
+pytestmark = pytest.mark.django_db(databases=["default", "world"])
+
+PER_ORDER = "Refunds per order over ₹500 in total need approval"
+
+
+def refund(amount, order="A-1001", reason="Partial refund"):
+    return ("refund_item", {"order_id": order, "amount": amount, "reason": reason})
+
+
+def test_a_model_splitting_a_refund_is_paused_when_the_order_total_passes_the_limit(users):
+    run = start(
+        script(*[turn(refund(a)) for a in (490, 450, 490, 450, 490, 450)], {"text": "Done."}),
+        requester=users["requester"],
+    )
+    assert run.status == Run.Status.WAITING_APPROVAL
+    assert [p.amount for p in Payment.objects.all()] == [490]
+    approval = ApprovalRequest.objects.get(run=run)
+    assert approval.rule.name == PER_ORDER
+    assert approval.reason == "amount 490 so far on order_id A-1001 + 450 = 940 > 500"
+    assert approval.proposal.detail["total"] == "940"
+    page = client_for(users["reviewer"]).get(f"/desk/approvals/{approval.pk}/").content.decode()
+    assert "₹490.00 so far on A-1001 + ₹450.00 = ₹940.00 &gt; ₹500.00" in page
+
+
+def test_two_refunds_in_one_reply_are_added_up_before_either_runs(users):
+    run = start(
+        script(
+            turn(refund(300, reason="Chipped lid"), refund(300, reason="Scratched case")), {"text": "Done."}
+        ),
+        requester=users["requester"],
+    )
+    calls = list(ToolCall.objects.filter(run=run).order_by("position"))
+    assert [c.status for c in calls] == [ToolCall.Status.COMMITTED, ToolCall.Status.AWAITING_APPROVAL]
+    assert "300 so far on order_id A-1001 + 300 = 600 > 500" in calls[1].verdict_reason
+    assert [p.amount for p in Payment.objects.all()] == [300]
+
+
+def test_other_orders_and_other_tools_do_not_count(users):
+    run = start(
+        script(
+            turn(refund(400, "A-1001")),
+            turn(refund(400, "A-1003")),
+            turn(("add_note", {"order_id": "A-1001", "text": "Refunded 400"})),
+            {"text": "Done."},
+        ),
+        requester=users["requester"],
+    )
+    assert run.status == Run.Status.DONE
+    assert sorted(p.amount for p in Payment.objects.all()) == [400, 400]
+
+
+def test_earlier_runs_count_toward_the_order_total(users):
+    start(script(turn(refund(400)), {"text": "Done."}), requester=users["requester"])
+    second = start(script(turn(refund(200)), {"text": "Done."}), requester=users["requester"])
+    assert second.status == Run.Status.WAITING_APPROVAL
+    assert "400 so far on order_id A-1001 + 200 = 600" in ApprovalRequest.objects.get(run=second).reason
+
+
+def test_a_declined_or_compensated_refund_no_longer_counts(users):
+    first = start(script(turn(refund(450)), {"text": "Done."}), requester=users["requester"])
+    run_rollback(run=Run.objects.get(pk=first.pk), by=users["admin"])  # reversed: the money went back
+    second = start(script(turn(refund(450)), {"text": "Done."}), requester=users["requester"])
+    assert second.status == Run.Status.DONE  # 0 so far + 450: under the limit again
+    third = start(script(turn(refund(300)), {"text": "Done."}), requester=users["requester"])
+    approval = ApprovalRequest.objects.get(run=third)
+    approval_decide(
+        approval_id=approval.pk, reviewer=users["reviewer"], approve=False, comment="No", enqueue=False
+    )
+    fourth = start(script(turn(refund(40)), {"text": "Done."}), requester=users["requester"])
+    assert fourth.status == Run.Status.DONE  # 450 + 40: the declined 300 does not count
+
+
+def test_an_approved_refund_counts_before_it_has_run(users):
+    first = start(script(turn(refund(600)), {"text": "Done."}), requester=users["requester"])
+    approval_decide(
+        approval_id=ApprovalRequest.objects.get(run=first).pk,
+        reviewer=users["reviewer"],
+        approve=True,
+        enqueue=False,
+    )  # approved; its worker has not run it yet
+    second = start(script(turn(refund(10)), {"text": "Done."}), requester=users["requester"])
+    assert "600 so far on order_id A-1001 + 10 = 610" in ApprovalRequest.objects.get(run=second).reason
+
+
+def test_a_window_counts_only_recent_calls(users):
+    rule = GateRule.objects.get(name=PER_ORDER)
+    rule.window_minutes = 60
+    rule.save()
+    start(script(turn(refund(450)), {"text": "Done."}), requester=users["requester"])
+    ToolCall.objects.update(created_at=timezone.now() - timedelta(hours=2))
+    later = start(script(turn(refund(450)), {"text": "Done."}), requester=users["requester"])
+    assert later.status == Run.Status.DONE
+
+
+def test_a_count_rule_limits_how_often_a_tool_runs_per_scope(users):
+    GateRule.objects.create(
+        name="More than 2 notes per order are refused",
+        tool="add_note",
+        aggregate="count",
+        scope="fact",
+        scope_fact="order_id",
+        operator="gt",
+        value="2",
+        effect="deny",
+        priority=50,
+    )
+    notes = [turn(("add_note", {"order_id": "A-1002", "text": f"Note {n}"})) for n in range(3)]
+    run = start(script(*notes, {"text": "Done."}), requester=users["requester"])
+    calls = list(ToolCall.objects.filter(run=run).order_by("step"))
+    assert [c.status for c in calls] == ["committed", "committed", "denied"]
+    assert "calls 2 so far on order_id A-1002 + 1 = 3 > 2" in calls[2].result
+
+
+def test_an_agent_scope_adds_up_every_run_of_the_agent(users):
+    GateRule.objects.create(
+        name="Refund desk: ₹1,000 a day",
+        tool="refund_item",
+        aggregate="sum",
+        field="amount",
+        scope="agent",
+        window_minutes=1440,
+        operator="gt",
+        value="1000",
+        effect="deny",
+        priority=50,
+    )
+    start(script(turn(refund(400, "A-1001")), {"text": "Done."}))
+    start(script(turn(refund(400, "A-1003")), {"text": "Done."}))
+    third = start(script(turn(refund(300, "A-1002")), {"text": "Done."}))
+    call = ToolCall.objects.get(run=third, tool_name="refund_item")
+    assert call.status == ToolCall.Status.DENIED
+    assert "amount 800 so far on agent refund-desk + 300 = 1100 > 1000" in call.result
+
+
+@pytest.mark.parametrize(
+    ("fields", "error_on"),
+    [
+        ({"aggregate": "sum", "field": ""}, "field"),
+        ({"aggregate": "sum", "field": "reason"}, "field"),
+        ({"aggregate": "sum", "field": "amount", "scope": "fact", "scope_fact": ""}, "scope_fact"),
+        ({"aggregate": "sum", "field": "amount", "scope": "fact", "scope_fact": "customer"}, "scope_fact"),
+        ({"aggregate": "count", "value": "lots"}, "value"),
+        ({"aggregate": "", "window_minutes": 60, "field": "amount"}, "aggregate"),
+        ({"tool": "refund_items"}, "tool"),
+    ],
+)
+def test_an_aggregate_rule_that_cannot_work_is_refused_with_a_reason(users, fields, error_on):
+    rule = GateRule(
+        **{
+            "name": "x",
+            "tool": "refund_item",
+            "operator": "gt",
+            "value": "500",
+            "effect": "needs_approval",
+            "scope": "run",
+            **fields,
+        }
+    )
+    with pytest.raises(ValidationError) as caught:
+        rule.full_clean()
+    assert error_on in caught.value.message_dict
+
+
+def test_an_admin_adds_an_aggregate_rule_in_the_admin(users):
+    response = client_for(users["admin"]).post(
+        "/admin/approvals/gaterule/add/",
+        {
+            "name": "Emails per address",
+            "tool": "send_email",
+            "field": "",
+            "operator": "gt",
+            "value": "3",
+            "effect": "deny",
+            "priority": "50",
+            "enabled": "on",
+            "approvers_required": "1",
+            "timeout_effect": "decline",
+            "aggregate": "count",
+            "scope": "fact",
+            "scope_fact": "to",
+            "window_minutes": "1440",
+        },
+    )
+    assert response.status_code == 302, response.content.decode()[:3000]
+    rule = GateRule.objects.get(name="Emails per address")
+    assert rule.condition == "number of calls per to over 24 h > 3"

@@ -1,0 +1,73 @@
+"""Runs in separate processes refund the same order at the same moment: the
+per-order total is added up inside the transaction that saves each call, serialised
+per order, so exactly one refund slips under the limit.
+
+The processes are `startrun --sync` commands (each advances its own run, as a worker
+does) rather than Celery workers, so that nothing but the database decides the race.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from approvals.models import ApprovalRequest
+from runs.models import Run, ToolCall
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.django_db(databases=["default", "world"], transaction=True),
+]
+
+PROCESSES = 4
+
+
+def test_concurrent_refunds_on_one_order_cannot_all_slip_under_the_total(desk, tmp_path):
+    scenario = tmp_path / "refund-400.json"
+    scenario.write_text(
+        json.dumps(
+            {
+                "turns": [
+                    {
+                        "text": "Refunding.",
+                        "tool_calls": [
+                            {
+                                "name": "refund_item",
+                                "input": {"order_id": "A-1003", "amount": 400, "reason": "Partial refund"},
+                            }
+                        ],
+                    },
+                    {"text": "Refunded."},
+                ]
+            }
+        )
+    )
+    # Each review holds its order's lock for a while, as a slow commit would: without
+    # the lock every process would add up an empty total and refund.
+    pause = {"DESK_PAUSEPOINTS": "aggregate_review=0.5"}
+    processes = [
+        desk.manage_async(
+            "startrun",
+            "--agent",
+            "refund-desk",
+            "--task",
+            f"Refund part {n} of A-1003",
+            "--script",
+            str(scenario),
+            "--user",
+            "requester",
+            "--sync",
+            env=pause,
+        )
+        for n in range(PROCESSES)
+    ]
+    outputs = [process.communicate(timeout=60) for process in processes]
+    assert all(process.returncode == 0 for process in processes), outputs
+    run_ids = [int(out.split()[0]) for out, _ in outputs]
+    statuses = sorted(Run.objects.get(pk=run_id).status for run_id in run_ids)
+    assert statuses == ["done"] + ["waiting_approval"] * (PROCESSES - 1)
+    assert [p["amount"] for p in desk.world()["payments"]] == ["400.00"]
+    waiting = ApprovalRequest.objects.filter(run_id__in=run_ids, status="pending")
+    assert {a.reason for a in waiting} == {"amount 400 so far on order_id A-1003 + 400 = 800 > 500"}
+    assert ToolCall.objects.filter(tool_name="refund_item").count() == PROCESSES

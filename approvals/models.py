@@ -6,6 +6,7 @@ from django.conf import settings
 from django.contrib.auth.models import Group
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from runs.models import Run, ToolCall
 
@@ -23,6 +24,16 @@ class GateRule(models.Model):
         DENY = "deny"
         NEEDS_APPROVAL = "needs_approval", "needs approval"
 
+    class Aggregate(models.TextChoices):
+        NONE = "", "this call's argument"
+        SUM = "sum", "sum of the argument"
+        COUNT = "count", "number of calls"
+
+    class Scope(models.TextChoices):
+        RUN = "run", "in the same run"
+        FACT = "fact", "with the same value of an argument"
+        AGENT = "agent", "by the same agent"
+
     class Operator(models.TextChoices):
         GT = "gt", ">"
         GTE = "gte", ">="
@@ -38,6 +49,24 @@ class GateRule(models.Model):
     operator = models.CharField(max_length=10, choices=Operator.choices, default=Operator.GT)
     value = models.CharField(max_length=200, blank=True)
     effect = models.CharField(max_length=20, choices=Effect.choices)
+    # Aggregate rules test a running total instead of the call alone: the sum of
+    # ``field`` (or the number) of the tool's calls that count (committed,
+    # executing, approved; not compensated) in the scope and window, plus this one.
+    aggregate = models.CharField(
+        max_length=10, choices=Aggregate.choices, default=Aggregate.NONE, blank=True,
+        help_text="Test a running total of the tool's calls instead of this call alone.",
+    )
+    scope = models.CharField(
+        max_length=10, choices=Scope.choices, default=Scope.RUN, blank=True,
+        help_text="Which earlier calls the total adds up (aggregate rules only).",
+    )
+    scope_fact = models.CharField(
+        max_length=100, blank=True,
+        help_text="For scope 'same value of an argument': the argument, e.g. order_id or to.",
+    )
+    window_minutes = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Only calls made within this many minutes count (blank: all time).",
+    )
     priority = models.IntegerField(default=0, help_text="Higher is tried first.")
     enabled = models.BooleanField(default=True)
     required_group = models.ForeignKey(
@@ -79,6 +108,39 @@ class GateRule(models.Model):
             self.version += 1
         super().save(*args, **kwargs)
 
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        from tools.registry import find_tool
+
+        errors = {}
+        spec = find_tool(self.tool) if self.tool != "*" else None
+        if self.tool != "*" and spec is None:
+            errors["tool"] = f"No tool named {self.tool!r}."
+        properties = spec.input_schema.get("properties", {}) if spec else {}
+        if self.aggregate:
+            if self.aggregate == self.Aggregate.SUM and not self.field:
+                errors["field"] = "A sum adds up an argument: name it (e.g. amount)."
+            if spec and self.aggregate == self.Aggregate.SUM and self.field in properties and (
+                    properties[self.field].get("type") not in ("number", "integer")):
+                errors["field"] = f"{self.field} is not a number in {self.tool}'s arguments."
+            if not self.value:
+                errors["value"] = "An aggregate rule compares the total with a value."
+            elif _comparable(self.value).__class__ is not Decimal:
+                errors["value"] = "An aggregate rule compares the total with a number."
+            if self.operator == self.Operator.CONTAINS:
+                errors["operator"] = "A total is a number: use a comparison."
+            if self.scope == self.Scope.FACT and not self.scope_fact:
+                errors["scope_fact"] = "Name the argument whose value the calls share (e.g. order_id)."
+        elif self.scope_fact or self.window_minutes:
+            errors["aggregate"] = "A scope argument or a window only applies to an aggregate rule."
+        for name in ("field", "scope_fact"):
+            value = getattr(self, name)
+            if spec and value and value not in properties and name not in errors:
+                errors[name] = f"{self.tool} has no argument {value!r}."
+        if errors:
+            raise ValidationError(errors)
+
     def snapshot(self) -> dict:
         """The rule as it stands, for the record of an approval asked under it."""
         return {
@@ -87,7 +149,8 @@ class GateRule(models.Model):
             "required_group": self.required_group.name if self.required_group else None,
             "approvers_required": self.approvers_required, "allow_self_approval": self.allow_self_approval,
             "sla_minutes": self.sla_minutes, "ttl_minutes": self.ttl_minutes,
-            "timeout_effect": self.timeout_effect,
+            "timeout_effect": self.timeout_effect, "aggregate": self.aggregate, "scope": self.scope,
+            "scope_fact": self.scope_fact, "window_minutes": self.window_minutes,
         }
 
     @property
@@ -96,22 +159,23 @@ class GateRule(models.Model):
 
     @property
     def condition(self) -> str:
+        if self.aggregate:
+            what = f"total {self.field}" if self.aggregate == self.Aggregate.SUM else "number of calls"
+            where = {self.Scope.RUN: "per run", self.Scope.AGENT: "per agent"}.get(
+                self.scope, f"per {self.scope_fact}")
+            window = f" over {_minutes(self.window_minutes)}" if self.window_minutes else ""
+            return f"{what} {where}{window} {self.get_operator_display()} {self.value}"
         if not self.field:
             return "always"
         return f"{self.field} {self.get_operator_display()} {self.value}"
 
-    def matches(self, facts: dict) -> tuple[bool, str]:
-        """Whether the call's facts meet the condition, and why, with the actual value."""
-        if not self.field:
-            return True, "always"
-        if self.field not in facts:
-            return False, ""
-        actual = facts[self.field]
+    def compare(self, actual) -> bool:
+        """``actual <operator> value``, numbers as numbers; False if they cannot be compared."""
         left, right = _comparable(actual), _comparable(self.value)
         if type(left) is not type(right):
             left, right = str(actual), self.value
         try:
-            hit = {
+            return {
                 "gt": lambda: left > right,
                 "gte": lambda: left >= right,
                 "lt": lambda: left < right,
@@ -121,17 +185,36 @@ class GateRule(models.Model):
                 "contains": lambda: str(right).lower() in str(actual).lower(),
             }[self.operator]()
         except TypeError:
+            return False
+
+    def matches(self, facts: dict) -> tuple[bool, str]:
+        """Whether the call's facts meet the condition, and why, with the actual value."""
+        if not self.field:
+            return True, "always"
+        if self.field not in facts:
             return False, ""
-        return hit, f"{self.field} {actual} {self.get_operator_display()} {self.value}"
+        actual = facts[self.field]
+        return self.compare(actual), f"{self.field} {actual} {self.get_operator_display()} {self.value}"
+
+
+def _minutes(minutes: int) -> str:
+    if minutes % 1440 == 0:
+        days = minutes // 1440
+        return "24 h" if days == 1 else f"{days} days"
+    if minutes % 60 == 0:
+        return f"{minutes // 60} h"
+    return f"{minutes} min"
 
 
 def _comparable(value):
     if isinstance(value, bool):
         return str(value)
     try:
-        return Decimal(str(value))
+        number = Decimal(str(value))
     except (InvalidOperation, ValueError):
         return str(value)
+    # NaN and infinities compare as nothing: a rule never sees them as numbers.
+    return number if number.is_finite() else str(value)
 
 
 class ApprovalRequest(models.Model):
@@ -150,8 +233,16 @@ class ApprovalRequest(models.Model):
     # The rule as it was when the request was opened (condition, effect, group).
     rule_snapshot = models.JSONField(null=True, blank=True)
     reason = models.TextField(blank=True)
-    required_group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.PROTECT)
-    # Hash of the exact arguments shown to the reviewer; a decision is bound to it.
+    # Who may decide, as it stands: the stricter of what the model's call and the
+    # current proposal require (a member of every group), narrowed by escalation.
+    required_groups = models.ManyToManyField(Group, blank=True, related_name="+")
+    approvers_required = models.PositiveSmallIntegerField(default=1)
+    allow_self_approval = models.BooleanField(default=False)
+    # The proposal a decision applies to: the model's call, or a reviewer's edit.
+    proposal = models.ForeignKey("Proposal", null=True, blank=True, on_delete=models.PROTECT,
+                                 related_name="+")
+    # Hash of the current proposal's arguments (what the page showed); a decision
+    # names it, and a decision on any other is refused as stale.
     args_hash = models.CharField(max_length=64)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
     claimed_by = models.ForeignKey(
@@ -163,7 +254,6 @@ class ApprovalRequest(models.Model):
     )
     decided_at = models.DateTimeField(null=True, blank=True)
     comment = models.TextField(blank=True)
-    edited_input = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     reminded_at = models.DateTimeField(null=True, blank=True)
     escalated_at = models.DateTimeField(null=True, blank=True)
@@ -189,11 +279,54 @@ class ApprovalRequest(models.Model):
     def __str__(self) -> str:
         return f"Approval {self.pk}: {self.tool_call.tool_name} ({self.status})"
 
+    @property
+    def is_edited(self) -> bool:
+        """Whether what would run (or ran) is a person's edit, not the model's call."""
+        return self.proposal is not None and self.proposal.proposed_by_id is not None
+
+
+class Proposal(models.Model):
+    """One set of arguments that could run for a gated call: the model's (number 1)
+    or a reviewer's edit. Each was reviewed by the gate; votes bind to one."""
+
+    approval = models.ForeignKey(ApprovalRequest, on_delete=models.CASCADE, related_name="proposals")
+    number = models.PositiveSmallIntegerField()
+    input = models.JSONField()
+    input_hash = models.CharField(max_length=64)
+    # None: the model asked for it.
+    proposed_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                    on_delete=models.PROTECT, related_name="+")
+    # The gate's review of these arguments.
+    verdict = models.CharField(max_length=20)
+    rule = models.ForeignKey(GateRule, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    rule_label = models.CharField(max_length=200, blank=True)
+    reason = models.TextField(blank=True)
+    # An aggregate rule's figures (so far, this call, total, threshold, scope).
+    detail = models.JSONField(null=True, blank=True)
+    # What approving these arguments alone takes (its rule's). The approval needs
+    # the stricter of this and what the model's call (proposal 1) needs.
+    required_group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.PROTECT,
+                                       related_name="+")
+    approvers_required = models.PositiveSmallIntegerField(default=1)
+    allow_self_approval = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["approval_id", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["approval", "number"], name="proposal_number_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"proposal {self.number} of approval {self.approval_id}"
+
 
 class ApprovalVote(models.Model):
-    """One reviewer's approval under a rule that needs several (two-person rule)."""
+    """One person's approval of one proposal. An approval closes when enough
+    distinct eligible people approved the same proposal."""
 
     approval = models.ForeignKey(ApprovalRequest, on_delete=models.CASCADE, related_name="votes")
+    proposal = models.ForeignKey(Proposal, on_delete=models.CASCADE, related_name="votes")
     reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     comment = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -201,11 +334,12 @@ class ApprovalVote(models.Model):
     class Meta:
         ordering = ["created_at", "id"]
         constraints = [
-            models.UniqueConstraint(fields=["approval", "reviewer"], name="vote_one_per_reviewer")
+            models.UniqueConstraint(fields=["proposal", "reviewer"],
+                                    name="vote_one_per_reviewer_and_proposal"),
         ]
 
     def __str__(self) -> str:
-        return f"vote by {self.reviewer_id} on approval {self.approval_id}"
+        return f"vote by {self.reviewer_id} on proposal {self.proposal_id}"
 
 
 class Notification(models.Model):
@@ -244,25 +378,59 @@ class Notification(models.Model):
         return f"{self.event} to {self.recipient} ({self.status})"
 
 
-class AuditEvent(models.Model):
-    """Append-only record of every transition and decision."""
+class AuditQuerySet(models.QuerySet):
+    """Audit rows are written one at a time (each links to the one before) and never
+    changed: bulk writes are refused here, and UPDATE/DELETE by the database."""
 
-    created_at = models.DateTimeField(auto_now_add=True)
+    def update(self, **kwargs):
+        raise ValueError("audit events are append-only")
+
+    def delete(self):
+        raise ValueError("audit events are append-only")
+
+    def bulk_create(self, *args, **kwargs):
+        raise ValueError("audit events are chained: create them one at a time")
+
+    def bulk_update(self, *args, **kwargs):
+        raise ValueError("audit events are append-only")
+
+
+class AuditEvent(models.Model):
+    """Append-only, hash-chained record of every transition and decision.
+
+    Events form one chain per subject (``run:12``, ``rule:3``, ``desk``): each row
+    stores its place in the chain (``seq``), its predecessor's hash and the SHA-256
+    of that hash and its own canonical content (``approvals.audit``). Chains per
+    subject, so unrelated writes never wait on each other; ``AuditChain`` keeps each
+    chain's head, so a deleted last row is noticed too.
+    """
+
+    created_at = models.DateTimeField(default=timezone.now)
     actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     action = models.CharField(max_length=50)
-    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.CASCADE, related_name="audit")
-    tool_call = models.ForeignKey(ToolCall, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.PROTECT, related_name="audit")
+    tool_call = models.ForeignKey(ToolCall, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     approval = models.ForeignKey(
-        ApprovalRequest, null=True, blank=True, on_delete=models.CASCADE, related_name="audit"
+        ApprovalRequest, null=True, blank=True, on_delete=models.PROTECT, related_name="audit"
     )
     before = models.CharField(max_length=30, blank=True)
     after = models.CharField(max_length=30, blank=True)
     detail = models.TextField(blank=True)
+    subject = models.CharField(max_length=40, default="desk")
+    seq = models.PositiveIntegerField(default=0)
+    prev_hash = models.CharField(max_length=64, blank=True)
+    hash = models.CharField(max_length=64, blank=True)
+
+    objects = AuditQuerySet.as_manager()
 
     class Meta:
         ordering = ["id"]
+        constraints = [
+            # A fork in a chain is impossible, whatever a bug or a race tries.
+            models.UniqueConstraint(fields=["subject", "seq"], name="auditevent_chain_seq_unique"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.action} {self.before}->{self.after}"
@@ -270,4 +438,20 @@ class AuditEvent(models.Model):
     def save(self, *args, **kwargs):
         if self.pk is not None:
             raise ValueError("audit events are append-only")
-        super().save(*args, **kwargs)
+        from .audit import audit_append
+
+        audit_append(self, save=super().save, **kwargs)
+
+
+class AuditChain(models.Model):
+    """The head of one subject's audit chain: its last ``seq`` and hash. Locked while
+    an event is appended (so a chain never forks), and moved on by exactly one each
+    time (the database refuses anything else), so deleting the newest events of a
+    chain leaves a head that points past them."""
+
+    subject = models.CharField(max_length=40, primary_key=True)
+    seq = models.PositiveIntegerField(default=0)
+    head = models.CharField(max_length=64, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.subject} #{self.seq}"

@@ -11,18 +11,20 @@ re-enqueues pending rows older than a minute, whose nudge was lost.
 Events and recipients:
 
 - ``approval:<id>:opened`` / ``:reminder`` / ``:escalated``: the reviewers allowed
-  to decide (``services.eligible_reviewers``: permission, required group, not the
-  requester unless the rule allows self-approval);
+  to decide (``services.eligible_reviewers``: permission, every required group, not
+  the requester unless self-approval is allowed, not already approved);
+- ``approval:<id>:proposal:<n>``: a reviewer's edit made proposal n; the people who
+  may approve it now;
 - ``approval:<id>:declined``: the run's requester, when a reviewer declines the
   call or the request times out with a decline;
 - ``run:<id>:done`` / ``run:<id>:failed``: the run's requester.
 
-The hooks are receivers, so the engine and the decision services do not know
-about email: the ``ApprovalRequest`` post_save (``RuleGate.hold`` creates it in the
-transaction that saves the model's reply), the ``AuditEvent`` post_save of a
-decline or expiry (written by ``services._close`` in the decision's transaction),
-and ``run_transitioned`` to done/failed (sent inside the transition's
-transaction, so the row is recorded with the event).
+Approvals record their emails where they happen: ``RuleGate.hold`` (opened, in
+the transaction that saves the model's reply), ``services._propose`` (a proposal),
+``sla`` (reminder, escalation). The rest are still receivers: the ``AuditEvent``
+post_save of a decline or expiry (written by ``services._close`` in the decision's
+transaction), and ``run_transitioned`` to done/failed (sent inside the
+transition's transaction, so the row is recorded with the event).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from runs.models import Message, Run
 from runs.signals import run_transitioned
 
 from .models import ApprovalRequest, AuditEvent, Notification
-from .services import eligible_reviewers
+from .services import eligible_reviewers, group_names, input_changes
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,7 @@ class Kind:
     APPROVAL_REMINDER = "approval_reminder"
     APPROVAL_ESCALATED = "approval_escalated"
     APPROVAL_DECLINED = "approval_declined"
+    APPROVAL_PROPOSED = "approval_proposed"
     RUN_FINISHED = "run_finished"
 
 
@@ -109,6 +112,11 @@ def approval_subject(approval: ApprovalRequest, kind: str) -> str:
         return f"[Countersign] Reminder: {call.tool_name} for {run} is waiting for a decision"
     if kind == Kind.APPROVAL_ESCALATED:
         return f"[Countersign] Escalated: {call.tool_name} for {run} needs a senior reviewer"
+    if kind == Kind.APPROVAL_PROPOSED:
+        editor = approval.proposal.proposed_by
+        who = (editor.get_full_name() or editor.get_username()) if editor else "A reviewer"
+        return (f"[Countersign] {who} proposes edited arguments for {call.tool_name} in {run}: "
+                f"approve? ({approval.proposal.reason})")
     return f"[Countersign] Approve {call.tool_name} for {run}? ({approval.reason})"
 
 
@@ -123,16 +131,19 @@ def notify_reviewers(*, approval: ApprovalRequest, kind: str, enqueue: bool = Tr
     )
 
 
-@receiver(post_save, sender=ApprovalRequest, dispatch_uid="notify_approval_opened")
-def record_approval_opened(sender, instance: ApprovalRequest, created: bool, raw: bool = False, **kwargs):
-    # In the transaction of RuleGate.hold. The nudge is sent by
-    # notify_approval_opened, which the gate calls on commit.
-    if created and not raw:
-        notify_reviewers(approval=instance, kind=Kind.APPROVAL_OPENED, enqueue=False)
+def notify_proposal(*, approval: ApprovalRequest, proposal) -> list[Notification]:
+    """A reviewer's edit is a new proposal: tell everyone who may approve it now
+    (the editor has voted on it already, if they may)."""
+    recipients = list(eligible_reviewers(approval).values_list("email", flat=True))
+    return notifications_record(
+        event=f"approval:{approval.pk}:proposal:{proposal.number}", kind=Kind.APPROVAL_PROPOSED,
+        recipients=recipients, subject=approval_subject(approval, Kind.APPROVAL_PROPOSED), approval=approval,
+    )
 
 
 def notify_approval_opened(approval_id: int) -> None:
-    """After the approval committed (RuleGate.hold): nudge a worker to send its emails."""
+    """After the approval committed (RuleGate.hold records its emails): nudge a
+    worker to send them."""
     pending = Notification.objects.filter(
         event=f"approval:{approval_id}:opened", status=Notification.Status.PENDING
     ).values_list("pk", flat=True)
@@ -293,13 +304,19 @@ def notification_context(note: Notification) -> dict:
     context: dict = {"note": note, "base_url": settings.DESK_BASE_URL}
     if note.approval_id:
         approval = ApprovalRequest.objects.select_related(
-            "tool_call", "run__requester", "rule", "required_group", "decided_by"
+            "tool_call", "run__requester", "rule", "decided_by", "proposal__proposed_by"
         ).get(pk=note.approval_id)
         run = approval.run
+        proposal = approval.proposal
+        # What would run: the current proposal (the model's call, or a reviewer's edit).
+        shown = proposal.input if proposal is not None else approval.tool_call.input
+        original = approval.proposals.get(number=1).input if approval.is_edited else None
         context.update(
-            approval=approval, call=approval.tool_call,
-            arguments=[(k, _show(v)) for k, v in approval.tool_call.input.items()]
-            if isinstance(approval.tool_call.input, dict) else [],
+            approval=approval, call=approval.tool_call, proposal=proposal,
+            arguments=[(k, _show(v)) for k, v in shown.items()] if isinstance(shown, dict) else [],
+            changes=[(k, _show(before), _show(after)) for k, before, after in input_changes(original, shown)]
+            if original is not None else [],
+            who_may_decide=group_names(approval),
             # The requester follows their run; reviewers go where they decide.
             link=run_link(run.pk) if note.kind == Kind.APPROVAL_DECLINED else approval_link(approval.pk),
             waited_minutes=int((timezone.now() - approval.created_at).total_seconds() // 60),

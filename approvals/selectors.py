@@ -4,45 +4,72 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.contrib.auth.models import Group
 from django.db.models import Q
 from django.utils import timezone
 
 from runs.history import transcript_messages
 from runs.models import Message, Step, ToolCall
+from runs.selectors import VIEW_ALL_PERMISSION
 from tools.registry import find_tool
 
-from .models import ApprovalRequest
+from .models import ApprovalRequest, GateRule, Proposal
+from .services import DECIDE_PERMISSION, group_names, input_changes
 
-QUEUE_FILTERS = ("tool", "agent", "rule", "mine", "unclaimed")
+
+def approvals_visible_to(user):
+    """Approvals ``user`` may see: all with ``runs.view_all_runs``; otherwise those of
+    their own runs and those they may decide."""
+    approvals = ApprovalRequest.objects.all()
+    if user.has_perm(VIEW_ALL_PERMISSION):
+        return approvals
+    return approvals.filter(Q(run__requester=user) | Q(pk__in=approvals_decidable_by(user, claimed=True)
+                                                       .values("pk")))
 
 
-def queue_pending(*, user, params) -> tuple:
-    """Pending approvals, oldest first, narrowed by the queue's filters.
+def approvals_decidable_by(user, *, claimed: bool = False):
+    """Pending approvals ``user`` may decide now: the permission, every required group,
+    not their own run (unless self-approval is allowed), not a proposal they already
+    approved, and (unless ``claimed``) not claimed by someone else.
 
-    Returns the queryset and the filters that were applied (for the form).
+    The query form of ``services.decide_refusal``; a test holds the two together.
+    """
+    pending = ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING)
+    if not user.is_active or not user.has_perm(DECIDE_PERMISSION):
+        return pending.none()
+    if not user.is_superuser:
+        # Not one required group the user is outside of.
+        pending = pending.exclude(required_groups__in=Group.objects.exclude(user=user))
+    pending = pending.exclude(Q(run__requester=user) & Q(allow_self_approval=False))
+    pending = pending.exclude(proposal__votes__reviewer=user)
+    if not claimed:
+        pending = pending.exclude(Q(claimed_until__gt=timezone.now()) & ~Q(claimed_by=user)
+                                  & Q(claimed_by__isnull=False))
+    return pending
+
+def queue_pending(*, user, tool: str = "", agent: str = "", rule: GateRule | None = None,
+                  mine: bool = False, unclaimed: bool = False):
+    """Pending approvals ``user`` may see, oldest first, narrowed by the queue's filters.
+
+    The filters come validated (approvals.forms.QueueFilterForm): raw query
+    parameters reach the database as nothing but these typed values.
     """
     pending = (
-        ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING)
-        .select_related("tool_call", "run", "run__requester", "rule", "claimed_by")
+        approvals_visible_to(user).filter(status=ApprovalRequest.Status.PENDING)
+        .select_related("tool_call", "run", "run__requester", "rule", "claimed_by", "proposal__proposed_by")
         .order_by("created_at", "id")
     )
-    applied = {}
-    if tool := params.get("tool", "").strip():
+    if tool:
         pending = pending.filter(tool_call__tool_name=tool)
-        applied["tool"] = tool
-    if agent := params.get("agent", "").strip():
+    if agent:
         pending = pending.filter(run__agent=agent)
-        applied["agent"] = agent
-    if (rule := params.get("rule", "").strip()).isdigit():
-        pending = pending.filter(rule_id=int(rule))
-        applied["rule"] = rule
-    if params.get("mine"):
+    if rule is not None:
+        pending = pending.filter(rule=rule)
+    if mine:
         pending = pending.filter(claimed_by=user, claimed_until__gt=timezone.now())
-        applied["mine"] = "1"
-    if params.get("unclaimed"):
+    if unclaimed:
         pending = pending.filter(Q(claimed_by__isnull=True) | Q(claimed_until__lte=timezone.now()))
-        applied["unclaimed"] = "1"
-    return pending, applied
+    return pending
 
 
 def key_facts(call: ToolCall) -> list[tuple[str, str]]:
@@ -64,6 +91,12 @@ class ApprovalContext:
     folded: int
     siblings: list[ToolCall]
     earlier: list[ApprovalRequest]
+    # What would run (the current proposal), every proposal with its votes, and how
+    # the current one differs from the model's call: (argument, model's, proposed).
+    proposal: Proposal | None
+    proposals: list[Proposal]
+    changes: list[tuple[str, object, object]]
+    who_may_decide: str
 
 
 def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> ApprovalContext:
@@ -83,11 +116,15 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
         .exclude(status=ApprovalRequest.Status.PENDING)
         .select_related("tool_call", "decided_by").order_by("decided_at", "id")
     )
+    proposals = list(approval.proposals.select_related("proposed_by")
+                     .prefetch_related("votes__reviewer").order_by("number"))
+    proposal = next((p for p in proposals if p.pk == approval.proposal_id), None)
+    shown = proposal.input if proposal else call.input
     spec = find_tool(call.tool_name)
     fields = []
     if spec:
         props = spec.input_schema.get("properties", {})
-        args = call.input if isinstance(call.input, dict) else {}
+        args = shown if isinstance(shown, dict) else {}
         for name, schema in props.items():
             fields.append({
                 "name": name,
@@ -103,12 +140,16 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
         folded=max(0, len(transcript) - keep_unfolded),
         siblings=siblings,
         earlier=earlier,
+        proposal=proposal,
+        proposals=proposals,
+        changes=input_changes(proposals[0].input, shown) if proposal and proposal.number > 1 else [],
+        who_may_decide=group_names(approval),
     )
 
 
-def neighbours(approval: ApprovalRequest) -> tuple[int | None, int | None]:
-    """The previous and next pending approvals in queue order (for j/k)."""
-    pending = ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING)
+def neighbours(approval: ApprovalRequest, *, user) -> tuple[int | None, int | None]:
+    """The previous and next pending approvals ``user`` may see, in queue order (j/k)."""
+    pending = approvals_visible_to(user).filter(status=ApprovalRequest.Status.PENDING)
     before = Q(created_at__lt=approval.created_at) | Q(created_at=approval.created_at, id__lt=approval.pk)
     after = Q(created_at__gt=approval.created_at) | Q(created_at=approval.created_at, id__gt=approval.pk)
     prev_id = pending.filter(before).order_by("-created_at", "-id").values_list("pk", flat=True).first()

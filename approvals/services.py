@@ -1,4 +1,26 @@
-"""Writes on approvals: deciding, and who may decide."""
+"""Writes on approvals: deciding, proposing edits, claiming, and who may decide.
+
+The gate's promise: nothing runs unless the rules allow it or enough of the right
+people approved exactly what will run.
+
+- A **proposal** is a set of arguments that would run. The model's call is the first;
+  a reviewer's edit makes a new one, reviewed by the gate like a model's call (a deny
+  refuses the edit). The approval then needs the stricter of what the model's call
+  and the proposal require (every required group, the most approvers, self-approval
+  only if both allow it).
+- **Votes** bind to a proposal. An approval closes approved when
+  ``approvers_required`` distinct eligible people approved the same proposal; the
+  editor's edit is their vote if they are eligible for it. A later edit starts a new
+  proposal; earlier votes stay in history and do not count for it.
+- **Eligible** = active, has the decide permission, is in every required group
+  (superusers pass), is not the run's requester unless self-approval is allowed, and
+  (to approve) has not approved this proposal yet. Only eligible people may claim;
+  the escalation group and superusers may break a claim. Claims never move expiry.
+
+Every decision runs in one transaction that first locks the approval row, so votes
+and edits are counted one at a time; the final pending -> decided step is one
+conditional UPDATE whose loser gets AlreadyDecided.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +33,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from runs.gate import ALLOW, DENY, review_call
 from runs.models import ToolCall
 from runs.services import (
     run_enqueue,
@@ -18,11 +41,16 @@ from runs.services import (
     tool_call_approve,
     tool_call_resolve_without_running,
 )
-from tools.registry import find_tool
+from tools.inputs import UnsafeJSON, check_json
+from tools.registry import canonical_json, find_tool, idempotency_key, input_hash
 
-from .models import ApprovalRequest, ApprovalVote, AuditEvent
+from .models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule, Proposal
 
 DECIDE_PERMISSION = "approvals.decide_approvalrequest"
+# Escalation hands an approval to this group; its members (and superusers) may
+# also break another reviewer's claim.
+ESCALATION_GROUP = "senior-reviewers"
+DECISIONS = ("approve", "decline", "respond")
 
 
 class DecisionError(Exception):
@@ -45,48 +73,148 @@ class StaleDecision(DecisionError):
     pass
 
 
+class AlreadyClaimed(DecisionError):
+    pass
+
+
+# --- who may decide ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Requirement:
+    """What approving a proposal takes."""
+
+    groups: frozenset[int] = frozenset()  # a member of every one (superusers pass)
+    approvers: int = 1  # distinct people approving the same proposal
+    allow_self_approval: bool = True
+
+    @classmethod
+    def of(cls, proposal: Proposal) -> Requirement:
+        return cls(
+            groups=frozenset({proposal.required_group_id} - {None}),
+            approvers=proposal.approvers_required,
+            allow_self_approval=proposal.allow_self_approval,
+        )
+
+    def stricter(self, other: Requirement) -> Requirement:
+        return Requirement(
+            groups=self.groups | other.groups,
+            approvers=max(self.approvers, other.approvers),
+            allow_self_approval=self.allow_self_approval and other.allow_self_approval,
+        )
+
+
+def _requirement_of_verdict(effect: str, rule: GateRule | None) -> Requirement:
+    if effect == ALLOW:
+        return Requirement()  # the rules alone would let these arguments run
+    if rule is None:
+        return Requirement(allow_self_approval=False)  # a write with no rule: anyone but the requester
+    return Requirement(
+        groups=frozenset({rule.required_group_id} - {None}),
+        approvers=max(1, rule.approvers_required),
+        allow_self_approval=rule.allow_self_approval,
+    )
+
+
+def _group_ids(user) -> set[int]:
+    cached = getattr(user, "_desk_group_ids", None)
+    if cached is None:
+        cached = set(user.groups.values_list("pk", flat=True))
+        user._desk_group_ids = cached
+    return cached
+
+
+def group_names(approval: ApprovalRequest) -> str:
+    """ "reviewers and senior-reviewers": who may decide, for people."""
+    names = sorted(g.name for g in approval.required_groups.all())
+    if not names:
+        return "any reviewer"
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 def decide_refusal(*, user, approval: ApprovalRequest) -> str | None:
-    """Why ``user`` may not decide ``approval``, or None if they may."""
+    """Why ``user`` may not decide ``approval`` (as it stands now), or None if they may."""
     if not user.is_active or not user.has_perm(DECIDE_PERMISSION):
         return "You do not have permission to decide approvals."
-    group = approval.required_group
-    if group is not None and not user.is_superuser and not user.groups.filter(pk=group.pk).exists():
-        return f"Only members of {group.name} may decide this approval."
-    rule = approval.rule
-    allow_self = rule.allow_self_approval if rule else False
-    if approval.run.requester_id == user.pk and not allow_self:
+    if not user.is_superuser:
+        required = {g.pk: g.name for g in approval.required_groups.all()}
+        missing = set(required) - _group_ids(user)
+        if missing:
+            return f"Only members of {group_names(approval)} may decide this approval."
+    if approval.run.requester_id == user.pk and not approval.allow_self_approval:
         return "You requested this run; someone else must decide it."
     return None
 
 
+def has_approved_current(user, approval: ApprovalRequest) -> bool:
+    return ApprovalVote.objects.filter(proposal_id=approval.proposal_id, reviewer=user).exists()
+
+
+def may_break_claims(user) -> bool:
+    return user.is_active and (user.is_superuser or user.groups.filter(name=ESCALATION_GROUP).exists())
+
+
 def eligible_reviewers(approval: ApprovalRequest):
-    """Active users allowed to decide this approval who have an email address."""
+    """Active users who may approve ``approval`` now and have an email address."""
     User = get_user_model()
-    perm = Q(groups__permissions__codename="decide_approvalrequest") | Q(
-        user_permissions__codename="decide_approvalrequest"
-    ) | Q(is_superuser=True)
-    users = User.objects.filter(perm, is_active=True).exclude(email="").distinct()
-    if approval.required_group_id:
-        users = users.filter(Q(groups=approval.required_group_id) | Q(is_superuser=True))
-    rule = approval.rule
-    if approval.run.requester_id and not (rule and rule.allow_self_approval):
+    perm = (
+        Q(groups__permissions__codename="decide_approvalrequest")
+        | Q(user_permissions__codename="decide_approvalrequest")
+        | Q(is_superuser=True)
+    )
+    users = User.objects.filter(perm, is_active=True).exclude(email="")
+    for group_id in approval.required_groups.values_list("pk", flat=True):
+        # One filter() per group: a member of every one of them.
+        users = users.filter(Q(groups=group_id) | Q(is_superuser=True))
+    if approval.run.requester_id and not approval.allow_self_approval:
         users = users.exclude(pk=approval.run.requester_id)
-    return users.order_by("username")
+    voted = ApprovalVote.objects.filter(proposal_id=approval.proposal_id).values("reviewer_id")
+    return users.exclude(pk__in=voted).distinct().order_by("username")
 
 
+# --- deciding ---------------------------------------------------------------------
 @dataclass
 class DecisionResult:
     approval: ApprovalRequest
     run_woken: bool
-    # Two-person rule: approvals still needed before the call may run.
+    # Approvals of the current proposal still needed before the call may run.
     approvals_missing: int = 0
+    # Set when the decision made a new proposal (an edit).
+    proposal: Proposal | None = None
+    # The editor may not approve their own edit: it waits for these people.
+    waits_for: str = ""
+
+    @property
+    def summary(self) -> str:
+        """What happened, in one sentence (the desk's flash, the CLI's output)."""
+        approval = self.approval
+        tool = approval.tool_call.tool_name
+        if approval.status != ApprovalRequest.Status.PENDING:
+            edited = " with the edited arguments" if approval.is_edited else ""
+            return f"{tool} {approval.status}{edited}."
+        if self.waits_for:
+            return (
+                f"Your edit is proposal {self.proposal.number}; it needs {self.waits_for} to approve "
+                "it. Nothing runs until they do."
+            )
+        what = f"proposal {self.proposal.number}" if self.proposal else "it"
+        return (
+            f"Your approval of {what} is recorded; {self.approvals_missing} more needed from "
+            "another reviewer."
+        )
 
 
-DECISIONS = ("approve", "decline", "respond")
-
-
-def _display_name(user) -> str:
-    return user.get_full_name() or user.get_username()
+def _load_locked(approval_id: int) -> ApprovalRequest:
+    """The approval, its row locked until the transaction ends (PostgreSQL; SQLite's
+    IMMEDIATE transactions serialise writers already), so decisions on it are
+    counted one at a time."""
+    approval = (
+        ApprovalRequest.objects.select_for_update(of=("self",))
+        .select_related("tool_call", "run", "rule", "decided_by", "claimed_by", "proposal")
+        .filter(pk=approval_id)
+        .first()
+    )
+    if approval is None:
+        raise DecisionError(f"No approval {approval_id}.")
+    return approval
 
 
 def approval_decide(
@@ -101,91 +229,241 @@ def approval_decide(
     confirm_irreversible: bool = False,
     enqueue: bool = True,
 ) -> DecisionResult:
-    """Approve, decline or respond to one pending approval.
+    """Approve (possibly with edited arguments), decline or respond to one approval.
 
-    The decision is one conditional UPDATE (pending -> decided): the loser of
-    two concurrent deciders gets AlreadyDecided and nothing runs twice.
-    ``args_hash`` is the hash of the arguments the reviewer was shown; if they
-    changed since, the decision is refused as stale. ``respond`` makes the
-    reviewer's comment the tool's result and runs nothing. Under a rule that
-    needs several approvers, an approval is a vote until the last one.
+    ``args_hash`` is the hash of the arguments the decider was shown (the current
+    proposal); if it changed since, the decision is refused as stale.
+    ``edited_input`` is the whole argument object the decider wants run instead:
+    a new proposal, reviewed by the gate (see the module docstring).
     """
     decision = decision or ("approve" if approve else "decline")
     if decision not in DECISIONS:
         raise DecisionError(f"Unknown decision {decision!r}.")
     comment = comment.strip()
     with transaction.atomic():
-        approval = (
-            ApprovalRequest.objects.select_related("tool_call", "run", "rule", "required_group",
-                                                   "decided_by", "claimed_by")
-            .filter(pk=approval_id)
-            .first()
-        )
-        if approval is None:
-            raise DecisionError(f"No approval {approval_id}.")
+        approval = _load_locked(approval_id)
         if approval.status != ApprovalRequest.Status.PENDING:
             raise AlreadyDecided(approval)
         refusal = decide_refusal(user=reviewer, approval=approval)
         if refusal:
             raise NotAllowed(refusal)
         now = timezone.now()
-        if (approval.claimed_by_id and approval.claimed_by_id != reviewer.pk
-                and approval.claimed_until and approval.claimed_until > now):
-            raise NotAllowed(f"{approval.claimed_by.get_username()} is working on this approval "
-                             f"until {approval.claimed_until:%H:%M:%S} UTC.")
+        if (
+            approval.claimed_by_id
+            and approval.claimed_by_id != reviewer.pk
+            and approval.claimed_until
+            and approval.claimed_until > now
+        ):
+            raise NotAllowed(
+                f"{approval.claimed_by.get_username()} is working on this approval "
+                f"until {approval.claimed_until:%H:%M:%S} UTC."
+            )
         if args_hash is not None and args_hash != approval.args_hash:
             raise StaleDecision("The arguments changed since this page was loaded; reload and decide again.")
         if decision in ("decline", "respond") and not comment:
-            raise DecisionError("A decline needs a reason: the model is told it." if decision == "decline"
-                                else "A response needs text: it becomes the tool's result.")
-        spec = find_tool(approval.tool_call.tool_name)
-        if decision == "approve" and spec is not None and spec.is_irreversible and not confirm_irreversible:
-            raise DecisionError(f"{spec.name} cannot be undone: confirm that you understand before "
-                                "approving it.")
-        if decision == "approve" and edited_input is not None:
-            errors = spec.validation_errors(edited_input) if spec else ["unknown tool"]
-            if errors:
-                raise DecisionError(f"The edited arguments are not valid: {'; '.join(errors)}")
-        missing = 0
-        if decision == "approve":
-            missing = _vote(approval, reviewer, comment)
-        if missing:
-            status = ApprovalRequest.Status.PENDING
-            AuditEvent.objects.create(
-                actor=reviewer, action="approval.vote", run_id=approval.run_id,
-                tool_call=approval.tool_call, approval=approval, before="pending", after="pending",
-                detail=f"{missing} more approval(s) needed",
+            raise DecisionError(
+                "A decline needs a reason: the model is told it."
+                if decision == "decline"
+                else "A response needs text: it becomes the tool's result."
             )
-            woken = False
-        else:
-            status = {"approve": ApprovalRequest.Status.APPROVED,
-                      "decline": ApprovalRequest.Status.DECLINED,
-                      "respond": ApprovalRequest.Status.RESPONDED}[decision]
-            woken = _close(approval, reviewer, status, comment, edited_input, now)
-        if woken and enqueue:
-            run_enqueue(approval.run_id)
+        if decision != "approve":
+            status = (
+                ApprovalRequest.Status.DECLINED if decision == "decline" else ApprovalRequest.Status.RESPONDED
+            )
+            woken = _close(approval, reviewer, status, comment, now)
+            return _result(approval, woken, enqueue)
+        spec = find_tool(approval.tool_call.tool_name)
+        if spec is not None and spec.is_irreversible and not confirm_irreversible:
+            raise DecisionError(
+                f"{spec.name} cannot be undone: confirm that you understand before approving it."
+            )
+        proposal = approval.proposal
+        if edited_input is not None and input_hash(edited_input) != approval.args_hash:
+            proposal = _propose(approval, reviewer, edited_input, comment)
+            refusal = decide_refusal(user=reviewer, approval=approval)
+            if refusal:
+                # The edit stands as a proposal for those who may approve it.
+                return DecisionResult(
+                    approval=approval,
+                    run_woken=False,
+                    proposal=proposal,
+                    waits_for=group_names(approval),
+                    approvals_missing=approval.approvers_required,
+                )
+        missing = _vote(approval, proposal, reviewer, comment)
+        if missing:
+            return DecisionResult(
+                approval=approval, run_woken=False, approvals_missing=missing, proposal=proposal
+            )
+        woken = _close(approval, reviewer, ApprovalRequest.Status.APPROVED, comment, now)
+        return _result(approval, woken, enqueue, proposal=proposal)
+
+
+def _result(approval: ApprovalRequest, woken: bool, enqueue: bool, **extra) -> DecisionResult:
+    if woken and enqueue:
+        run_enqueue(approval.run_id)
     approval.refresh_from_db()
-    return DecisionResult(approval=approval, run_woken=woken, approvals_missing=missing)
+    return DecisionResult(approval=approval, run_woken=woken, **extra)
 
 
-def _vote(approval: ApprovalRequest, reviewer, comment: str) -> int:
-    """Record an approval vote; how many more distinct approvers are needed."""
-    required = approval.rule.approvers_required if approval.rule else 1
-    if required <= 1:
-        return 0
+def _propose(approval: ApprovalRequest, editor, edited_input: dict, comment: str) -> Proposal:
+    """Make ``edited_input`` the approval's current proposal, reviewed by the gate
+    like a model's call. Refuses (DecisionError, nothing changed) what the gate
+    denies, what is not valid input, and what would repeat an effect already made."""
+    call = approval.tool_call
+    run = approval.run
+    spec = find_tool(call.tool_name)
+    if spec is None:
+        raise DecisionError(f"{call.tool_name} is no longer a tool; it cannot be edited.")
+    try:
+        check_json(edited_input)
+    except UnsafeJSON as exc:
+        raise DecisionError(f"The edited arguments are not valid: {exc}.") from None
+    errors = (
+        spec.validation_errors(edited_input)
+        if isinstance(edited_input, dict)
+        else ["input must be a JSON object"]
+    )
+    if errors:
+        raise DecisionError(f"The edited arguments are not valid: {'; '.join(errors)}")
+    key = idempotency_key(
+        run_id=run.pk, generation=run.generation, tool_name=call.tool_name, tool_input=edited_input
+    )
+    earlier = (
+        ToolCall.objects.live()
+        .filter(run=run, idempotency_key=key)
+        .exclude(pk=call.pk)
+        .exclude(
+            status__in=[
+                ToolCall.Status.FAILED,
+                ToolCall.Status.DECLINED,
+                ToolCall.Status.DENIED,
+                ToolCall.Status.COMPENSATED,
+            ]
+        )
+        .first()
+    )
+    if earlier is not None:
+        raise DecisionError(
+            f"These arguments repeat {call.tool_name} at step {earlier.step}, which is "
+            f"already {earlier.status}; a repeat would not run again. Nothing was changed."
+        )
+    candidate = ToolCall(
+        run=run,
+        step=call.step,
+        position=call.position,
+        tool_use_id=call.tool_use_id,
+        tool_name=call.tool_name,
+        input=edited_input,
+        input_hash=input_hash(edited_input),
+    )
+    verdict = review_call(run=run, call=candidate, spec=spec)
+    if verdict.effect == DENY:
+        rule = f" ({verdict.rule})" if verdict.rule else ""
+        raise NotAllowed(f"The edit is refused by policy{rule}: {verdict.reason}. Nothing was changed.")
+    rule = GateRule.objects.filter(pk=verdict.rule_id).first() if verdict.rule_id else None
+    own = _requirement_of_verdict(verdict.effect, rule)
+    first = approval.proposals.get(number=1)
+    needed = Requirement.of(first).stricter(own)
+    groups = set(needed.groups)
+    if approval.escalated_at:
+        # Escalation handed the decision to the escalation group; an edit keeps it there.
+        groups = set(approval.required_groups.values_list("pk", flat=True))
+    number = approval.proposals.count() + 1
+    proposal = Proposal.objects.create(
+        approval=approval,
+        number=number,
+        input=edited_input,
+        input_hash=candidate.input_hash,
+        proposed_by=editor,
+        verdict=verdict.effect,
+        rule=rule,
+        rule_label=verdict.rule,
+        reason=verdict.reason,
+        detail=verdict.detail,
+        required_group_id=rule.required_group_id if rule and verdict.effect != ALLOW else None,
+        approvers_required=own.approvers,
+        allow_self_approval=own.allow_self_approval,
+    )
+    ApprovalRequest.objects.filter(pk=approval.pk).update(
+        proposal=proposal,
+        args_hash=proposal.input_hash,
+        approvers_required=needed.approvers,
+        allow_self_approval=needed.allow_self_approval,
+    )
+    approval.required_groups.set(groups)
+    approval.proposal, approval.args_hash = proposal, proposal.input_hash
+    approval.approvers_required, approval.allow_self_approval = needed.approvers, needed.allow_self_approval
+    changes = ", ".join(
+        f"{k}: {before!r} -> {after!r}"
+        for k, before, after in input_changes(approval.tool_call.input, edited_input)
+    )
+    AuditEvent.objects.create(
+        actor=editor,
+        action="approval.proposed",
+        run_id=approval.run_id,
+        tool_call=call,
+        approval=approval,
+        before=f"proposal {number - 1}",
+        after=f"proposal {number}",
+        detail=f"{changes}; gate: {verdict.effect} ({verdict.rule or 'no rule'}: {verdict.reason}); needs "
+        f"{needed.approvers} approver(s) from {group_names(approval)}"
+        + (f"; comment: {comment}" if comment else ""),
+    )
+    from .notifications import notify_proposal
+
+    notify_proposal(approval=approval, proposal=proposal)
+    return proposal
+
+
+def input_changes(original, proposed) -> list[tuple[str, object, object]]:
+    """(argument, model's value, proposed value) for every argument that differs."""
+    original = original if isinstance(original, dict) else {}
+    proposed = proposed if isinstance(proposed, dict) else {}
+    keys = list(original) + [key for key in proposed if key not in original]
+    return [
+        (key, original.get(key), proposed.get(key))
+        for key in keys
+        if (key in original) != (key in proposed)
+        or canonical_json(original[key]) != canonical_json(proposed[key])
+    ]
+
+
+def _vote(approval: ApprovalRequest, proposal: Proposal, reviewer, comment: str) -> int:
+    """Record ``reviewer``'s approval of ``proposal``; how many more are needed."""
     try:
         with transaction.atomic():
-            ApprovalVote.objects.create(approval=approval, reviewer=reviewer, comment=comment)
+            ApprovalVote.objects.create(
+                approval=approval, proposal=proposal, reviewer=reviewer, comment=comment
+            )
     except IntegrityError:
-        raise DecisionError("You already approved this; it needs another reviewer.") from None
-    return max(0, required - approval.votes.count())
+        raise NotAllowed("You already approved this proposal; it needs another reviewer.") from None
+    missing = max(0, approval.approvers_required - proposal.votes.count())
+    if missing:
+        AuditEvent.objects.create(
+            actor=reviewer,
+            action="approval.vote",
+            run_id=approval.run_id,
+            tool_call=approval.tool_call,
+            approval=approval,
+            before="pending",
+            after="pending",
+            detail=f"approved proposal {proposal.number}; {missing} more approval(s) needed",
+        )
+    return missing
 
 
-def _close(approval: ApprovalRequest, actor, status: str, comment: str, edited_input, now) -> bool:
+def _close(
+    approval: ApprovalRequest, actor, status: str, comment: str, now, *, by_policy: bool = False
+) -> bool:
     """Move a pending approval to its final status and apply it to the call."""
     won = ApprovalRequest.objects.filter(pk=approval.pk, status=ApprovalRequest.Status.PENDING).update(
-        status=status, decided_by=actor, decided_at=now, comment=comment,
-        edited_input=edited_input, claimed_by=None, claimed_until=None,
+        status=status,
+        decided_by=actor,
+        decided_at=now,
+        comment=comment,
+        claimed_by=None,
+        claimed_until=None,
     )
     if won != 1:
         approval.refresh_from_db()
@@ -193,80 +471,149 @@ def _close(approval: ApprovalRequest, actor, status: str, comment: str, edited_i
     call = approval.tool_call
     who = _display_name(actor) if actor else "nobody"
     if status == ApprovalRequest.Status.APPROVED:
-        tool_call_approve(call=call, actor=actor, edited_input=edited_input)
+        proposal = approval.proposal
+        edited = proposal is not None and proposal.number > 1
+        tool_call_approve(
+            call=call,
+            actor=actor,
+            approved_input=proposal.input if edited else None,
+            verdict_rule=proposal.rule_label if edited else None,
+            verdict_reason=proposal.reason if edited else None,
+            reason="approved by policy (timeout)" if by_policy else None,
+        )
     elif status == ApprovalRequest.Status.DECLINED:
         tool_call_resolve_without_running(
-            call=call, actor=actor, status=ToolCall.Status.DECLINED,
-            text=f"Declined by {who}: {comment}. Do not retry.", is_error=True,
+            call=call,
+            actor=actor,
+            status=ToolCall.Status.DECLINED,
+            text=f"Declined by {who}: {comment}. Do not retry.",
+            is_error=True,
         )
     elif status == ApprovalRequest.Status.RESPONDED:
         tool_call_resolve_without_running(
-            call=call, actor=actor, status=ToolCall.Status.RESPONDED,
-            text=f"{who} answered instead of running {call.tool_name}: {comment}", is_error=False,
+            call=call,
+            actor=actor,
+            status=ToolCall.Status.RESPONDED,
+            text=f"{who} answered instead of running {call.tool_name}: {comment}",
+            is_error=False,
         )
     elif status == ApprovalRequest.Status.EXPIRED:
         tool_call_resolve_without_running(
-            call=call, actor=None, status=ToolCall.Status.DECLINED, text=comment, is_error=True,
+            call=call,
+            actor=None,
+            status=ToolCall.Status.DECLINED,
+            text=comment,
+            is_error=True,
         )
     AuditEvent.objects.create(
-        actor=actor, action=f"approval.{status}", run_id=approval.run_id, tool_call=call,
-        approval=approval, before=ApprovalRequest.Status.PENDING, after=status, detail=comment,
+        actor=actor,
+        action=f"approval.{status}",
+        run_id=approval.run_id,
+        tool_call=call,
+        approval=approval,
+        before=ApprovalRequest.Status.PENDING,
+        after=status,
+        detail=("by policy (timeout): " if by_policy else "") + comment,
     )
     return run_wake_if_ready(run_id=approval.run_id, actor=actor)
+
+
+def _display_name(user) -> str:
+    return user.get_full_name() or user.get_username()
+
+
+def timeout_may_approve(approval: ApprovalRequest) -> str | None:
+    """Why a timeout may not approve ``approval`` (its rule says approve), or None."""
+    spec = find_tool(approval.tool_call.tool_name)
+    if spec is not None and spec.is_irreversible:
+        return f"{spec.name} cannot be undone"
+    if approval.approvers_required > 1:
+        return f"it needs {approval.approvers_required} approvers"
+    if approval.is_edited:
+        return "what would run is a person's edit"
+    return None
 
 
 def approval_expire(*, approval_id: int, enqueue: bool = True) -> bool:
     """Time out a pending approval past its expiry with its rule's timeout effect.
 
-    Returns False if it was decided (or its expiry moved) in the meantime.
+    A timeout approves only where the rule says so, and never an irreversible call,
+    a multi-approver rule or a person's edit: those are declined instead. Claims do
+    not delay it. Returns False if it was decided (or its expiry moved) meanwhile.
     """
     with transaction.atomic():
         approval = (
-            ApprovalRequest.objects.select_related("tool_call", "rule")
-            .filter(pk=approval_id, status=ApprovalRequest.Status.PENDING,
-                    expires_at__lte=timezone.now())
+            ApprovalRequest.objects.select_for_update(of=("self",))
+            .select_related("tool_call", "rule", "run", "proposal")
+            .filter(pk=approval_id, status=ApprovalRequest.Status.PENDING, expires_at__lte=timezone.now())
             .first()
         )
         if approval is None:
             return False
         minutes = approval.rule.ttl_minutes if approval.rule else None
         waited = f" after {minutes} minutes" if minutes else ""
-        if approval.rule and approval.rule.timeout_effect == "approve":
-            woken = _close(approval, None, ApprovalRequest.Status.APPROVED,
-                           f"approved automatically: no decision{waited}", None, timezone.now())
-            ApprovalRequest.objects.filter(pk=approval.pk).update(status=ApprovalRequest.Status.EXPIRED)
+        wants_approve = approval.rule is not None and approval.rule.timeout_effect == "approve"
+        refused = timeout_may_approve(approval) if wants_approve else None
+        if wants_approve and refused is None:
+            woken = _close(
+                approval,
+                None,
+                ApprovalRequest.Status.APPROVED,
+                f"approved by policy (timeout): no decision{waited}",
+                timezone.now(),
+                by_policy=True,
+            )
         else:
-            woken = _close(approval, None, ApprovalRequest.Status.EXPIRED,
-                           f"The approval request timed out{waited} with no decision; nothing was "
-                           "done. Do not retry.", None, timezone.now())
+            why = (
+                f" Its rule approves on timeout, but a timeout may not approve this: {refused}."
+                if refused
+                else ""
+            )
+            woken = _close(
+                approval,
+                None,
+                ApprovalRequest.Status.EXPIRED,
+                f"The approval request timed out{waited} with no decision; nothing was "
+                f"done. Do not retry.{why}",
+                timezone.now(),
+            )
         if woken and enqueue:
             run_enqueue(approval.run_id)
     return True
 
 
-class AlreadyClaimed(DecisionError):
-    pass
-
-
+# --- claims -----------------------------------------------------------------------
 def approval_claim(*, approval_id: int, reviewer, seconds: int | None = None) -> ApprovalRequest:
-    """Take (or renew) the claim on a pending approval so nobody else works it."""
+    """Take (or renew) the claim on a pending approval so nobody else works it.
+
+    Only someone who may decide it may claim it. A claim never moves its expiry.
+    """
     now = timezone.now()
     until = now + timedelta(seconds=seconds or settings.DESK_CLAIM_SECONDS)
-    free = Q(claimed_by__isnull=True) | Q(claimed_until__lt=now) | Q(claimed_by=reviewer)
     with transaction.atomic():
-        taken = ApprovalRequest.objects.filter(
-            free, pk=approval_id, status=ApprovalRequest.Status.PENDING
-        ).update(claimed_by=reviewer, claimed_until=until)
-        approval = ApprovalRequest.objects.select_related("claimed_by").filter(pk=approval_id).first()
-        if approval is None:
-            raise DecisionError(f"No approval {approval_id}.")
+        approval = _load_locked(approval_id)
+        if approval.status != ApprovalRequest.Status.PENDING:
+            raise AlreadyDecided(approval)
+        refusal = decide_refusal(user=reviewer, approval=approval)
+        if refusal:
+            raise NotAllowed(refusal)
+        free = Q(claimed_by__isnull=True) | Q(claimed_until__lt=now) | Q(claimed_by=reviewer)
+        taken = ApprovalRequest.objects.filter(free, pk=approval_id).update(
+            claimed_by=reviewer, claimed_until=until
+        )
         if not taken:
-            if approval.status != ApprovalRequest.Status.PENDING:
-                raise AlreadyDecided(approval)
-            raise AlreadyClaimed(f"{approval.claimed_by.get_username()} is working on this approval "
-                                 f"until {approval.claimed_until:%H:%M:%S} UTC.")
-        AuditEvent.objects.create(actor=reviewer, action="approval.claimed", run_id=approval.run_id,
-                                  approval=approval, detail=f"until {until:%H:%M:%S}")
+            raise AlreadyClaimed(
+                f"{approval.claimed_by.get_username()} is working on this approval "
+                f"until {approval.claimed_until:%H:%M:%S} UTC."
+            )
+        AuditEvent.objects.create(
+            actor=reviewer,
+            action="approval.claimed",
+            run_id=approval.run_id,
+            approval=approval,
+            detail=f"until {until:%H:%M:%S}",
+        )
+    approval.refresh_from_db()
     return approval
 
 
@@ -277,6 +624,33 @@ def approval_release(*, approval_id: int, reviewer) -> bool:
         )
         if released:
             approval = ApprovalRequest.objects.get(pk=approval_id)
-            AuditEvent.objects.create(actor=reviewer, action="approval.released",
-                                      run_id=approval.run_id, approval=approval)
+            AuditEvent.objects.create(
+                actor=reviewer, action="approval.released", run_id=approval.run_id, approval=approval
+            )
     return bool(released)
+
+
+def approval_break_claim(*, approval_id: int, user) -> bool:
+    """End someone else's claim (the escalation group and superusers only; audited).
+
+    Returns False if there was no live claim to break."""
+    if not may_break_claims(user):
+        raise NotAllowed(f"Only {ESCALATION_GROUP} and superusers may break another reviewer's claim.")
+    now = timezone.now()
+    with transaction.atomic():
+        approval = _load_locked(approval_id)
+        holder = approval.claimed_by
+        if holder is None or not approval.claimed_until or approval.claimed_until <= now:
+            return False
+        ApprovalRequest.objects.filter(pk=approval.pk, claimed_by=holder).update(
+            claimed_by=None, claimed_until=None
+        )
+        AuditEvent.objects.create(
+            actor=user,
+            action="approval.claim_broken",
+            run_id=approval.run_id,
+            approval=approval,
+            detail=f"claim of {holder.get_username()} (until {approval.claimed_until:%H:%M:%S}) broken by "
+            f"{user.get_username()}",
+        )
+    return True

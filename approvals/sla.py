@@ -5,7 +5,7 @@ Per rule: after ``sla_minutes`` pending, the reviewers who may decide are remind
 at ``expires_at`` (set from the rule's ``ttl_minutes`` when the request opened) it
 expires with the rule's timeout effect (``services.approval_expire``).
 
-Escalation narrows who may decide: the approval's ``required_group`` becomes
+Escalation narrows who may decide: the approval's required groups become just
 ``senior-reviewers``, so from then on only senior reviewers (and superusers) may
 decide it, whatever group the rule required. In the demo every senior is also a
 reviewer, so nobody who could act on a senior item loses it; a plain reviewer does.
@@ -31,11 +31,10 @@ from django.utils import timezone
 
 from .models import ApprovalRequest, AuditEvent, GateRule
 from .notifications import Kind, notifications_renudge, notify_reviewers
-from .services import AlreadyDecided, approval_expire
+from .services import ESCALATION_GROUP, AlreadyDecided, approval_expire, group_names
 
 log = logging.getLogger(__name__)
 
-ESCALATION_GROUP = "senior-reviewers"
 # A pending notification older than this lost its nudge (or nobody ran a worker).
 LOST_NUDGE_AGE = timedelta(minutes=1)
 # Per kind and sweep; the rest waits for the next sweep.
@@ -74,11 +73,12 @@ def approval_escalate(*, approval_id: int, now: datetime, group: Group) -> bool:
         before = _load(approval_id)
         won = ApprovalRequest.objects.filter(
             pk=approval_id, status=ApprovalRequest.Status.PENDING, escalated_at__isnull=True
-        ).update(escalated_at=now, required_group=group, reminded_at=Coalesce("reminded_at", Value(now)))
+        ).update(escalated_at=now, reminded_at=Coalesce("reminded_at", Value(now)))
         if won != 1:
             return False
+        old_group = group_names(before)
+        before.required_groups.set([group])
         approval = _load(approval_id)
-        old_group = before.required_group.name if before.required_group else "anyone"
         AuditEvent.objects.create(
             actor=None, action="approval.escalated", run_id=approval.run_id,
             tool_call_id=approval.tool_call_id, approval=approval,
@@ -91,7 +91,7 @@ def approval_escalate(*, approval_id: int, now: datetime, group: Group) -> bool:
 
 
 def _load(approval_id: int) -> ApprovalRequest:
-    return ApprovalRequest.objects.select_related("tool_call", "run", "rule", "required_group").get(
+    return ApprovalRequest.objects.select_related("tool_call", "run", "rule", "proposal").get(
         pk=approval_id
     )
 

@@ -1,27 +1,35 @@
 from __future__ import annotations
 
-import json
-from decimal import Decimal, InvalidOperation
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.http import Http404, HttpResponse
+from django.http import Http404
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import trigger_client_event
 
+from runs.selectors import runs_visible_to
+from tools.inputs import UnsafeJSON, finite_decimal, parse_json
+from tools.registry import input_hash
+
+from .audit import verify_run
+from .forms import QueueFilterForm
 from .models import ApprovalRequest, GateRule
-from .selectors import approval_context, neighbours, queue_pending
+from .selectors import approval_context, approvals_visible_to, neighbours, queue_pending
 from .services import (
     DECIDE_PERMISSION,
     AlreadyDecided,
     DecisionError,
     NotAllowed,
+    approval_break_claim,
     approval_claim,
     approval_decide,
     approval_release,
     decide_refusal,
+    has_approved_current,
+    may_break_claims,
 )
 
 PAGE_SIZE = 50
@@ -41,35 +49,42 @@ def nav_counts(request):
 
 @require_GET
 def queue(request):
-    pending, applied = queue_pending(user=request.user, params=request.GET)
+    form = QueueFilterForm(request.GET)
+    rows_only = bool(request.htmx) and request.htmx.target == "queue-rows"
+    if not rows_only:
+        # The rows alone have nowhere to show it; the whole page shows it at the top.
+        for problem in form.problems():
+            messages.error(request, problem)
+    pending = queue_pending(user=request.user, **form.filters())
     page = Paginator(pending, PAGE_SIZE).get_page(request.GET.get("page"))
+    applied = form.applied()
     context = {
         "page": page,
         "applied": applied,
-        "query": "&".join(f"{k}={v}" for k, v in applied.items()),
-        "tools": _choices("tool_call__tool_name"),
-        "agents": _choices("run__agent"),
+        "query": urlencode(applied),
+        "tools": _choices(request.user, "tool_call__tool_name"),
+        "agents": _choices(request.user, "run__agent"),
         "rules": GateRule.objects.filter(effect=GateRule.Effect.NEEDS_APPROVAL).order_by("name"),
         "nav_section": "queue",
         "now": timezone.now(),
     }
-    template = "approvals/queue.html#rows" if request.htmx and request.htmx.target == "queue-rows" else (
-        "approvals/queue.html")
+    template = "approvals/queue.html#rows" if rows_only else "approvals/queue.html"
     return render(request, template, context)
 
 
-def _choices(field: str) -> list[str]:
+def _choices(user, field: str) -> list[str]:
     return list(
-        ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING)
+        approvals_visible_to(user).filter(status=ApprovalRequest.Status.PENDING)
         .values_list(field, flat=True).order_by(field).distinct()
     )
 
 
-def _approval(approval_id: int) -> ApprovalRequest:
+def _approval(request, approval_id: int) -> ApprovalRequest:
+    """The approval, if ``request.user`` may see it (404 otherwise: no hint it exists)."""
     approval = (
-        ApprovalRequest.objects.select_related(
-            "tool_call", "run", "run__requester", "rule", "decided_by", "claimed_by", "required_group"
-        )
+        approvals_visible_to(request.user)
+        .select_related("tool_call", "run", "run__requester", "rule", "decided_by", "claimed_by",
+                        "proposal__proposed_by")
         .filter(pk=approval_id)
         .first()
     )
@@ -79,12 +94,17 @@ def _approval(approval_id: int) -> ApprovalRequest:
 
 
 def _page_context(request, approval: ApprovalRequest) -> dict:
-    prev_id, next_id = neighbours(approval)
+    prev_id, next_id = neighbours(approval, user=request.user)
+    refusal = decide_refusal(user=request.user, approval=approval)
+    if refusal is None and has_approved_current(request.user, approval):
+        refusal = "You approved these arguments; they need another reviewer's approval."
+    claimed_by_other = (approval.claimed_by_id and approval.claimed_by_id != request.user.pk
+                        and approval.claimed_until and approval.claimed_until > timezone.now())
     return {
         "ctx": approval_context(approval),
         "approval": approval,
-        "refusal": decide_refusal(user=request.user, approval=approval),
-        "votes": list(approval.votes.select_related("reviewer")),
+        "refusal": refusal,
+        "may_break_claim": bool(claimed_by_other) and may_break_claims(request.user),
         "prev_id": prev_id,
         "next_id": next_id,
         "nav_section": "queue",
@@ -96,7 +116,7 @@ def _page_context(request, approval: ApprovalRequest) -> dict:
 
 @require_GET
 def approval_detail(request, approval_id: int):
-    approval = _approval(approval_id)
+    approval = _approval(request, approval_id)
     context = _page_context(request, approval)
     if request.htmx and request.htmx.target == "approval-status":
         return render(request, "approvals/approval_detail.html#status", context)
@@ -104,35 +124,36 @@ def approval_detail(request, approval_id: int):
 
 
 def _edited_input(request, approval: ApprovalRequest) -> dict | None:
-    """The reviewer's edit of the arguments, typed by the tool's schema; None if unchanged."""
-    original = approval.tool_call.input if isinstance(approval.tool_call.input, dict) else {}
-    context = approval_context(approval)
+    """The reviewer's edit of the arguments shown (the current proposal), typed by
+    the tool's schema; None if nothing changed. Unusable values are a DecisionError."""
+    shown = approval.proposal.input if approval.proposal else approval.tool_call.input
+    shown = shown if isinstance(shown, dict) else {}
     edited = {}
-    for field in context.schema_fields:
-        raw = request.POST.get(f"arg-{field['name']}")
+    for field in approval_context(approval).schema_fields:
+        name = field["name"]
+        raw = request.POST.get(f"arg-{name}")
         if raw is None:
-            if field["name"] in original:
-                edited[field["name"]] = original[field["name"]]
+            if name in shown:
+                edited[name] = shown[name]
             continue
-        if field["type"] in ("number", "integer"):
-            try:
-                number = Decimal(raw.strip())
-            except InvalidOperation:
-                raise DecisionError(f"{field['name']}: {raw!r} is not a number.") from None
-            edited[field["name"]] = int(number) if field["type"] == "integer" else float(number)
-        elif field["type"] in ("object", "array"):
-            try:
-                edited[field["name"]] = json.loads(raw)
-            except json.JSONDecodeError:
-                raise DecisionError(f"{field['name']}: not valid JSON.") from None
-        else:
-            edited[field["name"]] = raw
-    return None if edited == original else edited
+        try:
+            if field["type"] in ("number", "integer"):
+                number = finite_decimal(raw)
+                if field["type"] == "integer" and number != number.to_integral_value():
+                    raise UnsafeJSON(f"{raw.strip()} is not a whole number")
+                edited[name] = int(number) if number == number.to_integral_value() else float(number)
+            elif field["type"] in ("object", "array"):
+                edited[name] = parse_json(raw)
+            else:
+                edited[name] = raw
+        except UnsafeJSON as exc:
+            raise DecisionError(f"{name}: {exc}.") from None
+    return None if input_hash(edited) == input_hash(shown) else edited
 
 
 @require_POST
 def approval_decide_view(request, approval_id: int):
-    approval = _approval(approval_id)
+    approval = _approval(request, approval_id)
     decision = request.POST.get("decision")
     status = 200
     try:
@@ -144,11 +165,7 @@ def approval_decide_view(request, approval_id: int):
             edited_input=_edited_input(request, approval) if decision == "approve" else None,
             confirm_irreversible=request.POST.get("confirm_irreversible") == approval.tool_call.tool_name,
         )
-        if result.approvals_missing:
-            messages.success(request, f"Your approval is recorded; {result.approvals_missing} more "
-                                      "needed from another reviewer.")
-        else:
-            messages.success(request, f"{approval.tool_call.tool_name} {result.approval.status}.")
+        messages.success(request, result.summary)
     except NotAllowed as exc:
         messages.error(request, str(exc))
         status = 403
@@ -159,40 +176,68 @@ def approval_decide_view(request, approval_id: int):
     except DecisionError as exc:
         messages.error(request, str(exc))
         status = 400
-    approval = _approval(approval.pk)
+    approval = _approval(request, approval.pk)
     if request.htmx:
         context = _page_context(request, approval)
+        # htmx swaps only 2xx responses: the outcome, error or not, is in the fragment.
         response = render(request, "approvals/approval_detail.html#decision", context)
         return trigger_client_event(response, "approvalDecided", {"id": approval.pk})
-    if status == 200:
-        _, next_id = neighbours(approval)
+    if status == 200 and approval.status != ApprovalRequest.Status.PENDING:
+        _, next_id = neighbours(approval, user=request.user)
         return redirect("approval-detail", approval_id=next_id) if next_id else redirect("queue")
+    if status == 200:
+        return redirect("approval-detail", approval_id=approval.pk)
     return render(request, "approvals/approval_detail.html", _page_context(request, approval), status=status)
 
 
 @require_POST
 def approval_claim_view(request, approval_id: int):
-    approval = _approval(approval_id)
-    if not request.user.has_perm(DECIDE_PERMISSION):
-        return HttpResponse("You do not have permission to decide approvals.", status=403)
+    approval = _approval(request, approval_id)
     try:
         approval_claim(approval_id=approval.pk, reviewer=request.user)
+    except NotAllowed as exc:
+        return _after_claim(request, approval.pk, error=str(exc), status=403)
     except DecisionError as exc:
-        messages.error(request, str(exc))
+        return _after_claim(request, approval.pk, error=str(exc), status=409)
+    return _after_claim(request, approval.pk)
+
+
+@require_POST
+def approval_break_claim_view(request, approval_id: int):
+    approval = _approval(request, approval_id)
+    try:
+        approval_break_claim(approval_id=approval.pk, user=request.user)
+    except NotAllowed as exc:
+        return _after_claim(request, approval.pk, error=str(exc), status=403)
     return _after_claim(request, approval.pk)
 
 
 @require_POST
 def approval_release_view(request, approval_id: int):
-    approval = _approval(approval_id)
+    approval = _approval(request, approval_id)
     approval_release(approval_id=approval.pk, reviewer=request.user)
     return _after_claim(request, approval.pk)
 
 
-def _after_claim(request, approval_id: int):
-    approval = _approval(approval_id)
+def _after_claim(request, approval_id: int, *, error: str = "", status: int = 200):
+    approval = _approval(request, approval_id)
+    if error:
+        messages.error(request, error)
     if request.htmx:
-        response = render(request, "approvals/approval_detail.html#status", _page_context(request, approval))
+        context = {**_page_context(request, approval), "inline_messages": True}
+        response = render(request, "approvals/approval_detail.html#status", context)
         return trigger_client_event(response, "approvalDecided", {"id": approval.pk})
+    if status != 200:
+        context = _page_context(request, approval)
+        return render(request, "approvals/approval_detail.html", context, status=status)
     return redirect("approval-detail", approval_id=approval.pk)
 
+
+
+@require_GET
+def run_integrity(request, run_id: int):
+    """Whether a run's record is as it was written: its checkpoints and audit chain."""
+    run = runs_visible_to(request.user).filter(pk=run_id).first()
+    if run is None:
+        raise Http404("No such run")
+    return render(request, "approvals/run_integrity.html", {"run": run, "verification": verify_run(run)})

@@ -16,11 +16,24 @@ from tools.registry import all_agents
 from .history import transcript_messages
 from .models import Message, Run, Step, ToolCall
 
+VIEW_ALL_PERMISSION = "runs.view_all_runs"
 
-def run_get(run_id) -> Run | None:
+
+def runs_visible_to(user):
+    """Runs ``user`` may see: every run with ``runs.view_all_runs``, else their own."""
+    if user.has_perm(VIEW_ALL_PERMISSION):
+        return Run.objects.all()
+    if not user.is_authenticated:
+        return Run.objects.none()
+    return Run.objects.filter(requester=user)
+
+
+def run_get(run_id, *, user=None) -> Run | None:
+    """The run, or None; with ``user``, only if they may see it."""
+    runs = Run.objects.all() if user is None else runs_visible_to(user)
     try:
-        return Run.objects.select_related("requester").filter(pk=int(run_id)).first()
-    except (TypeError, ValueError):
+        return runs.select_related("requester").filter(pk=int(run_id)).first()
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
@@ -65,6 +78,7 @@ def checkpoint(run: Run, number: int) -> dict | None:
 # --- run history (the /runs/ pages) ----------------------------------------
 def run_search(
     *,
+    user=None,
     status: str = "",
     agent: str = "",
     requester=None,
@@ -72,8 +86,10 @@ def run_search(
     created_to: date | None = None,
     text: str = "",
 ):
-    """Runs matching the history filters, newest first; every filter is optional."""
-    runs = Run.objects.select_related("requester").order_by("-id")
+    """Runs matching the history filters, newest first; every filter is optional.
+    With ``user``, only the runs they may see."""
+    runs = (Run.objects.all() if user is None else runs_visible_to(user)).select_related("requester")
+    runs = runs.order_by("-id")
     if status:
         runs = runs.filter(status=status)
     if agent:
@@ -142,14 +158,15 @@ def run_timeline(run: Run) -> list[TimelineStep]:
     replies = {m.seq: m.content for m in assistant.only("seq", "content")}
     # Coupling, by name only: ``approval`` is the reverse side of
     # approvals.ApprovalRequest.tool_call (OneToOne, related_name="approval"),
-    # and ``votes`` its ApprovalVote rows (two-person rule). ``runs`` never
+    # ``votes`` its ApprovalVote rows and ``proposal`` the arguments it would run
+    # (a reviewer's edit, until it is decided). ``runs`` never
     # imports ``approvals`` (dependencies point tools <- runs <- approvals); the
     # history just follows the relation so decisions load with their calls
     # instead of one query per call. Renaming either related_name breaks this.
     calls = (
         ToolCall.objects.filter(run=run, superseded_at__isnull=True)
-        .select_related("approval__decided_by")
-        .prefetch_related("approval__votes__reviewer")
+        .select_related("approval__decided_by", "approval__proposal__proposed_by")
+        .prefetch_related("approval__votes__reviewer", "approval__votes__proposal")
         .order_by("step", "position")
     )
     calls_by_step: dict[int, list[ToolCall]] = defaultdict(list)

@@ -50,8 +50,9 @@ def _htmx_target(request) -> str | None:
     return htmx.target
 
 
-def _run_or_404(run_id) -> Run:
-    run = run_get(run_id)
+def _run_or_404(request, run_id) -> Run:
+    """The run, if the user may see it (404 otherwise: no hint that it exists)."""
+    run = run_get(run_id, user=request.user)
     if run is None:
         raise Http404("No such run")
     return run
@@ -75,7 +76,8 @@ def may_cancel(user, run: Run) -> bool:
 @require_GET
 def run_list(request):
     form = RunFilterForm(request.GET)
-    page = Paginator(run_search(**form.filters()), RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    runs = run_search(user=request.user, **form.filters())
+    page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
     template = "runs/run_list.html"
     if _htmx_target(request) == "run-table":
         template += "#run-table"
@@ -125,16 +127,19 @@ def _status_context(request, run: Run, **extra) -> dict:
 
 
 def _int_param(params, name: str, *, required: bool = False) -> int | None:
+    """A step number or generation from the query: ASCII digits that fit a 64-bit column.
+
+    Not int() alone: it reads "١٢" and " 1_2 ", while str.isdigit() says yes to
+    "²", which int() refuses. At most 18 digits, like ids in paths
+    (desk/converters.py): a longer number names no step.
+    """
     raw = params.get(name, "")
     if raw == "" and not required:
         return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadRequest(f"{name} must be a step number, not {raw!r}.") from None
-    if value < 0:
-        raise BadRequest(f"{name} must be a step number, not {raw!r}.")
-    return value
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
+        shown = raw if len(raw) <= 24 else raw[:20] + "…"
+        raise BadRequest(f"{name} must be a step number, not {shown!r}.")
+    return int(raw)
 
 
 def _undo_state(request, run: Run) -> dict:
@@ -199,12 +204,17 @@ def _timeline_for_display(run: Run) -> list:
             call.original_input_text = pretty(call.original_input) if call.original_input else ""
             call.result_text = pretty(call.result) if call.result is not None else ""
             call.compensation_text = pretty(call.compensation) if call.compensation is not None else ""
+            # A reviewer's edit still waiting for approval: what would run instead.
+            approval = getattr(call, "approval", None)
+            proposal = approval.proposal if approval is not None and approval.status == "pending" else None
+            call.pending_edit = proposal if proposal is not None and proposal.proposed_by_id else None
+            call.pending_edit_text = pretty(proposal.input) if call.pending_edit else ""
     return timeline
 
 
 @require_GET
 def run_detail(request, run_id: int):
-    run = _run_or_404(run_id)
+    run = _run_or_404(request, run_id)
     context = _status_context(request, run)
     target = _htmx_target(request)
     if target == "run-status":
@@ -251,7 +261,7 @@ def _message_for_display(message: dict) -> dict:
 @require_GET
 def run_checkpoint(request, run_id: int, number: int):
     """What the model saw at step ``number``: the first Step.message_count messages."""
-    run = _run_or_404(run_id)
+    run = _run_or_404(request, run_id)
     data = run_step_checkpoint(run, number)
     if data is None:
         raise Http404(f"Run {run.pk} has no step {number}")
@@ -293,7 +303,7 @@ def run_new(request):
 
 @require_POST
 def run_cancel_view(request, run_id: int):
-    run = _run_or_404(run_id)
+    run = _run_or_404(request, run_id)
     if not may_cancel(request.user, run):
         raise PermissionDenied("Only the requester, staff or a reviewer may cancel this run.")
     notice, ok = _cancel(run, request.user)
@@ -420,7 +430,7 @@ def _undo_context(run: Run, *, to_step: int | None, rewind: bool) -> dict:
 
 def _undo(request, run_id: int, *, rewind: bool):
     _require_undo(request)
-    run = _run_or_404(run_id)
+    run = _run_or_404(request, run_id)
     params = request.POST if request.method == "POST" else request.GET
     to_step = _int_param(params, "to_step", required=rewind)
     if to_step is not None:
@@ -464,7 +474,7 @@ def run_rewind_view(request, run_id: int):
 def run_fork_view(request, run_id: int):
     """GET: the checkpoint a fork starts from. POST: start the fork and go to it."""
     _require_undo(request)
-    run = _run_or_404(run_id)
+    run = _run_or_404(request, run_id)
     params = request.POST if request.method == "POST" else request.GET
     step = _checkpoint_or_404(run, _int_param(params, "step", required=True))
     if request.method == "POST":

@@ -41,3 +41,21 @@ def result_text(value) -> str:
         except (json.JSONDecodeError, TypeError):
             return value
     return pretty_json(value)
+
+
+@register.filter
+def aggregate_text(detail) -> str:
+    """An aggregate rule's figures for people: "₹2,450 so far on A-1001 + ₹490 = ₹2,940 > ₹500"."""
+    if not isinstance(detail, dict) or "total" not in detail:
+        return ""
+    money = detail.get("field") == "amount"
+
+    def show(value) -> str:
+        return rupees(value) if money else str(value)
+
+    window = detail.get("window_minutes")
+    within = f" in the last {window} min" if window else ""
+    counted = "" if detail.get("aggregate") == "sum" else " calls"
+    where = detail.get("where", detail.get("scope"))
+    return (f"{show(detail['so_far'])}{counted} so far on {where}{within} + {show(detail['this'])} = "
+            f"{show(detail['total'])} {detail['operator']} {show(detail['value'])}")

@@ -97,11 +97,11 @@ def test_a_reviewer_edits_the_amount_and_approves(page, desk):
     page.get_by_text("Edit the arguments before approving").click()
     page.fill("input[name=arg-amount]", "1500")
     page.get_by_role("button", name="Approve").click()
-    page.get_by_text("Approved with edited arguments").wait_for()
+    page.get_by_text("refund_item approved with the edited arguments").wait_for()
     desk.manage("resume", str(run.pk), "--sync")
     assert [str(p.amount) for p in Payment.objects.all()] == ["1500.00"]
     result = run.messages.get(seq=6).content[0]["content"]
-    assert "amount: 2900.0 -> 1500.0" in result
+    assert "amount: 2900.0 -> 1500" in result
 
 
 def test_the_requester_cannot_decide_their_own_run(page, desk):

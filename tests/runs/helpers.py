@@ -21,3 +21,23 @@ def turn(*calls, text: str = "Working on it.") -> dict:
 
 def script(*turns) -> dict:
     return {"turns": list(turns)}
+
+
+def client_for(user):
+    """A test client signed in as ``user`` (CSRF is tested on its own)."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def run_command(*args) -> str:
+    """Run a management command in-process; its output."""
+    import io
+
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()

@@ -2,13 +2,18 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from approvals.models import ApprovalRequest
 from approvals.services import DecisionError, approval_decide
 from runs.engine import run_advance_until_settled
-from runs.management.commands._common import user_by_name
+from runs.management.commands._common import is_id, text_argument, user_by_name
+from tools.inputs import UnsafeJSON, parse_json
 
 
 class Command(BaseCommand):
-    help = "Approve or decline a pending approval."
+    help = (
+        "Approve or decline a pending approval. --edit JSON merges over the arguments shown "
+        "and makes a new proposal, reviewed by the gate like the desk's edit."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("approval_id")
@@ -17,24 +22,68 @@ class Command(BaseCommand):
         verdict.add_argument("--decline", action="store_true")
         parser.add_argument("--user", required=True)
         parser.add_argument("--comment", default="")
-        parser.add_argument("--confirm-irreversible", action="store_true",
-                            help="needed to approve a call that cannot be undone")
+        parser.add_argument(
+            "--edit",
+            metavar="JSON",
+            help="approve these arguments instead, e.g. '{\"amount\": 400}' (merged over "
+            "the arguments shown)",
+        )
+        parser.add_argument("--args-hash", help="refuse if the arguments shown changed (runstatus --json)")
+        parser.add_argument(
+            "--confirm-irreversible",
+            action="store_true",
+            help="needed to approve a call that cannot be undone",
+        )
         parser.add_argument("--sync", action="store_true", help="advance the run here, without a worker")
 
-    def handle(self, *args, approval_id, approve, decline, user, comment, sync, confirm_irreversible,
-               **options):
-        if not str(approval_id).isdigit():
-            raise CommandError(f"No approval {approval_id}.")
+    def handle(
+        self,
+        *args,
+        approval_id,
+        approve,
+        decline,
+        user,
+        comment,
+        sync,
+        confirm_irreversible,
+        edit,
+        args_hash,
+        **options,
+    ):
+        if not is_id(str(approval_id)):
+            raise CommandError(
+                f"No approval {approval_id}: an approval id is made of digits 0-9, at most 18."
+            )
         reviewer = user_by_name(user)
+        comment = text_argument(comment, "The comment")
+        edited = None
+        if edit is not None:
+            if decline:
+                raise CommandError("--edit goes with --approve: a decline runs nothing.")
+            edited, shown_hash = self._merged(int(approval_id), edit)
+            # The merge was made over what is shown now: refuse it if that changes meanwhile.
+            args_hash = args_hash or shown_hash
         try:
             result = approval_decide(
-                approval_id=int(approval_id), reviewer=reviewer, approve=approve, comment=comment,
-                confirm_irreversible=confirm_irreversible, enqueue=not sync,
+                approval_id=int(approval_id),
+                reviewer=reviewer,
+                approve=approve,
+                comment=comment,
+                confirm_irreversible=confirm_irreversible,
+                enqueue=not sync,
+                edited_input=edited,
+                args_hash=args_hash,
             )
         except DecisionError as exc:
             raise CommandError(str(exc)) from None
         approval = result.approval
-        self.stdout.write(f"approval {approval.pk}: {approval.status} by {reviewer.get_username()}")
+        if approval.status == ApprovalRequest.Status.PENDING:
+            self.stdout.write(f"approval {approval.pk}: pending. {result.summary}")
+        else:
+            self.stdout.write(
+                f"approval {approval.pk}: {approval.status} by {reviewer.get_username()}"
+                + (f" (proposal {approval.proposal.number}, edited)" if approval.is_edited else "")
+            )
         if result.run_woken:
             if sync:
                 run_advance_until_settled(approval.run_id)
@@ -44,3 +93,20 @@ class Command(BaseCommand):
                 self.stdout.write(f"run {approval.run_id}: queued for a worker")
         else:
             self.stdout.write(f"run {approval.run_id}: still waiting for other decisions")
+
+    def _merged(self, approval_id: int, edit: str) -> tuple[dict, str]:
+        """The JSON merged over the arguments shown now (the current proposal), and
+        the hash of those arguments."""
+        try:
+            changes = parse_json(text_argument(edit, "--edit"))
+        except UnsafeJSON as exc:
+            raise CommandError(f"--edit: {exc}") from None
+        if not isinstance(changes, dict):
+            raise CommandError("--edit takes a JSON object of arguments, e.g. '{\"amount\": 400}'.")
+        approval = (
+            ApprovalRequest.objects.select_related("proposal", "tool_call").filter(pk=approval_id).first()
+        )
+        if approval is None:
+            raise CommandError(f"No approval {approval_id}.")
+        shown = approval.proposal.input if approval.proposal else approval.tool_call.input
+        return {**(shown if isinstance(shown, dict) else {}), **changes}, approval.args_hash

@@ -5,6 +5,7 @@ import json
 from django.core.management.base import BaseCommand
 
 from approvals.models import ApprovalRequest
+from approvals.services import group_names
 from runs.management.commands._common import run_by_id
 
 
@@ -19,7 +20,7 @@ class Command(BaseCommand):
         run = run_by_id(run_id)
         pending = ApprovalRequest.objects.filter(
             run=run, status=ApprovalRequest.Status.PENDING
-        ).select_related("tool_call", "rule")
+        ).select_related("tool_call", "rule", "proposal__proposed_by").prefetch_related("required_groups")
         data = {
             "id": run.pk,
             "agent": run.agent,
@@ -38,10 +39,16 @@ class Command(BaseCommand):
                 {
                     "id": a.pk,
                     "tool": a.tool_call.tool_name,
-                    "input": a.tool_call.input,
-                    "rule": a.rule.label if a.rule else None,
-                    "reason": a.reason,
+                    # What would run: the current proposal (the model's call or an edit).
+                    "input": a.proposal.input if a.proposal else a.tool_call.input,
+                    "rule": a.proposal.rule_label if a.proposal else (a.rule.label if a.rule else None),
+                    "reason": a.proposal.reason if a.proposal else a.reason,
                     "args_hash": a.args_hash,
+                    "proposal": a.proposal.number if a.proposal else 1,
+                    "proposed_by": a.proposal.proposed_by.get_username() if a.is_edited else None,
+                    "model_input": a.tool_call.input if a.is_edited else None,
+                    "who_may_decide": group_names(a),
+                    "approvers_required": a.approvers_required,
                 }
                 for a in pending
             ],

@@ -39,6 +39,13 @@ RULES = (
     ("Charges up to ₹1,000", "charge_card", "", "gt", "", "allow", 0, None),
     ("Charges over ₹1,000", "charge_card", "amount", "gt", "1000", "needs_approval", 10, "reviewers"),
 )
+# Aggregate rules: a running total, so that splitting a refund does not beat the
+# threshold. name, tool, aggregate, field, scope, scope_fact, operator, value, effect,
+# priority, group. Below the per-call rules, above the catch-all allow.
+AGGREGATE_RULES = (
+    ("Refunds per order over ₹500 in total need approval", "refund_item", "sum", "amount", "fact",
+     "order_id", "gt", "500", "needs_approval", 5, "reviewers"),
+)
 
 
 class Command(BaseCommand):
@@ -82,8 +89,9 @@ class Command(BaseCommand):
         groups = {}
         for name in GROUPS:
             groups[name], _ = Group.objects.get_or_create(name=name)
+        view_all = Permission.objects.get(codename="view_all_runs", content_type__app_label="runs")
         for name in ("reviewers", "senior-reviewers", "admins"):
-            groups[name].permissions.add(decide)
+            groups[name].permissions.add(decide, view_all)
         groups["admins"].permissions.add(rollback)
         password = settings.DESK_DEMO_PASSWORD or secrets.token_urlsafe(12)
         created_any = False
@@ -107,4 +115,13 @@ class Command(BaseCommand):
             GateRule.objects.create(
                 name=name, tool=tool, field=field, operator=operator, value=value, effect=effect,
                 priority=priority, required_group=Group.objects.get(name=group) if group else None,
+            )
+        for (name, tool, aggregate, field, scope, scope_fact, operator, value, effect, priority,
+             group) in AGGREGATE_RULES:
+            if GateRule.objects.filter(name=name).exists():
+                continue
+            GateRule.objects.create(
+                name=name, tool=tool, aggregate=aggregate, field=field, scope=scope, scope_fact=scope_fact,
+                operator=operator, value=value, effect=effect, priority=priority,
+                required_group=Group.objects.get(name=group) if group else None,
             )

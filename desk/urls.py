@@ -2,14 +2,21 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, register_converter
 
 from approvals import views as approval_views
+
+from .converters import IdConverter
+
+# Every URL with an id uses <id:...>; registered before the includes below import theirs.
+register_converter(IdConverter, "id")
 
 urlpatterns = [
     path("", approval_views.home, name="home"),
     path("desk/", include("approvals.urls")),
     path("runs/", include("runs.urls")),
+    # The run page's "verified" line: the audit trail is approvals', the checkpoints runs'.
+    path("runs/<id:run_id>/integrity", approval_views.run_integrity, name="run-integrity"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from django.conf import settings
 from django.db import connections
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +49,8 @@ class Desk:
             "DESK_LEASE_SECONDS": "3",
             "DESK_SANDBOX_DIR": str(tmp_path / "sandbox"),
             "DESK_TESTING": "1",
+            # One key for every process of the test, as in production (else each makes its own).
+            "SECRET_KEY": settings.SECRET_KEY,
             "PYTHONUNBUFFERED": "1",
         }
         self.env.pop("DESK_FAILPOINTS", None)
@@ -69,14 +72,26 @@ class Desk:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
 
+    def stop(self) -> None:
+        """Stop every process, and let the test database be emptied: SQLite's flush
+        deletes row by row, which the audit trail's append-only triggers refuse (tests
+        that need the triggers install them again)."""
+        for worker in self.workers:
+            worker.stop()
+        from approvals.audit import drop_append_only_triggers
+
+        connection = connections["default"]
+        if connection.vendor == "sqlite":
+            drop_append_only_triggers(connection)
+
     def status(self, run_id: int) -> dict:
         return json.loads(self.manage("runstatus", str(run_id), "--json").stdout)
 
     def world(self) -> dict:
         return json.loads(self.manage("world", "--json").stdout)
 
-    def start_worker(self, *, failpoints: str = "", name: str = "") -> Worker:
-        worker = Worker(self, failpoints=failpoints, name=name or f"w{len(self.workers)}")
+    def start_worker(self, *, failpoints: str = "", name: str = "", env: dict | None = None) -> Worker:
+        worker = Worker(self, failpoints=failpoints, name=name or f"w{len(self.workers)}", env=env)
         self.workers.append(worker)
         return worker
 
@@ -108,13 +123,14 @@ class Desk:
 
 class Worker:
     def __init__(self, desk: Desk, *, failpoints: str, name: str, beat: bool = False,
-                 web_port: int | None = None) -> None:
+                 web_port: int | None = None, env: dict | None = None) -> None:
         self.log_path = desk.tmp_path / f"worker-{name}.log"
-        env = dict(desk.env)
+        env = {**desk.env, **(env or {})}
         if failpoints:
             env["DESK_FAILPOINTS"] = failpoints
         if web_port:
-            command = ["manage.py", "runserver", f"127.0.0.1:{web_port}", "--noreload"]
+            # DEBUG is off in tests, as in production: --insecure still serves the CSS and JS.
+            command = ["manage.py", "runserver", f"127.0.0.1:{web_port}", "--noreload", "--insecure"]
             ready = "Quit the server with"
         elif beat:
             env["DESK_SWEEP_SECONDS"] = "1"

@@ -10,5 +10,4 @@ def desk(transactional_db, tmp_path, demo):
     """Demo data committed to the file-backed test databases, and a Desk to drive them."""
     desk = Desk(tmp_path)
     yield desk
-    for worker in desk.workers:
-        worker.stop()
+    desk.stop()

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from approvals.audit import verify_everything, verify_run
+from runs.management.commands._common import run_by_id
+
+
+class Command(BaseCommand):
+    help = (
+        "Check the audit chains and every checkpoint digest; name the first broken link. "
+        "Exits 1 if the record was changed."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("run_id", nargs="?", help="one run (default: every run and every chain)")
+        parser.add_argument("--json", action="store_true", dest="as_json")
+
+    def handle(self, *args, run_id, as_json, **options):
+        results = [verify_run(run_by_id(run_id))] if run_id is not None else verify_everything()
+        broken = [r for r in results if not r.ok]
+        if as_json:
+            self.stdout.write(
+                json.dumps(
+                    {"ok": not broken, "checked": [r.as_dict() for r in results]},
+                    indent=2,
+                    ensure_ascii=False,
+                )
+            )
+        else:
+            for result in results:
+                counts = (
+                    f"{result.steps} checkpoint{'s' * (result.steps != 1)}, " if result.steps else ""
+                ) + (f"{result.events} audit event{'s' * (result.events != 1)}")
+                if result.ok:
+                    self.stdout.write(f"{result.subject}: verified ({counts})")
+                else:
+                    self.stdout.write(f"{result.subject}: BROKEN ({counts})")
+                    for finding in result.findings:
+                        self.stdout.write(f"  {finding}")
+        if broken:
+            first = broken[0].findings[0]
+            raise CommandError(
+                f"{len(broken)} record(s) changed; the first broken link: {first}", returncode=1
+            )

@@ -1,0 +1,223 @@
+"""The record is tamper-evident: audit events are hash-chained per subject and the
+database refuses to change them; checkpoints are chained over what they closed;
+`verify` names the first broken link; the run page says whether the record holds.
+
+The attacks are made the way someone with database access would: by SQL, with the
+triggers dropped where they are in the way.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.management.base import CommandError
+from django.db import DatabaseError, IntegrityError, connection, transaction
+
+from approvals.audit import drop_append_only_triggers, install_append_only_triggers, verify_run
+from approvals.models import ApprovalRequest, AuditChain, AuditEvent
+from approvals.services import approval_decide
+from runs.engine import run_advance_until_settled
+from runs.models import Message, Run, Step, ToolCall
+from runs.saga import run_rewind
+from tests.runs.helpers import client_for, run_command, start
+
+pytestmark = pytest.mark.django_db(databases=["default", "world"])
+
+
+@pytest.fixture(autouse=True)
+def triggers():
+    # A test that flushed the database before this one dropped them (tests/support.py).
+    install_append_only_triggers(connection)
+
+
+def finished(users) -> Run:
+    """The demo run, approved all the way: 6 checkpoints, every kind of event."""
+    run = start(requester=users["requester"])
+    for reviewer in ("reviewer", "senior"):
+        approval = ApprovalRequest.objects.get(run=run, status="pending")
+        approval_decide(approval_id=approval.pk, reviewer=users[reviewer], approve=True, enqueue=False)
+        run_advance_until_settled(run.pk)
+    run.refresh_from_db()
+    assert run.status == Run.Status.DONE
+    return run
+
+
+def verify(*args) -> tuple[dict, str]:
+    """`manage.py verify --json`: its report, and the error it exits with ("" if none)."""
+    try:
+        return json.loads(run_command("verify", *args, "--json")), ""
+    except CommandError as exc:
+        return None, str(exc)
+
+
+def broken_links(run) -> list[str]:
+    return [str(f) for f in verify_run(Run.objects.get(pk=run.pk)).findings]
+
+
+def test_an_untouched_run_verifies_from_the_command_line_and_on_its_page(users):
+    run = finished(users)
+    report, error = verify(str(run.pk))
+    assert error == "" and report["ok"] is True
+    [checked] = report["checked"]
+    assert checked["steps"] == run.step == 6 and checked["events"] > 20 and checked["first_broken"] is None
+    everything, error = verify()
+    assert error == "" and everything["ok"] is True
+    assert {c["subject"] for c in everything["checked"]} >= {f"run:{run.pk}"}
+    page = client_for(users["reviewer"]).get(f"/runs/{run.pk}/integrity").content.decode()
+    assert "Verified:" in page and "6 checkpoints" in page
+
+
+def test_a_changed_message_is_named_and_the_page_says_the_record_was_changed(users):
+    run = finished(users)
+    reply = Message.objects.get(run=run, seq=3)  # the model's reply of step 1
+    content = reply.content
+    content[0]["text"] = "The customer asked for double. Refunding ₹5,800."
+    Message.objects.filter(pk=reply.pk).update(content=content)
+    assert broken_links(run)[0].startswith(f"run {run.pk} step 1: its record was changed after the step")
+    report, error = verify(str(run.pk))
+    assert report is None and f"first broken link: run {run.pk} step 1" in error
+    page = client_for(users["reviewer"]).get(f"/runs/{run.pk}/integrity").content.decode()
+    assert "The record was changed after it was written" in page and f"run {run.pk} step 1" in page
+
+
+def test_a_changed_tool_result_is_named(users):
+    run = finished(users)
+    lookup = ToolCall.objects.get(run=run, tool_name="get_order")
+    ToolCall.objects.filter(pk=lookup.pk).update(result={**lookup.result, "amount": "29000.00"})
+    [first, *_] = broken_links(run)
+    assert first.startswith(f"run {run.pk} step {lookup.step}: the result of get_order")
+    assert "differs from the call log" in first
+
+
+def test_changed_arguments_are_named(users):
+    run = finished(users)
+    refund = ToolCall.objects.get(run=run, tool_name="refund_item")
+    ToolCall.objects.filter(pk=refund.pk).update(input={**refund.input, "amount": 29})
+    assert broken_links(run)[0].startswith(f"run {run.pk} step {refund.step}: ")
+
+
+def test_a_deleted_audit_row_is_named(users):
+    run = finished(users)
+    events = list(AuditEvent.objects.filter(run=run).order_by("seq"))
+    victim = events[5]  # e.g. the call that waited, or the approval of it
+    drop_append_only_triggers(connection)
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM approvals_auditevent WHERE id = %s", [victim.pk])
+    [first, *_] = broken_links(run)
+    assert first == (
+        f"audit event #{events[6].pk} (run:{run.pk} #{events[6].seq}, {events[6].action}): "
+        f"run:{run.pk} #{victim.seq} is missing: deleted"
+    )
+
+
+def test_deleting_the_newest_audit_rows_is_noticed_by_the_chain_head(users):
+    run = finished(users)
+    last = AuditEvent.objects.filter(run=run).order_by("-seq")[:2]
+    drop_append_only_triggers(connection)
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM approvals_auditevent WHERE id IN (%s, %s)", [e.pk for e in last])
+    [first] = broken_links(run)
+    assert "missing: the chain's head points past the last event" in first
+
+
+def test_a_rewritten_audit_row_is_named(users):
+    run = finished(users)
+    decision = AuditEvent.objects.get(run=run, action="approval.approved", actor=users["reviewer"])
+    drop_append_only_triggers(connection)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE approvals_auditevent SET actor_id = %s WHERE id = %s", [users["admin"].pk, decision.pk]
+        )
+    [first] = broken_links(run)
+    assert first == (
+        f"audit event #{decision.pk} (run:{run.pk} #{decision.seq}, approval.approved): "
+        "its content was changed after it was written"
+    )
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "UPDATE approvals_auditevent SET detail = 'nothing happened' WHERE id = %s",
+        "DELETE FROM approvals_auditevent WHERE id = %s",
+    ],
+)
+def test_the_database_refuses_to_change_an_audit_row(users, sql):
+    run = finished(users)
+    event = AuditEvent.objects.filter(run=run).first()
+    with (
+        pytest.raises((IntegrityError, DatabaseError), match="append-only"),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(sql, [event.pk])
+    assert AuditEvent.objects.get(pk=event.pk).detail == event.detail
+
+
+def test_the_orm_refuses_bulk_changes_to_the_audit_trail(users):
+    run = finished(users)
+    with pytest.raises(ValueError, match="append-only"):
+        AuditEvent.objects.filter(run=run).update(detail="")
+    with pytest.raises(ValueError, match="append-only"):
+        AuditEvent.objects.filter(run=run).delete()
+    event = AuditEvent.objects.filter(run=run).first()
+    event.detail = "rewritten"
+    with pytest.raises(ValueError, match="append-only"):
+        event.save()
+
+
+def test_a_chain_head_only_moves_forward(users):
+    run = finished(users)
+    with pytest.raises((IntegrityError, DatabaseError), match="only move forward"), transaction.atomic():
+        AuditChain.objects.filter(subject=f"run:{run.pk}").update(seq=3)
+
+
+def test_each_run_and_each_rule_has_its_own_chain(users):
+    first, second = start(requester=users["requester"]), start(requester=users["requester"])
+    for run in (first, second):
+        seqs = list(AuditEvent.objects.filter(run=run).order_by("id").values_list("seq", flat=True))
+        assert seqs == list(range(1, len(seqs) + 1))
+        assert AuditEvent.objects.get(run=run, seq=1).prev_hash == ""
+    response = client_for(users["admin"]).post(
+        "/admin/approvals/gaterule/add/",
+        {
+            "name": "Notes",
+            "tool": "add_note",
+            "operator": "gt",
+            "effect": "allow",
+            "priority": "1",
+            "enabled": "on",
+            "approvers_required": "1",
+            "timeout_effect": "decline",
+            "scope": "run",
+        },
+    )
+    assert response.status_code == 302
+    [created] = AuditEvent.objects.filter(action="rule.created")
+    assert created.subject.startswith("rule:") and created.seq == 1
+
+
+def test_a_rewound_run_still_verifies_with_its_superseded_steps(users):
+    run = finished(users)
+    run_rewind(run=Run.objects.get(pk=run.pk), to_step=2, by=users["admin"], enqueue=False)
+    run_advance_until_settled(run.pk)
+    assert Step.objects.filter(run=run, superseded_at__isnull=False).exists()
+    assert broken_links(run) == []
+    # A superseded step's record is checked too.
+    old = Message.objects.filter(run=run, superseded_at__isnull=False).order_by("seq").first()
+    Message.objects.filter(pk=old.pk).update(content=[{"type": "text", "text": "rewritten history"}])
+    assert "(superseded)" in broken_links(run)[0]
+
+
+def test_a_fork_verifies_and_covers_what_it_shares_with_its_parent(users):
+    from runs.saga import run_fork
+
+    parent = finished(users)
+    fork = run_fork(run=parent, step=3, by=users["admin"], enqueue=False)
+    run_advance_until_settled(fork.pk)
+    assert broken_links(fork) == [] and broken_links(parent) == []
+    shared = Message.objects.get(run=parent, seq=1)
+    Message.objects.filter(pk=shared.pk).update(content=[{"type": "text", "text": "rewritten"}])
+    assert broken_links(fork)[0].startswith(f"run {fork.pk} step 3:")
+    assert broken_links(parent)[0].startswith(f"run {parent.pk} step 0:")

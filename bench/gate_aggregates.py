@@ -1,36 +1,35 @@
 #!/usr/bin/env python
-"""What aggregate gate rules add to each call: ms/step with and without them, side by side.
+"""What aggregate gate rules add to each gated call, measured side by side with and without them.
 
 Run from the project root:  .venv/bin/python bench/gate_aggregates.py [--steps 50,400,1600] [--repeat 3]
 
-A scripted refund-desk run of N turns, each one write call (``add_note`` on order
-A-1001 with a new text, allowed by the demo's "Internal notes" rule), then a final
-reply, advanced by one ``run_advance`` claim in fresh SQLite databases (the
-project's durable settings). Three configurations, each in its own process:
+Two tools, each with and without an aggregate rule, each configuration in its own
+process on fresh SQLite databases (the project's durable settings, DEBUG off):
 
-- ``plain``: the demo's rules only (no aggregate rule applies to add_note);
-- ``count``: plus "more than 1,000,000 notes per order_id in 24 h are refused",
-  which never trips, so every call is added up and then falls through to the allow
-  rule: the total grows with N, every note on A-1001 counts;
-- ``sum``: plus a per-run sum rule on a numeric fact (``refund_item``'s ``amount``
-  per run, over all time) exercised by N refunds of ₹0.01 on A-1003 instead of notes.
+- ``notes``: a run of N ``add_note`` calls on order A-1001 (allowed by the demo's
+  "Internal notes" rule); ``notes+count`` adds "more than 1,000,000 notes per order_id
+  in 24 h are refused", which never trips: every call counts every earlier note on
+  the order, then falls through to the allow rule;
+- ``refunds``: a run of N refunds of ₹0.01 on A-1003 (allowed: under ₹500, and the
+  demo's per-order total is switched off); ``refunds+sum`` adds "refunds per run over
+  ₹1,000,000 in total are refused": every call sums every earlier refund of the run.
 
-Reported, never asserted: ms/step for each and the ratio to ``plain`` for the same
-N, and the ms/step of the last 10% of steps against the first 10% (does the added
-cost grow with the number of calls already in the scope?).
+For each: ms/step of the whole run (one ``run_advance`` claim; a write step costs
+several durable commits), and then, with the N calls in the scope, the gate's review
+of one more call timed alone (``runs.gate.review_call``, 300 times, median), which is
+what the rule adds without the noise of the commits. Reported, never asserted; the
+ratios compare the two columns of one line, measured in the same process.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,9 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from step_overhead import machine_info, setup_django  # noqa: E402
 
+CONFIGS = ("notes", "notes+count", "refunds", "refunds+sum")
+REVIEWS = 300
 
-def call(i: int, config: str) -> dict:
-    if config == "sum":
+
+def call(i: int, tool: str) -> dict:
+    if tool == "refunds":
         return {
             "name": "refund_item",
             "input": {"order_id": "A-1003", "amount": 0.01, "reason": f"Goodwill {i}"},
@@ -48,24 +50,17 @@ def call(i: int, config: str) -> dict:
     return {"name": "add_note", "input": {"order_id": "A-1001", "text": f"Checked again ({i})."}}
 
 
-def scenario(n: int, config: str) -> dict:
-    turns = [{"text": f"Step {i}.", "tool_calls": [call(i, config)]} for i in range(n)]
+def scenario(n: int, tool: str) -> dict:
+    turns = [{"text": f"Step {i}.", "tool_calls": [call(i, tool)]} for i in range(n)]
     turns.append({"text": "Done."})
     return {"turns": turns}
 
 
-def worker(config: str, n: int, db_dir: Path) -> dict:
-    setup_django(db_dir, debug=False)
-    from django.core.management import call_command
-
-    call_command("seeddemo", verbosity=0)
+def aggregate_rule(config: str):
     from approvals.models import GateRule
-    from runs.engine import run_advance
-    from runs.models import Run, Step, ToolCall
-    from runs.services import run_create
 
-    if config == "count":
-        GateRule.objects.create(
+    if config == "notes+count":
+        return GateRule.objects.create(
             name="Notes per order",
             tool="add_note",
             aggregate="count",
@@ -77,9 +72,8 @@ def worker(config: str, n: int, db_dir: Path) -> dict:
             effect="deny",
             priority=50,
         )
-    elif config == "sum":
-        # Refunds up to ₹500 are allowed; this one adds up every refund of the run first.
-        GateRule.objects.create(
+    if config == "refunds+sum":
+        return GateRule.objects.create(
             name="Refunds per run",
             tool="refund_item",
             aggregate="sum",
@@ -90,11 +84,52 @@ def worker(config: str, n: int, db_dir: Path) -> dict:
             effect="deny",
             priority=50,
         )
-        GateRule.objects.filter(name="Refunds per order over ₹500 in total need approval").update(
-            enabled=False
-        )
+    return None
+
+
+def time_reviews(run, tool_call: dict) -> float:
+    """Median µs of the gate's review of one more call, inside a transaction as the engine does."""
+    from django.db import transaction
+
+    from runs.gate import review_call
+    from runs.models import ToolCall
+    from tools.registry import find_tool, input_hash
+
+    spec = find_tool(tool_call["name"])
+    candidate = ToolCall(
+        run=run,
+        step=run.step,
+        position=0,
+        tool_use_id="bench",
+        tool_name=spec.name,
+        input=tool_call["input"],
+        input_hash=input_hash(tool_call["input"]),
+    )
+    samples = []
+    for _ in range(REVIEWS):
+        with transaction.atomic():
+            started = time.perf_counter()
+            review_call(run=run, call=candidate, spec=spec)
+            samples.append(time.perf_counter() - started)
+    return statistics.median(samples) * 1e6
+
+
+def worker(config: str, n: int, db_dir: Path) -> dict:
+    setup_django(db_dir, debug=False)
+    from django.core.management import call_command
+
+    call_command("seeddemo", verbosity=0)
+    from approvals.models import GateRule
+    from runs.engine import run_advance
+    from runs.models import Run, ToolCall
+    from runs.services import run_create
+
+    tool = config.split("+")[0]
+    # Refunds of ₹0.01 stay allowed: the demo's per-order total would stop them at ₹500.
+    GateRule.objects.filter(name="Refunds per order over ₹500 in total need approval").update(enabled=False)
+    rule = aggregate_rule(config)
     run = run_create(
-        agent_name="refund-desk", task="bench", script=scenario(n, config), max_steps=n + 5, enqueue=False
+        agent_name="refund-desk", task="bench", script=scenario(n, tool), max_steps=n + 5, enqueue=False
     )
     started = time.perf_counter()
     run_advance(run.pk)
@@ -102,14 +137,12 @@ def worker(config: str, n: int, db_dir: Path) -> dict:
     run.refresh_from_db()
     assert run.status == Run.Status.DONE, (run.status, run.error)
     assert ToolCall.objects.filter(run=run, status="committed").count() == n
-    times = list(Step.objects.filter(run=run).order_by("number").values_list("created_at", flat=True))
-    gaps = [(b - a).total_seconds() * 1000 for a, b in pairwise(times)]
-    tenth = max(1, len(gaps) // 10)
-    return {
-        "ms_per_step": elapsed * 1000 / (n + 1),
-        "first": statistics.median(gaps[:tenth]),
-        "last": statistics.median(gaps[-tenth:]),
-    }
+    review = time_reviews(run, call(n, tool))
+    without = review
+    if rule is not None:
+        GateRule.objects.filter(pk=rule.pk).update(enabled=False)
+        without = time_reviews(run, call(n, tool))
+    return {"ms_per_step": elapsed * 1000 / (n + 1), "review_us": review, "review_without_us": without}
 
 
 def main() -> None:
@@ -126,11 +159,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gate-aggregates-") as tmp:
         for line in machine_info(Path(tmp)):
             print(line)
-        print(f"{'N':>6} {'config':>6} {'ms/step':>9} {'vs plain':>9} {'first 10%':>10} {'last 10%':>9}")
+        print(f"each configuration run {args.repeat} times in fresh databases; medians shown")
+        print(
+            "ms/step: the whole run, one claim. review: the gate's review of one more call, with N in scope."
+        )
+        print(f"{'N':>6} {'config':>12} {'ms/step':>9} {'vs base':>8} {'review µs':>10} {'rule adds µs':>13}")
         for n in [int(x) for x in args.steps.split(",")]:
-            medians = {}
-            for config in ("plain", "count", "sum"):
-                runs = []
+            base = None
+            for config in CONFIGS:
+                results = []
                 for i in range(args.repeat):
                     db_dir = Path(tmp) / f"{config}-{n}-{i}"
                     out = subprocess.run(
@@ -138,18 +175,18 @@ def main() -> None:
                         cwd=ROOT,
                         capture_output=True,
                         text=True,
-                        env={**os.environ},
                         check=False,
                     )
                     if out.returncode:
                         raise SystemExit(out.stdout + out.stderr)
-                    runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-                best = min(runs, key=lambda r: r["ms_per_step"])
-                medians[config] = statistics.median(r["ms_per_step"] for r in runs)
-                ratio = medians[config] / medians["plain"]
+                    results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+                ms = statistics.median(r["ms_per_step"] for r in results)
+                review = statistics.median(r["review_us"] for r in results)
+                added = statistics.median(r["review_us"] - r["review_without_us"] for r in results)
+                if "+" not in config:
+                    base = ms
                 print(
-                    f"{n:>6} {config:>6} {medians[config]:>9.3f} {ratio:>8.2f}x {best['first']:>10.3f} "
-                    f"{best['last']:>9.3f}",
+                    f"{n:>6} {config:>12} {ms:>9.3f} {ms / base:>7.2f}x {review:>10.0f} {added:>13.0f}",
                     flush=True,
                 )
 

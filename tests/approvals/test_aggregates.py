@@ -206,3 +206,20 @@ def test_an_admin_adds_an_aggregate_rule_in_the_admin(users):
     assert response.status_code == 302, response.content.decode()[:3000]
     rule = GateRule.objects.get(name="Emails per address")
     assert rule.condition == "number of calls per to over 24 h > 3"
+
+
+def test_amounts_with_paise_add_up_exactly(users):
+    rule = GateRule.objects.get(name=PER_ORDER)
+    rule.value = "940.30"
+    rule.save()
+    start(
+        script(turn(refund(490.10)), turn(refund(450.20, reason="Scratched case")), {"text": "Done."}),
+        requester=users["requester"],
+    )
+    run = start(
+        script(turn(refund(0.01, reason="Rounding")), {"text": "Done."}), requester=users["requester"]
+    )
+    # 940.30 so far is not over 940.30; with the cent it is.
+    assert ApprovalRequest.objects.get(run=run).reason == (
+        "amount 940.3 so far on order_id A-1001 + 0.01 = 940.31 > 940.30"
+    )

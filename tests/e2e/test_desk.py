@@ -71,6 +71,9 @@ def test_a_reviewer_takes_the_demo_run_to_the_end_from_the_browser(page, desk, t
     wait_until(lambda: Run.objects.get(pk=run_id).status == "done")
     page.get_by_text("Done", exact=True).first.wait_for(timeout=10_000)
     assert Payment.objects.count() == 1
+    # The record check follows the run: all six checkpoints, as written.
+    page.get_by_test_id("run-integrity").get_by_text("6 checkpoints").wait_for(timeout=10_000)
+    assert "Verified:" in page.get_by_test_id("run-integrity").inner_text()
     screenshot(page, "run", tmp_path)
 
 

@@ -4,30 +4,36 @@
 - Every ``AuditEvent`` belongs to one chain (its ``subject``: ``run:<id>`` for
   everything about a run, ``rule:<id>`` for a gate rule's changes, ``desk`` for the
   rest). Appending locks the chain's head (``AuditChain``), takes the next ``seq``,
-  stores the head's hash as ``prev_hash`` and ``hash = SHA-256(prev_hash | canonical
-  content)``, and moves the head on. Unrelated chains never wait on each other.
+  stores the head's hash as ``prev_hash`` and ``hash = HMAC-SHA-256(prev_hash |
+  canonical content)`` under ``DESK_INTEGRITY_KEY``, and moves the head on.
+  Unrelated chains never wait on each other.
 - The database refuses UPDATE and DELETE of audit events, and any change of a chain
   head other than moving it on by one (triggers on SQLite and PostgreSQL).
 - Each checkpoint (``Step.digest``) is chained over the messages it closed and its
   calls (``runs.integrity``).
 
-A person with the database's owner rights can still drop the triggers and rewrite
-rows; they cannot make ``verify`` pass afterwards without recomputing every later
-hash of the chain, and the chain heads point at what was there.
+- ``verify`` also holds what the desk shows from plain rows (a run's status and
+  requester, its live steps, each write's status, who decided an approval and what
+  they wrote, every vote, every edit) against the chain (``cross_check``).
+
+Someone who can write to the database cannot recompute a hash without the integrity
+key, which the database does not hold. What the chains cannot show: a whole run
+erased with its chain, or a chain's newest events deleted and its head moved back by
+someone who also dropped the triggers; that needs the heads anchored outside the
+database (not built).
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from datetime import UTC
 
 from django.db import IntegrityError, connections, router, transaction
 from django.utils import timezone
 
-from runs.integrity import Finding, verify_steps
+from runs.integrity import Finding, keyed_hash, verify_steps
 from runs.models import Run
-from tools.registry import canonical_json
+from tools.registry import canonical_json, input_hash
 
 from .gate import lock_scope
 
@@ -57,7 +63,7 @@ def event_content(event) -> dict:
 
 
 def event_hash(prev_hash: str, content: dict) -> str:
-    return hashlib.sha256(f"{prev_hash}|{canonical_json(content)}".encode()).hexdigest()
+    return keyed_hash(f"{prev_hash}|{canonical_json(content)}")
 
 
 def audit_append(event, *, save, **kwargs) -> None:
@@ -141,14 +147,16 @@ def drop_append_only_triggers(connection) -> None:
 
 
 # --- verify -------------------------------------------------------------------------
-def verify_chain(subject: str) -> tuple[int, list[Finding]]:
+def verify_chain(subject: str, events=None) -> tuple[int, list[Finding]]:
     """Check one audit chain: every hash, every link, no gap, the head. Returns the
     number of events and what is wrong, first broken link first."""
     from .models import AuditChain, AuditEvent
 
     findings: list[Finding] = []
     expected_prev, expected_seq, count = "", 1, 0
-    for event in AuditEvent.objects.filter(subject=subject).order_by("seq").iterator():
+    if events is None:
+        events = AuditEvent.objects.filter(subject=subject).order_by("seq").iterator()
+    for event in events:
         count += 1
         where = f"audit event #{event.pk} ({subject} #{event.seq}, {event.action})"
         if event.seq != expected_seq:
@@ -205,13 +213,104 @@ class Verification:
 
 
 def verify_run(run: Run) -> Verification:
-    """A run's checkpoints and its audit chain."""
+    """A run's checkpoints, its audit chain, and the rows the desk shows against both."""
+    from .models import AuditEvent
+
     steps, step_findings = verify_steps(run)
-    events, event_findings = verify_chain(f"run:{run.pk}")
+    events = list(AuditEvent.objects.filter(subject=f"run:{run.pk}").order_by("seq"))
+    count, event_findings = verify_chain(f"run:{run.pk}", events)
     findings = step_findings + event_findings
-    if events == 0:
+    if count == 0:
         findings.append(Finding(f"audit chain run:{run.pk}", "is empty: the run's history was deleted"))
-    return Verification(subject=f"run:{run.pk}", steps=steps, events=events, findings=findings)
+    else:
+        findings += cross_check(run, events)
+    return Verification(subject=f"run:{run.pk}", steps=steps, events=count, findings=findings)
+
+
+def cross_check(run: Run, events: list) -> list[Finding]:
+    """What the desk shows from plain rows (statuses, who decided, votes, edits, the
+    live steps) against the audit chain, which the database will not let anyone
+    rewrite: a row changed after the fact no longer agrees with its history."""
+    from runs.models import Step, ToolCall
+
+    from .models import ApprovalRequest
+
+    findings: list[Finding] = []
+    where = f"run {run.pk}"
+    created = next((e for e in events if e.action == "run.created"), None)
+    if created is not None and created.actor_id is not None and created.actor_id != run.requester_id:
+        findings.append(Finding(where, "its requester is not the person who started it"))
+    moves = [e for e in events if e.action.startswith("run.") and e.after]
+    if moves and moves[-1].after != run.status:
+        findings.append(Finding(where, f"is shown as {run.status}, but its history ends {moves[-1].after}"))
+    start = run.fork_step if run.parent_id else 0
+    live = set(Step.objects.live().filter(run=run).values_list("number", flat=True))
+    if live != set(range(start, run.step)):
+        findings.append(
+            Finding(
+                where,
+                f"its live steps are {_numbers(live)}, not {start}–{run.step - 1}: steps "
+                "were hidden or added after the fact",
+            )
+        )
+    last_call_event = {}
+    for event in events:
+        if event.tool_call_id and event.action.startswith("call."):
+            last_call_event[event.tool_call_id] = event
+    for call in ToolCall.objects.filter(run=run).only("pk", "status", "tool_name", "step"):
+        event = last_call_event.get(call.pk)
+        if event is not None and event.after != call.status:
+            findings.append(
+                Finding(
+                    f"{where} step {call.step}",
+                    f"{call.tool_name} is shown as {call.status}, but its history ends {event.after}",
+                )
+            )
+    by_approval: dict = {}
+    for event in events:
+        if event.approval_id:
+            by_approval.setdefault(event.approval_id, []).append(event)
+    approvals = ApprovalRequest.objects.filter(run=run).prefetch_related("votes", "proposals")
+    for approval in approvals:
+        history = by_approval.get(approval.pk, [])
+        here = f"{where} approval {approval.pk}"
+        if approval.status not in (ApprovalRequest.Status.PENDING, ApprovalRequest.Status.CANCELLED):
+            decided = [e for e in history if e.action == f"approval.{approval.status}"]
+            if not decided:
+                findings.append(
+                    Finding(here, f"is shown as {approval.status}, but no such decision is recorded")
+                )
+            elif decided[-1].actor_id != approval.decided_by_id or not decided[-1].detail.endswith(
+                approval.comment
+            ):
+                findings.append(Finding(here, "who decided it, or what they wrote, differs from the record"))
+        voters = {e.actor_id for e in history if e.action in ("approval.vote", "approval.approved")}
+        if any(vote.reviewer_id not in voters for vote in approval.votes.all()):
+            findings.append(Finding(here, "shows an approval by someone who never gave it"))
+        for proposal in approval.proposals.all():
+            if proposal.number == 1:
+                continue
+            made = [
+                e
+                for e in history
+                if e.action == "approval.proposed" and e.after == f"proposal {proposal.number}"
+            ]
+            if (
+                not made
+                or made[-1].actor_id != proposal.proposed_by_id
+                or (
+                    f"args {proposal.input_hash}" not in made[-1].detail
+                    or input_hash(proposal.input) != proposal.input_hash
+                )
+            ):
+                findings.append(
+                    Finding(here, f"proposal {proposal.number} differs from the edit that was recorded")
+                )
+    return findings
+
+
+def _numbers(numbers: set[int]) -> str:
+    return ", ".join(str(n) for n in sorted(numbers)[:10]) + ("…" if len(numbers) > 10 else "") or "none"
 
 
 def verify_everything() -> list[Verification]:

@@ -171,8 +171,11 @@ def _so_far(rule: GateRule, *, tool_name: str, scope_value, since, exclude: int 
     connection = connections[router.db_for_read(ToolCall)]
     quote = connection.ops.quote_name
     table = quote(ToolCall._meta.db_table)
-    where = [f"{quote('tool_name')} = %s", f"{quote('idempotency_key')} <> ''",
-             f"({quote('status')} = %s OR ({quote('status')} IN (%s, %s) AND {quote('attempts')} > 0))"]
+    where = [
+        f"{quote('tool_name')} = %s",
+        f"{quote('idempotency_key')} <> ''",
+        f"({quote('status')} = %s OR ({quote('status')} IN (%s, %s) AND {quote('attempts')} > 0))",
+    ]
     params: list = [tool_name, C.APPROVED, C.EXECUTING, C.COMMITTED]
     if rule.scope == GateRule.Scope.FACT:
         where.append(_json_equals(connection, "input", rule.scope_fact))
@@ -185,8 +188,12 @@ def _so_far(rule: GateRule, *, tool_name: str, scope_value, since, exclude: int 
         where.append(f"{quote('run_id')} = %s")
         params.append(scope_value)
     if since is not None:
-        where.append(f"{quote('created_at')} >= %s")
-        params.append(connection.ops.adapt_datetimefield_value(since))
+        # Within the window: an approved call is about to take effect now; one that
+        # ran counts from when it ran, not from when the model asked for it.
+        where.append(
+            f"({quote('status')} = %s OR COALESCE({quote('started_at')}, {quote('created_at')}) >= %s)"
+        )
+        params += [C.APPROVED, connection.ops.adapt_datetimefield_value(since)]
     if exclude is not None:
         where.append(f"{quote('id')} <> %s")
         params.append(exclude)
@@ -215,10 +222,14 @@ def _json_number_sum(connection) -> str:
     the next two parameters): exact numeric on PostgreSQL, millionths on SQLite."""
     column = connection.ops.quote_name("input")
     if connection.vendor == "postgresql":
-        return (f"COALESCE(SUM(CASE WHEN jsonb_typeof({column} -> %s) = 'number' "
-                f"THEN ({column} ->> %s)::numeric END), 0)")
-    return (f"COALESCE(SUM(CASE WHEN json_type({column}, %s) IN ('integer', 'real') "
-            f"THEN CAST(ROUND(json_extract({column}, %s) * 1000000) AS INTEGER) END), 0)")
+        return (
+            f"COALESCE(SUM(CASE WHEN jsonb_typeof({column} -> %s) = 'number' "
+            f"THEN ({column} ->> %s)::numeric END), 0)"
+        )
+    return (
+        f"COALESCE(SUM(CASE WHEN json_type({column}, %s) IN ('integer', 'real') "
+        f"THEN CAST(ROUND(json_extract({column}, %s) * 1000000) AS INTEGER) END), 0)"
+    )
 
 
 def _json_key_param(connection, key: str) -> str:

@@ -13,18 +13,20 @@ from runs.models import Message, Step, ToolCall
 from runs.selectors import VIEW_ALL_PERMISSION
 from tools.registry import find_tool
 
-from .models import ApprovalRequest, GateRule, Proposal
+from .models import ApprovalRequest, ApprovalVote, GateRule, Proposal
 from .services import DECIDE_PERMISSION, group_names, input_changes
 
 
 def approvals_visible_to(user):
     """Approvals ``user`` may see: all with ``runs.view_all_runs``; otherwise those of
-    their own runs and those they may decide."""
+    their own runs, those they may decide, and those they approved or claimed."""
     approvals = ApprovalRequest.objects.all()
     if user.has_perm(VIEW_ALL_PERMISSION):
         return approvals
-    return approvals.filter(Q(run__requester=user) | Q(pk__in=approvals_decidable_by(user, claimed=True)
-                                                       .values("pk")))
+    decidable = approvals_decidable_by(user, claimed=True).values("pk")
+    voted = ApprovalVote.objects.filter(reviewer=user).values("approval_id")
+    return approvals.filter(Q(run__requester=user) | Q(pk__in=decidable) | Q(pk__in=voted)
+                            | Q(claimed_by=user))
 
 
 def approvals_decidable_by(user, *, claimed: bool = False):
@@ -130,7 +132,9 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
                 "name": name,
                 "type": schema.get("type", "string"),
                 "value": args.get(name, ""),
-                "long": schema.get("type") == "string" and len(str(args.get(name, ""))) > 60,
+                # Multi-line text in an <input> would lose its newlines.
+                "long": schema.get("type") == "string"
+                and (len(str(args.get(name, ""))) > 60 or "\n" in str(args.get(name, ""))),
             })
     return ApprovalContext(
         approval=approval,

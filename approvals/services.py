@@ -29,6 +29,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -42,7 +43,7 @@ from runs.services import (
     tool_call_resolve_without_running,
 )
 from tools.inputs import UnsafeJSON, check_json
-from tools.registry import canonical_json, find_tool, idempotency_key, input_hash
+from tools.registry import canonical_json, find_tool, idempotency_keys_so_far, input_hash
 
 from .models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule, Proposal
 
@@ -260,6 +261,10 @@ def approval_decide(
             )
         if args_hash is not None and args_hash != approval.args_hash:
             raise StaleDecision("The arguments changed since this page was loaded; reload and decide again.")
+        if decision in ("decline", "respond") and has_approved_current(reviewer, approval):
+            # Eligible means not having approved these arguments: one person's vote and
+            # their own answer in the tool's place would settle a two-person rule alone.
+            raise NotAllowed("You approved these arguments; someone else decides now.")
         if decision in ("decline", "respond") and not comment:
             raise DecisionError(
                 "A decline needs a reason: the model is told it."
@@ -326,12 +331,12 @@ def _propose(approval: ApprovalRequest, editor, edited_input: dict, comment: str
     )
     if errors:
         raise DecisionError(f"The edited arguments are not valid: {'; '.join(errors)}")
-    key = idempotency_key(
+    keys = idempotency_keys_so_far(
         run_id=run.pk, generation=run.generation, tool_name=call.tool_name, tool_input=edited_input
     )
     earlier = (
         ToolCall.objects.live()
-        .filter(run=run, idempotency_key=key)
+        .filter(run=run, idempotency_key__in=keys)
         .exclude(pk=call.pk)
         .exclude(
             status__in=[
@@ -367,8 +372,8 @@ def _propose(approval: ApprovalRequest, editor, edited_input: dict, comment: str
     needed = Requirement.of(first).stricter(own)
     groups = set(needed.groups)
     if approval.escalated_at:
-        # Escalation handed the decision to the escalation group; an edit keeps it there.
-        groups = set(approval.required_groups.values_list("pk", flat=True))
+        # Escalation added the escalation group; an edit does not take it away.
+        groups |= set(Group.objects.filter(name=ESCALATION_GROUP).values_list("pk", flat=True))
     number = approval.proposals.count() + 1
     proposal = Proposal.objects.create(
         approval=approval,
@@ -394,6 +399,7 @@ def _propose(approval: ApprovalRequest, editor, edited_input: dict, comment: str
     approval.required_groups.set(groups)
     approval.proposal, approval.args_hash = proposal, proposal.input_hash
     approval.approvers_required, approval.allow_self_approval = needed.approvers, needed.allow_self_approval
+    release_claim_if_ineligible(approval)
     changes = ", ".join(
         f"{k}: {before!r} -> {after!r}"
         for k, before, after in input_changes(approval.tool_call.input, edited_input)
@@ -408,7 +414,8 @@ def _propose(approval: ApprovalRequest, editor, edited_input: dict, comment: str
         after=f"proposal {number}",
         detail=f"{changes}; gate: {verdict.effect} ({verdict.rule or 'no rule'}: {verdict.reason}); needs "
         f"{needed.approvers} approver(s) from {group_names(approval)}"
-        + (f"; comment: {comment}" if comment else ""),
+        + (f"; comment: {comment}" if comment else "")
+        + f"; args {proposal.input_hash}",
     )
     from .notifications import notify_proposal
 
@@ -438,7 +445,11 @@ def _vote(approval: ApprovalRequest, proposal: Proposal, reviewer, comment: str)
             )
     except IntegrityError:
         raise NotAllowed("You already approved this proposal; it needs another reviewer.") from None
-    missing = max(0, approval.approvers_required - proposal.votes.count())
+    # Only votes of people who may decide it now count: someone who approved and then
+    # left the group, lost the permission or was escalated past does not.
+    counted = [vote for vote in proposal.votes.select_related("reviewer")
+               if decide_refusal(user=vote.reviewer, approval=approval) is None]
+    missing = max(0, approval.approvers_required - len(counted))
     if missing:
         AuditEvent.objects.create(
             actor=reviewer,
@@ -595,6 +606,8 @@ def approval_claim(*, approval_id: int, reviewer, seconds: int | None = None) ->
         if approval.status != ApprovalRequest.Status.PENDING:
             raise AlreadyDecided(approval)
         refusal = decide_refusal(user=reviewer, approval=approval)
+        if refusal is None and has_approved_current(reviewer, approval):
+            refusal = "You approved these arguments; the claim is for someone who still may."
         if refusal:
             raise NotAllowed(refusal)
         free = Q(claimed_by__isnull=True) | Q(claimed_until__lt=now) | Q(claimed_by=reviewer)
@@ -615,6 +628,24 @@ def approval_claim(*, approval_id: int, reviewer, seconds: int | None = None) ->
         )
     approval.refresh_from_db()
     return approval
+
+
+def release_claim_if_ineligible(approval: ApprovalRequest) -> None:
+    """After who may decide changed (an edit, an escalation): a claim held by someone
+    who no longer may would only keep those who may away. Ends it (audited)."""
+    holder = approval.claimed_by
+    if holder is None or (approval.claimed_until and approval.claimed_until <= timezone.now()):
+        return
+    if decide_refusal(user=holder, approval=approval) is None and not has_approved_current(holder, approval):
+        return
+    ApprovalRequest.objects.filter(pk=approval.pk, claimed_by=holder).update(
+        claimed_by=None, claimed_until=None
+    )
+    approval.claimed_by, approval.claimed_until = None, None
+    AuditEvent.objects.create(
+        actor=None, action="approval.released", run_id=approval.run_id, approval=approval,
+        detail=f"claim of {holder.get_username()} ended: they may no longer decide it",
+    )
 
 
 def approval_release(*, approval_id: int, reviewer) -> bool:

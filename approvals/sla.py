@@ -5,10 +5,11 @@ Per rule: after ``sla_minutes`` pending, the reviewers who may decide are remind
 at ``expires_at`` (set from the rule's ``ttl_minutes`` when the request opened) it
 expires with the rule's timeout effect (``services.approval_expire``).
 
-Escalation narrows who may decide: the approval's required groups become just
-``senior-reviewers``, so from then on only senior reviewers (and superusers) may
-decide it, whatever group the rule required. In the demo every senior is also a
-reviewer, so nobody who could act on a senior item loses it; a plain reviewer does.
+Escalation narrows who may decide: ``senior-reviewers`` is added to the approval's
+required groups, so from then on only senior reviewers who are also in the rule's
+group (and superusers) may decide it; a claim held by someone who no longer may
+ends. In the demo every senior is also a reviewer, so nobody who could act on a
+senior item loses it; a plain reviewer does.
 
 Each step is one conditional UPDATE on the approval (``reminded_at`` / ``escalated_at``
 still empty, still pending) whose row count is checked, in one transaction with the
@@ -31,7 +32,13 @@ from django.utils import timezone
 
 from .models import ApprovalRequest, AuditEvent, GateRule
 from .notifications import Kind, notifications_renudge, notify_reviewers
-from .services import ESCALATION_GROUP, AlreadyDecided, approval_expire, group_names
+from .services import (
+    ESCALATION_GROUP,
+    AlreadyDecided,
+    approval_expire,
+    group_names,
+    release_claim_if_ineligible,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +84,15 @@ def approval_escalate(*, approval_id: int, now: datetime, group: Group) -> bool:
         if won != 1:
             return False
         old_group = group_names(before)
-        before.required_groups.set([group])
+        before.required_groups.add(group)
         approval = _load(approval_id)
+        release_claim_if_ineligible(approval)
         AuditEvent.objects.create(
             actor=None, action="approval.escalated", run_id=approval.run_id,
             tool_call_id=approval.tool_call_id, approval=approval,
             before=old_group[:30], after=group.name[:30],
-            detail=f"pending over twice the SLA ({approval.rule.sla_minutes} min); "
-                   f"required group {old_group} -> {group.name}" if approval.rule else "",
+            detail=(f"pending over twice the SLA ({approval.rule.sla_minutes} min); "
+                    if approval.rule else "") + f"who may decide: {old_group} -> {group_names(approval)}",
         )
         notify_reviewers(approval=approval, kind=Kind.APPROVAL_ESCALATED)
     return True

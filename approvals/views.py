@@ -157,12 +157,17 @@ def approval_decide_view(request, approval_id: int):
     decision = request.POST.get("decision")
     status = 200
     try:
-        if decision not in ("approve", "decline", "respond"):
+        if decision not in ("approve", "approve_edited", "decline", "respond"):
             raise DecisionError("Choose approve, decline or respond.")
+        # Only "Approve these arguments" reads the argument fields: a plain Approve
+        # approves what was shown, whatever the fields say (a browser may have altered
+        # them: an <input> drops newlines).
+        edited = _edited_input(request, approval) if decision == "approve_edited" else None
         result = approval_decide(
-            approval_id=approval.pk, reviewer=request.user, decision=decision,
+            approval_id=approval.pk, reviewer=request.user,
+            decision="approve" if decision == "approve_edited" else decision,
             comment=request.POST.get("comment", ""), args_hash=request.POST.get("args_hash") or "",
-            edited_input=_edited_input(request, approval) if decision == "approve" else None,
+            edited_input=edited,
             confirm_irreversible=request.POST.get("confirm_irreversible") == approval.tool_call.tool_name,
         )
         messages.success(request, result.summary)

@@ -339,6 +339,10 @@ DESK_GATE = env_str("DESK_GATE", "approvals.gate.RuleGate")
 DESK_LEASE_SECONDS = env_int("DESK_LEASE_SECONDS", 60)
 # How long a reviewer's claim on an approval keeps others off it.
 DESK_CLAIM_SECONDS = env_int("DESK_CLAIM_SECONDS", 300)
+# Keys the hashes of the audit chains and checkpoint digests (HMAC-SHA-256), so that
+# someone who can write to the database cannot recompute them after changing a row.
+# Kept outside the database, and stable: with another key every record fails verify.
+DESK_INTEGRITY_KEY = env_str("DESK_INTEGRITY_KEY").strip() or SECRET_KEY
 DESK_MAX_STEPS = env_int("DESK_MAX_STEPS", 50)
 DESK_LLM_MAX_ATTEMPTS = env_int("DESK_LLM_MAX_ATTEMPTS", 6)
 DESK_DEMO_PASSWORD = env_str("DESK_DEMO_PASSWORD", "correct-horse-battery" if TESTING else "")

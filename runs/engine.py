@@ -39,6 +39,7 @@ from tools.registry import (
     find_tool,
     get_agent,
     idempotency_key,
+    idempotency_keys_so_far,
     input_hash,
 )
 
@@ -465,9 +466,11 @@ class _Loop:
 
     def _repeat_of(self, call: ToolCall) -> ToolCall | None:
         """The model asking again for a write it already asked for: never twice."""
+        run = self.run
+        keys = [call.idempotency_key] if not run.generation else idempotency_keys_so_far(
+            run_id=run.pk, generation=run.generation, tool_name=call.tool_name, tool_input=call.input)
         earlier = (
-            ToolCall.objects.filter(run=self.run, idempotency_key=call.idempotency_key,
-                                    superseded_at__isnull=True)
+            ToolCall.objects.live().filter(run=run, idempotency_key__in=keys)
             .exclude(status__in=[C.FAILED, C.DECLINED, C.DENIED, C.COMPENSATED])
             .order_by("-id")
             .first()

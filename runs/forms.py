@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from tools.registry import all_agents, get_agent
 
 from .models import Run
-from .selectors import run_agent_names
+from .selectors import VIEW_ALL_PERMISSION, run_agent_names
 from .services import default_llm_kind
 
 
@@ -27,11 +27,14 @@ class RunFilterForm(forms.Form):
     created_to = forms.DateField(label="To", required=False,
                                  widget=forms.DateInput(attrs={"type": "date"}))
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, user=None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fields["agent"].choices = [("", "Any agent")] + [(n, n) for n in run_agent_names()]
         User = get_user_model()
-        self.fields["requester"].queryset = User.objects.order_by(User.USERNAME_FIELD)
+        people = User.objects.order_by(User.USERNAME_FIELD)
+        if user is not None and not user.has_perm(VIEW_ALL_PERMISSION):
+            people = people.filter(pk=user.pk)  # who else has runs is not theirs to know
+        self.fields["requester"].queryset = people
 
     def clean(self):
         data = super().clean()

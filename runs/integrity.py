@@ -3,18 +3,21 @@
 A step closes the messages added since the previous step (the model's reply and
 the tool results; a fork's first step also covers what it shares with its parent)
 and its tool calls' arguments and results. Its digest is
-``SHA-256(previous step's digest | canonical JSON of those)``, the first step of a
-run starting from the run's genesis. Writing it costs the size of the step, never
-of the run. ``verify_steps`` recomputes the chain from the rows and names the first
-step whose record no longer matches: a message, a tool result, arguments changed
-after the fact.
+``HMAC-SHA-256(previous step's digest | canonical JSON of those)`` under
+``DESK_INTEGRITY_KEY``, the first step of a run starting from the run's genesis.
+Writing it costs the size of the step, never of the run. ``verify_steps``
+recomputes the chain from the rows and names the first step whose record no longer
+matches: a message, a tool result, arguments changed after the fact.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 from collections import defaultdict
 from dataclasses import dataclass
+
+from django.conf import settings
 
 from tools.registry import canonical_json
 
@@ -36,8 +39,15 @@ class Finding:
         return {"where": self.where, "problem": self.problem}
 
 
+def keyed_hash(text: str) -> str:
+    """HMAC-SHA-256 under ``DESK_INTEGRITY_KEY``: a plain hash could be recomputed by
+    anyone who can change the rows; this one needs a key the database does not hold."""
+    key = settings.DESK_INTEGRITY_KEY.encode()
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+
+
 def genesis(run_id: int) -> str:
-    return hashlib.sha256(f"countersign run {run_id}".encode()).hexdigest()
+    return keyed_hash(f"countersign run {run_id}")
 
 
 def closed_until(message_count: int, status: str) -> int:
@@ -78,7 +88,7 @@ def step_digest(
             "calls": calls,
         }
     )
-    return hashlib.sha256(f"{previous}|{payload}".encode()).hexdigest()
+    return keyed_hash(f"{previous}|{payload}")
 
 
 def chain_head(run: Run) -> tuple[str, int]:

@@ -75,7 +75,7 @@ def may_cancel(user, run: Run) -> bool:
 # --- the history --------------------------------------------------------------
 @require_GET
 def run_list(request):
-    form = RunFilterForm(request.GET)
+    form = RunFilterForm(request.GET, user=request.user)
     runs = run_search(user=request.user, **form.filters())
     page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
     template = "runs/run_list.html"

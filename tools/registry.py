@@ -215,7 +215,21 @@ def idempotency_key(*, run_id: int, generation: int, tool_name: str, tool_input:
     after its effect was undone is a new effect that must get a new key.
     Compensations derive theirs from the call's (``compensation_key``).
     """
-    material = f"{run_id}:{tool_name}:{input_hash(tool_input)}"
+    return _key(run_id, generation, tool_name, input_hash(tool_input))
+
+
+def idempotency_keys_so_far(*, run_id: int, generation: int, tool_name: str, tool_input: Any) -> list[str]:
+    """The keys this call would have had in every generation up to ``generation``.
+
+    A rewind undoes only the effects after its step: one made in an earlier
+    generation and kept still stands, so the same call asked again is a repeat.
+    """
+    digest = input_hash(tool_input)
+    return [_key(run_id, g, tool_name, digest) for g in range(generation + 1)]
+
+
+def _key(run_id: int, generation: int, tool_name: str, digest: str) -> str:
+    material = f"{run_id}:{tool_name}:{digest}"
     if generation:
         material += f":g{generation}"
     return hashlib.sha256(material.encode()).hexdigest()[:40]

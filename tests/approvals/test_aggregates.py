@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest, GateRule
 from approvals.services import approval_decide
+from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
 from runs.saga import run_rollback
 from tests.runs.helpers import client_for, script, start, turn
@@ -109,7 +110,8 @@ def test_a_window_counts_only_recent_calls(users):
     rule.window_minutes = 60
     rule.save()
     start(script(turn(refund(450)), {"text": "Done."}), requester=users["requester"])
-    ToolCall.objects.update(created_at=timezone.now() - timedelta(hours=2))
+    two_hours_ago = timezone.now() - timedelta(hours=2)
+    ToolCall.objects.update(created_at=two_hours_ago, started_at=two_hours_ago)
     later = start(script(turn(refund(450)), {"text": "Done."}), requester=users["requester"])
     assert later.status == Run.Status.DONE
 
@@ -223,3 +225,16 @@ def test_amounts_with_paise_add_up_exactly(users):
     assert ApprovalRequest.objects.get(run=run).reason == (
         "amount 940.3 so far on order_id A-1001 + 0.01 = 940.31 > 940.30"
     )
+
+
+def test_a_window_counts_a_refund_from_when_it_ran_not_when_it_was_asked_for(users):
+    rule = GateRule.objects.get(name=PER_ORDER)
+    rule.window_minutes = 60
+    rule.save()
+    first = start(script(turn(refund(600)), {"text": "Done."}), requester=users["requester"])
+    approval = ApprovalRequest.objects.get(run=first)
+    ToolCall.objects.filter(run=first).update(created_at=timezone.now() - timedelta(hours=2))
+    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"], approve=True, enqueue=False)
+    run_advance_until_settled(first.pk)  # asked for two hours ago, ran just now
+    second = start(script(turn(refund(100)), {"text": "Done."}), requester=users["requester"])
+    assert "600 so far on order_id A-1001 + 100 = 700" in ApprovalRequest.objects.get(run=second).reason

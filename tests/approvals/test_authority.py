@@ -36,13 +36,13 @@ def pending(run) -> ApprovalRequest:
 def post_edit(user, approval, *, client=None, **arguments):
     """The desk's "approve with edited arguments" form, as a browser posts it."""
     args = {**approval.proposal.input, **arguments}
-    form = {"decision": "approve", "args_hash": approval.args_hash}
+    form = {"decision": "approve_edited", "args_hash": approval.args_hash}
     form.update({f"arg-{name}": str(value) for name, value in args.items()})
     return (client or client_for(user)).post(f"/desk/approvals/{approval.pk}/decide", form)
 
 
-def post_approve(user, approval, **extra):
-    return client_for(user).post(
+def post_approve(user, approval, *, client=None, **extra):
+    return (client or client_for(user)).post(
         f"/desk/approvals/{approval.pk}/decide",
         {"decision": "approve", "args_hash": approval.args_hash, **extra},
     )
@@ -325,7 +325,19 @@ def test_decide_edit_merges_over_the_shown_arguments_and_says_who_it_waits_for(u
     assert f"approval {approval.pk}: pending." in out and "needs reviewers and senior-reviewers" in out
     approval.refresh_from_db()
     assert approval.proposal.input == {"order_id": "A-1003", "amount": 6000, "reason": "Scratched case"}
-    out = run_command("decide", str(approval.pk), "--approve", "--user", "senior", "--sync")
+    # The senior must name the arguments they approve: they were edited since the run paused.
+    with pytest.raises(CommandError, match=r"proposal 2 by reviewer would run: .*--args-hash"):
+        run_command("decide", str(approval.pk), "--approve", "--user", "senior", "--sync")
+    out = run_command(
+        "decide",
+        str(approval.pk),
+        "--approve",
+        "--user",
+        "senior",
+        "--sync",
+        "--args-hash",
+        approval.args_hash,
+    )
     assert f"approval {approval.pk}: approved by senior (proposal 2, edited)" in out
     assert [p.amount for p in Payment.objects.all()] == [6000]
 
@@ -449,3 +461,122 @@ def test_rewind_then_edit_then_approve_makes_a_new_refund(users):
         ("refund", 600),
     ]
     assert Run.objects.get(pk=run.pk).status == Run.Status.DONE
+
+
+# --- found by review: ways around the above ----------------------------------------
+def test_a_plain_approve_approves_what_was_shown_whatever_the_fields_say(users):
+    """A browser's <input> drops newlines: the plain Approve must not turn that into an edit."""
+    email = {"to": "ada@example.com", "subject": "Your refund", "body": "Hello Ada,\n\nRefunded.\nThanks"}
+    run = start(script(turn(("send_email", email))), requester=users["requester"])
+    approval = pending(run)
+    form = {
+        "decision": "approve",
+        "args_hash": approval.args_hash,
+        "arg-to": email["to"],
+        "arg-subject": email["subject"],
+        "arg-body": "Hello Ada,Refunded.Thanks",
+    }
+    assert (
+        client_for(users["reviewer"]).post(f"/desk/approvals/{approval.pk}/decide", form).status_code == 302
+    )
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.APPROVED and not approval.is_edited
+    # To edit it, the multi-line body is a textarea, which keeps its newlines.
+    run_two = start(script(turn(("send_email", email))), requester=users["requester"])
+    page = client_for(users["reviewer"]).get(f"/desk/approvals/{pending(run_two).pk}/").content.decode()
+    assert '<textarea name="arg-body" rows="3" data-edit>\nHello Ada,\n\nRefunded.\nThanks</textarea>' in page
+
+
+def test_a_vote_stops_counting_when_its_voter_may_no_longer_decide(users):
+    from datetime import timedelta
+
+    from approvals.sla import approvals_sweep_sla
+
+    GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2, sla_minutes=30)
+    run = start(REFUND_600, requester=users["requester"])
+    approval = pending(run)
+    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"], approve=True, enqueue=False)
+    approvals_sweep_sla(now=approval.created_at + timedelta(minutes=61))
+    approval.refresh_from_db()
+    assert sorted(g.name for g in approval.required_groups.all()) == ["reviewers", "senior-reviewers"]
+    # The plain reviewer's vote was for an item only seniors may decide now.
+    approval_decide(approval_id=approval.pk, reviewer=users["senior"], approve=True, enqueue=False)
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.PENDING
+    approval_decide(approval_id=approval.pk, reviewer=users["admin"], approve=True, enqueue=False)
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.APPROVED
+
+
+def test_an_edit_after_escalation_keeps_the_rules_group(users):
+    from datetime import timedelta
+
+    from django.contrib.auth.models import Group
+
+    from approvals.sla import approvals_sweep_sla
+
+    finance = Group.objects.create(name="finance")
+    GateRule.objects.filter(name="Refunds over ₹5,000").update(required_group=finance)
+    GateRule.objects.filter(name="Refunds over ₹500").update(sla_minutes=30)
+    run = start(REFUND_600, requester=users["requester"])
+    approval = pending(run)
+    approvals_sweep_sla(now=approval.created_at + timedelta(minutes=61))
+    # A senior who is not in finance edits the refund into finance's territory.
+    approval_decide(
+        approval_id=approval.pk,
+        reviewer=users["senior"],
+        approve=True,
+        enqueue=False,
+        edited_input={**approval.proposal.input, "amount": 6000, "order_id": "A-1003"},
+    )
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.PENDING
+    assert {g.name for g in approval.required_groups.all()} == {"reviewers", "finance", "senior-reviewers"}
+    assert not Payment.objects.exists()
+
+
+def test_someone_who_approved_can_neither_claim_nor_settle_a_two_person_item_alone(users):
+    GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2)
+    run = start(REFUND_600, requester=users["requester"])
+    approval = pending(run)
+    reviewer = client_for(users["reviewer"])
+    assert post_approve(users["reviewer"], approval, client=None).status_code == 302
+    assert reviewer.post(f"/desk/approvals/{approval.pk}/claim").status_code == 403
+    for decision in ("decline", "respond"):
+        response = reviewer.post(
+            f"/desk/approvals/{approval.pk}/decide",
+            {"decision": decision, "comment": "never mind", "args_hash": approval.args_hash},
+        )
+        assert response.status_code == 403
+    assert pending(run).claimed_by is None
+    # They still see the item they approved (though they may not decide it any more).
+    assert reviewer.get(f"/desk/approvals/{approval.pk}/").status_code == 200
+
+
+def test_an_edit_ends_a_claim_its_holder_may_no_longer_use(users):
+    run = start(REFUND_600, requester=users["requester"])
+    approval = pending(run)
+    assert client_for(users["reviewer"]).post(f"/desk/approvals/{approval.pk}/claim").status_code == 302
+    post_edit(users["reviewer"], pending(run), amount=6000, order_id="A-1003")
+    approval.refresh_from_db()
+    assert approval.claimed_by is None  # else the seniors it now waits for could not act
+    assert AuditEvent.objects.filter(action="approval.released", approval=approval, actor=None).exists()
+
+
+def test_after_a_rewind_an_effect_the_rewind_kept_is_not_made_again(users):
+    run = start(
+        script(
+            turn(("refund_item", {"order_id": "A-1002", "amount": 100, "reason": "Late"})),
+            turn(("get_policy", {})),
+            turn(("refund_item", {"order_id": "A-1002", "amount": 100, "reason": "Late"})),
+            {"text": "Done."},
+        ),
+        requester=users["requester"],
+    )
+    assert run.status == Run.Status.DONE and Payment.objects.count() == 1
+    run_rewind(run=Run.objects.get(pk=run.pk), to_step=1, by=users["admin"], enqueue=False)
+    run_advance_until_settled(run.pk)
+    # The step-0 refund stands; asking again in the new generation is a repeat.
+    assert [(p.kind, p.amount) for p in Payment.objects.all()] == [("refund", 100)]
+    again = ToolCall.objects.live().get(run=run, step=2)
+    assert "already ran at step 0" in again.result["note"]

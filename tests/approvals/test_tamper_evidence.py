@@ -117,8 +117,10 @@ def test_deleting_the_newest_audit_rows_is_noticed_by_the_chain_head(users):
     drop_append_only_triggers(connection)
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM approvals_auditevent WHERE id IN (%s, %s)", [e.pk for e in last])
-    [first] = broken_links(run)
+    [first, *others] = broken_links(run)
     assert "missing: the chain's head points past the last event" in first
+    # The run's status no longer agrees with what is left of its history, either.
+    assert any("but its history ends" in other for other in others)
 
 
 def test_a_rewritten_audit_row_is_named(users):
@@ -129,7 +131,7 @@ def test_a_rewritten_audit_row_is_named(users):
         cursor.execute(
             "UPDATE approvals_auditevent SET actor_id = %s WHERE id = %s", [users["admin"].pk, decision.pk]
         )
-    [first] = broken_links(run)
+    [first, *_] = broken_links(run)
     assert first == (
         f"audit event #{decision.pk} (run:{run.pk} #{decision.seq}, approval.approved): "
         "its content was changed after it was written"
@@ -221,3 +223,84 @@ def test_a_fork_verifies_and_covers_what_it_shares_with_its_parent(users):
     Message.objects.filter(pk=shared.pk).update(content=[{"type": "text", "text": "rewritten"}])
     assert broken_links(fork)[0].startswith(f"run {fork.pk} step 3:")
     assert broken_links(parent)[0].startswith(f"run {parent.pk} step 0:")
+
+
+def test_digests_recomputed_by_someone_without_the_integrity_key_do_not_verify(users, settings):
+    """The attack of someone who can write to the database: change the refund in the
+    call log and the transcript, then recompute every checkpoint's digest."""
+    from runs.integrity import call_record, closed_until, genesis, step_digest
+
+    run = finished(users)
+    refund = ToolCall.objects.get(run=run, tool_name="refund_item")
+    ToolCall.objects.filter(pk=refund.pk).update(input={**refund.input, "amount": 290})
+    reply = Message.objects.get(run=run, seq=Step.objects.get(run=run, number=refund.step).message_count)
+    content = [
+        dict(b, input={**b["input"], "amount": 290}) if b.get("type") == "tool_use" else b
+        for b in reply.content
+    ]
+    Message.objects.filter(pk=reply.pk).update(content=content)
+    settings.DESK_INTEGRITY_KEY = "what the attacker guesses"
+    previous, start = None, 0
+    for step in Step.objects.filter(run=run).order_by("number"):
+        previous = previous or genesis(run.pk)
+        end = closed_until(step.message_count, step.status)
+        messages = Message.objects.filter(run=run, seq__gte=start, seq__lt=end).order_by("seq")
+        calls = ToolCall.objects.filter(run=run, step=step.number).order_by("position")
+        digest = step_digest(
+            previous=previous,
+            run_id=run.pk,
+            number=step.number,
+            message_count=step.message_count,
+            status=step.status,
+            messages=[(m.seq, m.role, m.content) for m in messages],
+            calls=[call_record(c) for c in calls],
+        )
+        Step.objects.filter(pk=step.pk).update(digest=digest)
+        previous, start = digest, end
+    settings.DESK_INTEGRITY_KEY = settings.SECRET_KEY
+    assert broken_links(run)[0].startswith(f"run {run.pk} step 0:")
+
+
+@pytest.mark.parametrize(
+    "change", ["decided_by", "comment", "vote", "call_status", "proposal", "hidden_step", "run_status"]
+)
+def test_what_the_desk_shows_from_plain_rows_is_held_against_the_history(users, change):
+    from approvals.models import ApprovalVote, GateRule, Proposal
+
+    GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2)
+    run = start(requester=users["requester"])
+    refund = ApprovalRequest.objects.get(run=run)
+    approval_decide(approval_id=refund.pk, reviewer=users["reviewer"], approve=True, enqueue=False)
+    approval_decide(
+        approval_id=refund.pk,
+        reviewer=users["senior"],
+        approve=True,
+        enqueue=False,
+        edited_input={**refund.tool_call.input, "amount": 2000},
+    )
+    approval_decide(approval_id=refund.pk, reviewer=users["admin"], approve=True, comment="ok", enqueue=False)
+    run_advance_until_settled(run.pk)
+    email = ApprovalRequest.objects.get(run=run, status="pending")
+    approval_decide(approval_id=email.pk, reviewer=users["reviewer"], approve=True, enqueue=False)
+    run_advance_until_settled(run.pk)
+    run.refresh_from_db()
+    assert run.status == Run.Status.DONE and broken_links(run) == []
+    if change == "decided_by":
+        ApprovalRequest.objects.filter(pk=refund.pk).update(decided_by=users["senior"])
+    elif change == "comment":
+        ApprovalRequest.objects.filter(pk=refund.pk).update(comment="Approved after a phone call")
+    elif change == "vote":
+        ApprovalVote.objects.filter(approval=refund, reviewer=users["admin"]).update(
+            reviewer=users["requester"]
+        )
+    elif change == "call_status":
+        ToolCall.objects.filter(run=run, tool_name="refund_item").update(status="compensated")
+    elif change == "proposal":
+        proposal = Proposal.objects.get(approval=refund, number=2)
+        Proposal.objects.filter(pk=proposal.pk).update(input={**proposal.input, "amount": 20})
+    elif change == "hidden_step":
+        step = ToolCall.objects.get(run=run, tool_name="refund_item").step
+        Step.objects.filter(run=run, number=step).update(superseded_at=run.finished_at)
+    elif change == "run_status":
+        Run.objects.filter(pk=run.pk).update(status="rolled_back")
+    assert broken_links(run), change

@@ -200,7 +200,7 @@ def test_approve_with_edited_arguments_records_the_edit(users):
     run = start(requester=users["requester"])
     approval = ApprovalRequest.objects.get(run=run)
     client_for(users["reviewer"]).post(f"/desk/approvals/{approval.pk}/decide", {
-        "decision": "approve", "args_hash": approval.args_hash, "arg-order_id": "A-1001",
+        "decision": "approve_edited", "args_hash": approval.args_hash, "arg-order_id": "A-1001",
         "arg-amount": "1500", "arg-reason": "Partial refund: chipped lid",
     })
     approval.refresh_from_db()
@@ -217,7 +217,7 @@ def test_an_edit_that_breaks_the_schema_is_refused_and_nothing_changes(users):
     run = start(requester=users["requester"])
     approval = ApprovalRequest.objects.get(run=run)
     response = client_for(users["reviewer"]).post(f"/desk/approvals/{approval.pk}/decide", {
-        "decision": "approve", "args_hash": approval.args_hash, "arg-order_id": "nope",
+        "decision": "approve_edited", "args_hash": approval.args_hash, "arg-order_id": "nope",
         "arg-amount": "1500", "arg-reason": "x",
     })
     assert response.status_code == 400

@@ -52,7 +52,7 @@ def test_an_edit_above_the_reviewers_authority_waits_for_a_senior(page, desk, tm
     page.get_by_text("Edit the arguments before approving").click()
     page.fill("input[name=arg-amount]", "6000")
     page.fill("input[name=arg-order_id]", "A-1003")
-    page.get_by_role("button", name="Approve").click()
+    page.get_by_role("button", name="Approve these arguments").click()
     page.get_by_text("it needs reviewers and senior-reviewers to approve it").wait_for()
     assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
     assert Payment.objects.count() == 0

@@ -99,7 +99,7 @@ def test_a_reviewer_edits_the_amount_and_approves(page, desk):
     page.goto(f"/desk/approvals/{pending(run).pk}/")
     page.get_by_text("Edit the arguments before approving").click()
     page.fill("input[name=arg-amount]", "1500")
-    page.get_by_role("button", name="Approve").click()
+    page.get_by_role("button", name="Approve these arguments").click()
     page.get_by_text("refund_item approved with the edited arguments").wait_for()
     desk.manage("resume", str(run.pk), "--sync")
     assert [str(p.amount) for p in Payment.objects.all()] == ["1500.00"]

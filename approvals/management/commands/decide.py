@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 from django.core.management.base import BaseCommand, CommandError
 
 from approvals.models import ApprovalRequest
@@ -63,6 +65,8 @@ class Command(BaseCommand):
             edited, shown_hash = self._merged(int(approval_id), edit)
             # The merge was made over what is shown now: refuse it if that changes meanwhile.
             args_hash = args_hash or shown_hash
+        elif approve and not args_hash:
+            self._require_hash_if_edited(int(approval_id))
         try:
             result = approval_decide(
                 approval_id=int(approval_id),
@@ -93,6 +97,22 @@ class Command(BaseCommand):
                 self.stdout.write(f"run {approval.run_id}: queued for a worker")
         else:
             self.stdout.write(f"run {approval.run_id}: still waiting for other decisions")
+
+    def _require_hash_if_edited(self, approval_id: int) -> None:
+        """Someone edited the arguments: an approval from the command line must name
+        the ones it approves, or it would approve whatever the latest edit says."""
+        approval = (
+            ApprovalRequest.objects.select_related("proposal__proposed_by").filter(pk=approval_id).first()
+        )
+        if approval is None or not approval.is_edited:
+            return
+        proposal = approval.proposal
+        shown = json.dumps(proposal.input, ensure_ascii=False)
+        raise CommandError(
+            f"The arguments were edited: proposal {proposal.number} by "
+            f"{proposal.proposed_by.get_username()} would run: {shown}. To approve exactly these, "
+            f"add --args-hash {proposal.input_hash}"
+        )
 
     def _merged(self, approval_id: int, edit: str) -> tuple[dict, str]:
         """The JSON merged over the arguments shown now (the current proposal), and

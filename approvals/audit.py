@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC
 
-from django.db import IntegrityError, connections, router, transaction
+from django.db import IntegrityError, router, transaction
 from django.utils import timezone
 
 from runs.integrity import Finding, keyed_hash, verify_steps
@@ -327,9 +327,3 @@ def verify_everything() -> list[Verification]:
             findings.insert(0, Finding(f"audit chain {subject}", "belongs to a run that no longer exists"))
         results.append(Verification(subject=subject, events=events, findings=findings))
     return results
-
-
-def connection_for_audit():
-    from .models import AuditEvent
-
-    return connections[router.db_for_write(AuditEvent)]

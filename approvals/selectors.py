@@ -123,23 +123,10 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
     proposal = next((p for p in proposals if p.pk == approval.proposal_id), None)
     shown = proposal.input if proposal else call.input
     spec = find_tool(call.tool_name)
-    fields = []
-    if spec:
-        props = spec.input_schema.get("properties", {})
-        args = shown if isinstance(shown, dict) else {}
-        for name, schema in props.items():
-            fields.append({
-                "name": name,
-                "type": schema.get("type", "string"),
-                "value": args.get(name, ""),
-                # Multi-line text in an <input> would lose its newlines.
-                "long": schema.get("type") == "string"
-                and (len(str(args.get(name, ""))) > 60 or "\n" in str(args.get(name, ""))),
-            })
     return ApprovalContext(
         approval=approval,
         tool_kind=spec.effect_kind if spec else "unknown",
-        schema_fields=fields,
+        schema_fields=schema_fields(call.tool_name, shown),
         transcript=transcript,
         folded=max(0, len(transcript) - keep_unfolded),
         siblings=siblings,
@@ -149,6 +136,23 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
         changes=input_changes(proposals[0].input, shown) if proposal and proposal.number > 1 else [],
         who_may_decide=group_names(approval),
     )
+
+
+def schema_fields(tool_name: str, shown) -> list[dict]:
+    """One edit field per argument of the tool's schema, filled with what is shown."""
+    spec = find_tool(tool_name)
+    args = shown if isinstance(shown, dict) else {}
+    fields = []
+    for name, schema in (spec.input_schema.get("properties", {}) if spec else {}).items():
+        value = args.get(name, "")
+        fields.append({
+            "name": name,
+            "type": schema.get("type", "string"),
+            "value": value,
+            # Multi-line text in an <input> would lose its newlines.
+            "long": schema.get("type") == "string" and (len(str(value)) > 60 or "\n" in str(value)),
+        })
+    return fields
 
 
 def neighbours(approval: ApprovalRequest, *, user) -> tuple[int | None, int | None]:

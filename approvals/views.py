@@ -17,7 +17,7 @@ from tools.registry import input_hash
 from .audit import verify_run
 from .forms import QueueFilterForm
 from .models import ApprovalRequest, GateRule
-from .selectors import approval_context, approvals_visible_to, neighbours, queue_pending
+from .selectors import approval_context, approvals_visible_to, neighbours, queue_pending, schema_fields
 from .services import (
     DECIDE_PERMISSION,
     AlreadyDecided,
@@ -129,7 +129,8 @@ def _edited_input(request, approval: ApprovalRequest) -> dict | None:
     shown = approval.proposal.input if approval.proposal else approval.tool_call.input
     shown = shown if isinstance(shown, dict) else {}
     edited = {}
-    for field in approval_context(approval).schema_fields:
+    # Only the schema is needed here, not the page's whole context (its transcript).
+    for field in schema_fields(approval.tool_call.tool_name, shown):
         name = field["name"]
         raw = request.POST.get(f"arg-{name}")
         if raw is None:

@@ -41,11 +41,13 @@ class RollbackRefused(SagaError):
 
 class RollbackBusy(RollbackRefused):
     """Someone holds the run (a worker, or another rollback, maybe a dead one whose
-    lock will expire at ``until``)."""
+    lock will expire at ``until``). ``by_saga``: the holder is a rollback or rewind,
+    whose lock a caller may wait out (its compensations are idempotent)."""
 
-    def __init__(self, message: str, *, until) -> None:
+    def __init__(self, message: str, *, until, by_saga: bool = False) -> None:
         super().__init__(message)
         self.until = until
+        self.by_saga = by_saga
 
 
 class RollbackHalted(SagaError):
@@ -123,7 +125,8 @@ def _lock(run: Run, *, full: bool) -> str:
             raise RollbackBusy(f"Run {run.pk} is {run.status} ({run.lease_owner}): cancel it or "
                                "wait until it pauses.", until=run.lease_until)
         raise RollbackBusy(f"Run {run.pk} is busy ({run.lease_owner}) until "
-                           f"{run.lease_until:%H:%M:%S} UTC; try again then.", until=run.lease_until)
+                           f"{run.lease_until:%H:%M:%S} UTC; try again then.", until=run.lease_until,
+                           by_saga=run.lease_owner.startswith(SAGA_OWNER_PREFIX))
     return owner
 
 

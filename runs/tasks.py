@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from .engine import Outcome, run_advance
 from .models import Run, ToolCall
-from .saga import RollbackBusy, SagaError, run_rewind, run_rollback, saga_in_progress
+from .saga import RollbackBusy, SagaError, run_rewind, run_rollback
 from .services import run_enqueue, run_wake_if_ready
 
 log = logging.getLogger(__name__)
@@ -85,8 +85,7 @@ def rollback_run(self, run_id: int, to_step: int | None, user_id: int | None, re
         else:
             result = run_rollback(run=run, to_step=to_step, by=by)
     except RollbackBusy as exc:
-        run.refresh_from_db()
-        if saga_in_progress(run) and self.request.retries < self.max_retries:
+        if exc.by_saga and self.request.retries < self.max_retries:
             # Another rollback holds the run, maybe a dead one (this very task,
             # redelivered after its worker died): wait until its lock expires,
             # then carry on where it stopped. Compensations are idempotent.

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from runs.saga import RollbackBusy, SagaError, rollback_plan, run_rollback, saga_in_progress
+from runs.saga import RollbackBusy, SagaError, rollback_plan, run_rollback
 
 from ._common import run_by_id, step_number, user_by_name
 
@@ -37,10 +37,12 @@ class Command(BaseCommand):
                 break
             except RollbackBusy as exc:
                 # Another rollback holds the run; if it died, its lock expires soon.
-                if not exc.until or not saga_in_progress(run) or time.monotonic() > deadline:
+                # Not "is it still held?": asked a moment later, when the lock has
+                # just expired, that says no and we would give up instead of retrying.
+                if not (exc.by_saga and exc.until) or time.monotonic() > deadline:
                     raise CommandError(str(exc)) from None
                 self.stdout.write(f"waiting for {run.lease_owner} to let go")
-                time.sleep(max(0.2, min(2.0, (exc.until - timezone.now()).total_seconds())))
+                time.sleep(max(0.2, min(2.0, (exc.until - timezone.now()).total_seconds() + 0.1)))
                 run.refresh_from_db()
             except SagaError as exc:
                 raise CommandError(str(exc)) from None

@@ -11,7 +11,7 @@ endif
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-production lint bench install install-dev migrate clean
+.PHONY: run test test-production coverage lint bench install install-dev migrate clean
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "Python 3.12 or newer is needed (Django 6)."; exit 1; }
@@ -48,6 +48,13 @@ run: migrate
 test: install-dev
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The suite measured line by line, Celery workers and manage.py subprocesses included.
+coverage: install-dev
+	rm -rf var/coverage && mkdir -p var/coverage
+	$(BIN)/python -m coverage run -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m coverage combine -q
+	$(BIN)/python -m coverage report
 
 lint: install-dev
 	$(BIN)/python -m ruff check .

@@ -106,12 +106,12 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
     siblings in the same reply, and the run's earlier decisions."""
     call = approval.tool_call
     run = approval.run
-    step = (Step.objects.filter(run=run, number=call.step, superseded_at__isnull=True)
+    step = (Step.objects.live().filter(run=run, number=call.step)
             .values_list("message_count", flat=True).first())
     # The assistant turn with this call comes right after what the model saw.
     reply_seq = step if step is not None else run.message_count - 1
     transcript = transcript_messages(run, limit=reply_seq + 1)
-    siblings = list(ToolCall.objects.filter(run=run, step=call.step, superseded_at__isnull=True)
+    siblings = list(ToolCall.objects.live().filter(run=run, step=call.step)
                     .exclude(pk=call.pk).order_by("position"))
     earlier = list(
         ApprovalRequest.objects.filter(run=run).exclude(pk=approval.pk)

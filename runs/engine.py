@@ -237,8 +237,8 @@ class _Loop:
         if run.parent_id:
             self.parent_calls = {
                 (c.step, c.position): c
-                for c in ToolCall.objects.filter(run_id=run.parent_id, step__gte=run.fork_step,
-                                                 superseded_at__isnull=True, status=C.COMMITTED)
+                for c in ToolCall.objects.live().filter(run_id=run.parent_id, step__gte=run.fork_step,
+                                                        status=C.COMMITTED)
             }
         self.dirty: list[ToolCall] = []  # read results not yet written
         # tool_use id -> why its input could not be kept (NaN, too deep): the call
@@ -283,7 +283,7 @@ class _Loop:
             if calls == _STEP_CLOSED:
                 return None
         else:
-            calls = list(ToolCall.objects.filter(run=run, step=run.step, superseded_at__isnull=True)
+            calls = list(ToolCall.objects.live().filter(run=run, step=run.step)
                          .order_by("position"))
             if not calls:  # an assistant turn without calls ended the run
                 _fail(run, self.owner, "transcript ends with a final reply but the run was not closed")
@@ -618,8 +618,8 @@ class _Loop:
             # waiting (and wakes us) or is seen by us here.
             Run.objects.select_for_update().filter(pk=run.pk).first()
             self._flush_dirty()
-            still_pending = ToolCall.objects.filter(
-                run=run, step=run.step, status=C.AWAITING_APPROVAL, superseded_at__isnull=True
+            still_pending = ToolCall.objects.live().filter(
+                run=run, step=run.step, status=C.AWAITING_APPROVAL
             ).exists()
             if still_pending:
                 run_transition(run_id=run.pk, old=S.RUNNING, new=S.WAITING_APPROVAL, owner=self.owner,

@@ -14,13 +14,13 @@ from datetime import datetime
 
 from django.db.models import Q
 
-from .models import Message, Run
+from .models import LIVE, Message, Run
 
 
 def live_at(when: datetime | None) -> Q:
     if when is None:
-        return Q(superseded_at__isnull=True)
-    return Q(created_at__lte=when) & (Q(superseded_at__isnull=True) | Q(superseded_at__gt=when))
+        return LIVE
+    return Q(created_at__lte=when) & (LIVE | Q(superseded_at__gt=when))
 
 
 def transcript_messages(run: Run, *, at: datetime | None = None, limit: int | None = None) -> list[Message]:

@@ -95,10 +95,14 @@ FINISHED_RUN_STATUSES = frozenset({
 })
 
 
+# A row on the run's live branch: not superseded by a rewind (those stay, as history).
+LIVE = Q(superseded_at__isnull=True)
+
+
 class LiveQuerySet(models.QuerySet):
     def live(self):
         """Rows on the run's live branch: not superseded by a rewind (those stay as history)."""
-        return self.filter(superseded_at__isnull=True)
+        return self.filter(LIVE)
 
 
 class Message(models.Model):
@@ -124,7 +128,7 @@ class Message(models.Model):
         ordering = ["run_id", "seq"]
         constraints = [
             models.UniqueConstraint(fields=["run", "seq"], name="message_run_seq_unique",
-                                    condition=Q(superseded_at__isnull=True)),
+                                    condition=LIVE),
         ]
 
     def __str__(self) -> str:
@@ -160,7 +164,7 @@ class Step(models.Model):
         ordering = ["run_id", "number"]
         constraints = [
             models.UniqueConstraint(fields=["run", "number"], name="step_run_number_unique",
-                                    condition=Q(superseded_at__isnull=True)),
+                                    condition=LIVE),
         ]
 
     def __str__(self) -> str:
@@ -232,7 +236,7 @@ class ToolCall(models.Model):
         ]
         constraints = [
             models.UniqueConstraint(fields=["run", "tool_use_id"], name="toolcall_run_tool_use_unique",
-                                    condition=Q(superseded_at__isnull=True)),
+                                    condition=LIVE),
             models.CheckConstraint(
                 condition=Q(status__in=CALL_STATUSES), name="toolcall_status_valid"
             ),

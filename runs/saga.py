@@ -73,7 +73,7 @@ def rollback_plan(run: Run, *, to_step: int | None = None) -> RollbackPlan:
     Only calls that took effect in this run count: a repeat or a fork's reused
     result did nothing here, so there is nothing of theirs to undo.
     """
-    calls = ToolCall.objects.filter(run=run, status=C.COMMITTED, superseded_at__isnull=True,
+    calls = ToolCall.objects.live().filter(run=run, status=C.COMMITTED,
                                     attempts__gt=0).exclude(idempotency_key="")
     if to_step is not None:
         calls = calls.filter(step__gt=to_step)
@@ -184,7 +184,7 @@ def run_rollback(*, run: Run, to_step: int | None = None, by=None) -> RollbackRe
 
 
 def _interrupted(run: Run, to_step: int | None):
-    calls = ToolCall.objects.filter(run=run, status=C.EXECUTING, superseded_at__isnull=True)
+    calls = ToolCall.objects.live().filter(run=run, status=C.EXECUTING)
     return calls.filter(step__gt=to_step) if to_step is not None else calls
 
 
@@ -247,7 +247,7 @@ def run_rewind(*, run: Run, to_step: int, by=None, enqueue: bool = True) -> Roll
     checkpoint (later messages, steps and calls stay as superseded history) and
     queue the run to continue from there, in a new generation of keys."""
     _check_permission(by)
-    step = Step.objects.filter(run=run, number=to_step, superseded_at__isnull=True).first()
+    step = Step.objects.live().filter(run=run, number=to_step).first()
     if step is None:
         raise SagaError(f"Run {run.pk} has no checkpoint for step {to_step}.")
     result = run_rollback(run=run, to_step=to_step, by=by)
@@ -257,9 +257,9 @@ def run_rewind(*, run: Run, to_step: int, by=None, enqueue: bool = True) -> Roll
         run = Run.objects.select_for_update().get(pk=run.pk)
         if run.status in (S.QUEUED, S.RUNNING):
             raise SagaError(f"Run {run.pk} started running again; rewind it once it stops.")
-        Message.objects.filter(run=run, seq__gte=head, superseded_at__isnull=True).update(superseded_at=now)
-        Step.objects.filter(run=run, number__gt=to_step, superseded_at__isnull=True).update(superseded_at=now)
-        later = ToolCall.objects.filter(run=run, step__gt=to_step, superseded_at__isnull=True)
+        Message.objects.live().filter(run=run, seq__gte=head).update(superseded_at=now)
+        Step.objects.live().filter(run=run, number__gt=to_step).update(superseded_at=now)
+        later = ToolCall.objects.live().filter(run=run, step__gt=to_step)
         # Calls still waiting for a decision on the abandoned branch are withdrawn.
         pending = list(later.filter(status=C.AWAITING_APPROVAL))
         later.update(superseded_at=now)
@@ -284,7 +284,7 @@ def run_fork(*, run: Run, step: int, by=None, enqueue: bool = True) -> Run:
     the model saw at that step, shared, not copied. While the fork repeats its
     parent's calls it reuses their recorded results; nothing runs twice."""
     _check_permission(by)
-    checkpoint = Step.objects.filter(run=run, number=step, superseded_at__isnull=True).first()
+    checkpoint = Step.objects.live().filter(run=run, number=step).first()
     if checkpoint is None:
         raise SagaError(f"Run {run.pk} has no checkpoint for step {step}.")
     with transaction.atomic():

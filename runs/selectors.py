@@ -151,10 +151,9 @@ def run_timeline(run: Run) -> list[TimelineStep]:
     """
     # The live history: what a rewind superseded is left out here (it stays in
     # the database and in the checkpoints of the steps it belonged to).
-    checkpoints = {s.number: s for s in Step.objects.filter(run=run, superseded_at__isnull=True)
+    checkpoints = {s.number: s for s in Step.objects.live().filter(run=run)
                    .order_by("number")}
-    assistant = Message.objects.filter(run=run, role=Message.Role.ASSISTANT,
-                                       superseded_at__isnull=True).order_by("seq")
+    assistant = Message.objects.live().filter(run=run, role=Message.Role.ASSISTANT).order_by("seq")
     replies = {m.seq: m.content for m in assistant.only("seq", "content")}
     # Coupling, by name only: ``approval`` is the reverse side of
     # approvals.ApprovalRequest.tool_call (OneToOne, related_name="approval"),
@@ -164,7 +163,7 @@ def run_timeline(run: Run) -> list[TimelineStep]:
     # history just follows the relation so decisions load with their calls
     # instead of one query per call. Renaming either related_name breaks this.
     calls = (
-        ToolCall.objects.filter(run=run, superseded_at__isnull=True)
+        ToolCall.objects.live().filter(run=run)
         .select_related("approval__decided_by", "approval__proposal__proposed_by")
         .prefetch_related("approval__votes__reviewer", "approval__votes__proposal")
         .order_by("step", "position")

@@ -169,8 +169,7 @@ def _undo_state(request, run: Run) -> dict:
         kind, to_step, generation = "", None, None
         if not busy:
             return state
-    compensated = ToolCall.objects.filter(run=run, status=ToolCall.Status.COMPENSATED,
-                                          superseded_at__isnull=True)
+    compensated = ToolCall.objects.live().filter(run=run, status=ToolCall.Status.COMPENSATED)
     if to_step is not None:
         compensated = compensated.filter(step__gt=to_step)
     count = compensated.count()
@@ -386,7 +385,7 @@ def _require_undo(request) -> None:
 
 
 def _checkpoint_or_404(run: Run, number: int) -> Step:
-    step = Step.objects.filter(run=run, number=number, superseded_at__isnull=True).first()
+    step = Step.objects.live().filter(run=run, number=number).first()
     if step is None:
         raise Http404(f"Run {run.pk} has no closed step {number}.")
     return step
@@ -417,7 +416,7 @@ def _undo_context(run: Run, *, to_step: int | None, rewind: bool) -> dict:
                                           if to_step is not None else "the run is already rolled back."))
     withdrawn = []
     if rewind:
-        withdrawn = list(ToolCall.objects.filter(run=run, step__gt=to_step, superseded_at__isnull=True,
+        withdrawn = list(ToolCall.objects.live().filter(run=run, step__gt=to_step,
                                                  status=ToolCall.Status.AWAITING_APPROVAL)
                          .order_by("step", "position"))
     return {

@@ -105,6 +105,17 @@ class RuleGate:
         notify_reviewers(approval=approval, kind=Kind.APPROVAL_OPENED, enqueue=False)
         transaction.on_commit(lambda: notify_approval_opened(approval.pk))
 
+    def run_ended(self, *, run, actor, reason: str) -> None:
+        # Nothing is left to decide on a run that ended.
+        ApprovalRequest.objects.filter(run_id=run.pk, status=ApprovalRequest.Status.PENDING).update(
+            status=ApprovalRequest.Status.CANCELLED, decided_at=timezone.now(), comment=f"run {run.status}",
+        )
+
+    def call_withdrawn(self, *, call, actor, reason: str) -> None:
+        ApprovalRequest.objects.filter(tool_call_id=call.pk, status=ApprovalRequest.Status.PENDING).update(
+            status=ApprovalRequest.Status.CANCELLED, decided_at=timezone.now(), comment=reason,
+        )
+
 
 # --- aggregate rules -----------------------------------------------------------
 # A call counts toward a total while its effect stands or is about to happen:

@@ -1,14 +1,17 @@
-"""Turn the engine's signals into AuditEvents (same transaction as the change)."""
+"""Turn the engine's signals into AuditEvents (same transaction as the change).
+
+Recording only: what a transition means for approvals (a run that ended closes
+its requests, a withdrawn call its own) is ``RuleGate.run_ended`` and
+``RuleGate.call_withdrawn``, called by ``runs`` at the transition.
+"""
 
 from __future__ import annotations
 
 from django.dispatch import receiver
-from django.utils import timezone
 
-from runs.models import Run
 from runs.signals import run_transitioned, tool_call_transitioned
 
-from .models import ApprovalRequest, AuditEvent
+from .models import AuditEvent
 
 
 @receiver(run_transitioned)
@@ -17,21 +20,10 @@ def audit_run_transition(sender, *, run_id, old, new, actor, reason, **kwargs):
         actor=actor, action="run.created" if not old else f"run.{new}", run_id=run_id,
         before=old, after=new, detail=reason,
     )
-    if new in (Run.Status.CANCELLED, Run.Status.FAILED, Run.Status.ROLLED_BACK):
-        # Nothing is left to decide on a run that ended.
-        ApprovalRequest.objects.filter(run_id=run_id, status=ApprovalRequest.Status.PENDING).update(
-            status=ApprovalRequest.Status.CANCELLED, decided_at=timezone.now(),
-            comment=f"run {new}",
-        )
 
 
 @receiver(tool_call_transitioned)
 def audit_tool_call_transition(sender, *, call, old, new, actor, reason, **kwargs):
-    if old == "awaiting_approval" and new == "denied":
-        # Withdrawn without a decision (a rewind abandoned its branch).
-        ApprovalRequest.objects.filter(tool_call_id=call.pk, status=ApprovalRequest.Status.PENDING).update(
-            status=ApprovalRequest.Status.CANCELLED, decided_at=timezone.now(), comment=reason,
-        )
     AuditEvent.objects.create(
         actor=actor, action=f"call.{new}", run_id=call.run_id, tool_call_id=call.pk,
         before=old, after=new, detail=f"{call.tool_name}: {reason}"[:2000],

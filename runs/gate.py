@@ -1,9 +1,12 @@
 """The one seam through which the loop asks "may this call run?".
 
 ``runs`` never imports ``approvals``: the implementation is named by the
-``DESK_GATE`` setting (like ``EMAIL_BACKEND``). Both methods run inside the
-transaction that saves the model's reply, so an approval ``hold`` opens is
-committed together with the call, or not at all.
+``DESK_GATE`` setting (like ``EMAIL_BACKEND``). ``review`` and ``hold`` run
+inside the transaction that saves the model's reply, so an approval ``hold``
+opens is committed together with the call, or not at all. ``run_ended`` and
+``call_withdrawn`` are called by ``runs`` at those transitions, inside their
+transaction: what the gate opened for a run is closed with it, and the people
+who asked are told, by an explicit call rather than a signal receiver.
 """
 
 from __future__ import annotations
@@ -48,6 +51,14 @@ class Gate(Protocol):
     def hold(self, *, run: Run, call: ToolCall, verdict: Verdict) -> None:
         """The call (saved) needs approval: open the request, notify on commit."""
 
+    def run_ended(self, *, run: Run, actor, reason: str) -> None:
+        """``run`` (reloaded, with its new status) just finished: done, failed,
+        cancelled or rolled back. Nothing is left to decide on it."""
+
+    def call_withdrawn(self, *, call: ToolCall, actor, reason: str) -> None:
+        """A call that was waiting for a decision was withdrawn (a rewind abandoned
+        its branch): its request is no longer anyone's to decide."""
+
 
 class ReadsOnlyGate:
     """Fallback gate: reads run, anything else is denied. Used when no gate is set."""
@@ -59,6 +70,12 @@ class ReadsOnlyGate:
 
     def hold(self, *, run: Run, call: ToolCall, verdict: Verdict) -> None:
         raise RuntimeError("ReadsOnlyGate never asks for approval")
+
+    def run_ended(self, *, run: Run, actor, reason: str) -> None:
+        pass  # it opened nothing
+
+    def call_withdrawn(self, *, call: ToolCall, actor, reason: str) -> None:
+        pass
 
 
 def review_call(*, run: Run, call: ToolCall, spec: ToolSpec) -> Verdict:

@@ -21,6 +21,7 @@ from django.utils import timezone
 from tools.registry import ToolContext, ToolError, compensation_key, find_tool
 
 from .failpoints import failpoint
+from .gate import get_gate
 from .models import Message, Run, Step, ToolCall
 from .services import run_enqueue, run_transition
 from .signals import run_transitioned, tool_call_transitioned
@@ -263,11 +264,12 @@ def run_rewind(*, run: Run, to_step: int, by=None, enqueue: bool = True) -> Roll
         # Calls still waiting for a decision on the abandoned branch are withdrawn.
         pending = list(later.filter(status=C.AWAITING_APPROVAL))
         later.update(superseded_at=now)
+        ToolCall.objects.filter(pk__in=[c.pk for c in pending]).update(
+            status=C.DENIED, result="Withdrawn: the run was rewound.", is_error=True)
         for call in pending:
             tool_call_transitioned.send(ToolCall, call=call, old=call.status, new=C.DENIED, actor=by,
                                         reason="withdrawn by a rewind")
-        ToolCall.objects.filter(pk__in=[c.pk for c in pending]).update(
-            status=C.DENIED, result="Withdrawn: the run was rewound.", is_error=True)
+            get_gate().call_withdrawn(call=call, actor=by, reason="withdrawn by a rewind")
         run_transition(
             run_id=run.pk, old=run.status, new=S.QUEUED, actor=by, reason=f"rewound to step {to_step}",
             step=to_step + 1, message_count=head, generation=run.generation + 1, error="",

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from tools.registry import get_agent, idempotency_key, input_hash
 
+from .gate import get_gate
 from .llm import validate_scenario
 from .models import FINISHED_RUN_STATUSES, Message, Run, ToolCall
 from .signals import run_transitioned, tool_call_transitioned
@@ -68,6 +69,11 @@ def run_transition(
     if rows.update(status=new, updated_at=timezone.now(), **fields) != 1:
         raise TransitionConflict(f"run {run_id} is no longer {old}")
     run_transitioned.send(Run, run_id=run_id, old=old, new=new, actor=actor, reason=reason)
+    if new in FINISHED_RUN_STATUSES:
+        # Close what the gate opened for the run and tell its requester, in this
+        # transaction: the end and its consequences commit together.
+        get_gate().run_ended(run=Run.objects.select_related("requester").get(pk=run_id),
+                             actor=actor, reason=reason)
 
 
 def run_enqueue(run_id: int, *, countdown: float | None = None) -> None:

@@ -10,6 +10,7 @@ import pytest
 from approvals.models import ApprovalRequest, AuditEvent
 from approvals.services import approval_decide
 from runs.engine import Outcome, run_advance, run_advance_until_settled
+from runs.gate import ReadsOnlyGate
 from runs.models import Message, Run, Step, ToolCall
 from runs.selectors import checkpoint
 from tools.models import Note, OutboxEmail, Payment, ProviderFault, Ticket
@@ -275,7 +276,7 @@ def test_a_write_whose_outcome_stays_unknown_stops_the_run_for_a_human(users):
     assert Payment.objects.count() == 0
 
 
-class ExplodingGate:
+class ExplodingGate(ReadsOnlyGate):
     def review(self, **kwargs):
         raise RuntimeError("rules table is unreadable")
 

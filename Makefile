@@ -64,6 +64,7 @@ lint: install-dev
 bench: install
 	$(BIN)/python bench/step_overhead.py
 	$(BIN)/python bench/gate_aggregates.py
+	$(BIN)/python bench/rawsql.py
 
 clean:
 	rm -rf var/ .pytest_cache

@@ -1,17 +1,24 @@
 """The agent loop: advance a run step by step, exactly once.
 
 The database is the source of truth; a Celery message is only a nudge to
-"advance run X". ``run_advance`` follows the step protocol (docs/architecture.md):
+"advance run X". ``run_advance`` follows the step protocol (docs/architecture.md),
+and ``_Loop.step`` reads in its order:
 
 1. claim the run's lease (a conditional UPDATE; losing the race means stop);
-2. unless the transcript ends with an assistant turn whose calls are
-   unresolved, ask the model (outside any transaction) and save its reply,
-   one ToolCall per tool_use and every call's gate verdict in one transaction;
-3. execute allowed/approved calls, writes with a committed intent
+2. unless the transcript ends with the model's saved reply (we resumed), ask the
+   model, outside any transaction, and build one ToolCall per tool_use;
+3. gate them: reads at once, writes inside the transaction that saves the reply
+   and its calls (``_save_reply``), approvals opened for those that wait;
+4. execute allowed/approved calls, writes with a committed intent
    (``executing``) before the effect; reconcile calls found ``executing``;
-4. pause while any call awaits a decision;
-5. close the step in one transaction: the user message with every
-   tool_result in tool_use order, and the Step checkpoint (O(1)).
+5. pause while any call awaits a decision;
+6. close the step in one transaction (``_close_step``): the user message with
+   every tool_result in tool_use order, and the Step checkpoint (O(1)).
+7. a reply with no tool call is closed by the same function and ends the run.
+
+A reply whose calls are all reads (or resolved without running) takes a fast
+path: the reads run, and ``_close_step`` saves the reply, its calls, their results
+and the checkpoint in one transaction.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import logging
 import os
 import socket
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
 
@@ -56,14 +63,12 @@ from .llm import (
     ScriptedLLM,
     TransientLLMError,
 )
-from .models import RESOLVED_CALL_STATUSES, Message, Run, Step, ToolCall
-from .rawsql import insert_rows, update_rows
+from .models import RESOLVED_CALL_STATUSES, CallStatus, Message, Run, RunStatus, Step, ToolCall
+from .rawsql import insert_objects, update_rows
 from .services import TransitionConflict, lease_deadline, run_transition
 from .signals import run_transitioned, tool_call_transitioned
 
 log = logging.getLogger(__name__)
-S = Run.Status
-C = ToolCall.Status
 
 # A write whose outcome stays unknown after this many attempts stops the run
 # for a human: we never retry blind.
@@ -98,19 +103,19 @@ def lease_claim(run_id: int, owner: str) -> bool:
     free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
     with transaction.atomic():
         old = (
-            Run.objects.filter(free, pk=run_id, status__in=[S.QUEUED, S.RUNNING])
+            Run.objects.filter(free, pk=run_id, status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
             .values_list("status", flat=True)
             .first()
         )
         if old is None:
             return False
         claimed = Run.objects.filter(free, pk=run_id, status=old).update(
-            status=S.RUNNING, lease_owner=owner, lease_until=lease_deadline(), updated_at=now
+            status=RunStatus.RUNNING, lease_owner=owner, lease_until=lease_deadline(), updated_at=now
         )
         if not claimed:
             return False
-        if old != S.RUNNING:
-            run_transitioned.send(Run, run_id=run_id, old=old, new=S.RUNNING, actor=None,
+        if old != RunStatus.RUNNING:
+            run_transitioned.send(Run, run_id=run_id, old=old, new=RunStatus.RUNNING, actor=None,
                                   reason=f"claimed by {owner}")
     return True
 
@@ -193,7 +198,7 @@ def _hold_for_retry(run: Run, owner: str, exc: TransientLLMError) -> AdvanceResu
 def _fail(run: Run, owner: str, reason: str) -> None:
     with transaction.atomic():
         try:
-            run_transition(run_id=run.pk, old=S.RUNNING, new=S.FAILED, owner=owner,
+            run_transition(run_id=run.pk, old=RunStatus.RUNNING, new=RunStatus.FAILED, owner=owner,
                            reason=reason, error=reason)
         except TransitionConflict:
             log.warning("run %s: could not mark failed (%s): no longer ours", run.pk, reason)
@@ -218,6 +223,26 @@ def tool_result_block(call: ToolCall) -> dict:
     return block
 
 
+@dataclass
+class Proposals:
+    """A reply's tool calls, built but not saved yet.
+
+    What needs no gate is already resolved (an unknown tool, bad input, a repeat,
+    a fork's reused result), reads are reviewed, and writes are left ``proposed``:
+    the gate reviews them inside the transaction that saves them.
+    """
+
+    calls: list[ToolCall]
+    # The gate's verdict on each reviewed call, by position; hold() needs it for
+    # the calls that wait for a person.
+    verdicts: dict[int, gate_module.Verdict] = field(default_factory=dict)
+
+    @property
+    def reads_only(self) -> bool:
+        """Nothing in the reply has an effect to make exactly once."""
+        return all(_is_read_or_resolved(call) for call in self.calls)
+
+
 class _Loop:
     """One claim's worth of work on one run. Holds the transcript in memory so a
     step costs the same at step 2,000 as at step 2."""
@@ -235,18 +260,149 @@ class _Loop:
         # the same place get the parent's recorded result, and nothing runs.
         self.parent_calls = {}
         if run.parent_id:
-            self.parent_calls = {
-                (c.step, c.position): c
-                for c in ToolCall.objects.live().filter(run_id=run.parent_id, step__gte=run.fork_step,
-                                                        status=C.COMMITTED)
-            }
-        self.dirty: list[ToolCall] = []  # read results not yet written
-        # tool_use id -> why its input could not be kept (NaN, too deep): the call
-        # gets an error result instead of reaching the gate.
-        self.unsafe_inputs: dict[str, str] = {}
+            parent_calls = ToolCall.objects.live().filter(
+                run_id=run.parent_id, step__gte=run.fork_step, status=CallStatus.COMMITTED
+            )
+            self.parent_calls = {(c.step, c.position): c for c in parent_calls}
+        # Reads executed by _work whose results are written when the step closes
+        # (or pauses): a crash before that just reads again.
+        self.unsaved_reads: list[ToolCall] = []
         # The last checkpoint's digest and how many messages it had closed: the next
         # step chains from it (runs.integrity).
         self.chain: tuple[str, int] = chain_head(run)
+
+    # --- the step: docs/architecture.md "The step protocol", in this order ----
+    def step(self) -> AdvanceResult | None:
+        """Advance one step; None means go on with the next one."""
+        run = self.run
+        if not self.transcript:
+            raise PermanentLLMError("the run has no transcript")
+        if self.transcript[-1]["role"] == Message.Role.ASSISTANT:
+            # The reply was saved before (we resumed): never ask for it again.
+            calls = self._saved_calls()
+            if not calls:  # an assistant turn without calls ended the run
+                _fail(run, self.owner, "transcript ends with a final reply but the run was not closed")
+                return AdvanceResult(Outcome.FINISHED)
+            return self._work(calls)
+        if run.step >= run.max_steps:
+            _fail(run, self.owner, f"step budget exhausted ({run.max_steps} steps)")
+            return AdvanceResult(Outcome.FINISHED)
+        reply = self._ask_model()  # 2. outside any transaction
+        proposals = self._propose(reply)
+        if not proposals.calls:  # 7. a reply with no tool call ends the run
+            self._close_step([], reply=reply)
+            return AdvanceResult(Outcome.FINISHED)
+        if proposals.reads_only:
+            # The fast path: run the reads now, save the reply with the step.
+            self._run_reads(proposals.calls)
+            self._close_step(proposals.calls, reply=reply)
+            return None
+        self._save_reply(reply, proposals)  # 2-3. the reply, its calls and their verdicts
+        return self._work(proposals.calls)  # 4-6. execute, pause or close
+
+    def _ask_model(self) -> Reply:
+        """Slow I/O outside any transaction: nothing is locked while the model thinks."""
+        reply = self.llm.reply(system=self.agent.system, messages=self.transcript,
+                               tools=self.tools_for_model)
+        _check_reply(reply)
+        self.run.input_tokens += reply.usage.input_tokens
+        self.run.output_tokens += reply.usage.output_tokens
+        self.run.cost += reply.usage.cost
+        return reply
+
+    def _propose(self, reply: Reply) -> Proposals:
+        """One ToolCall per tool_use block (not saved); reads reviewed, writes left
+        for the transaction that saves them."""
+        # Inputs that are not plain JSON are kept as a note; their calls get an error.
+        unsafe = _set_aside_unsafe_inputs(reply)
+        proposals = Proposals(calls=[])
+        for position, block in enumerate(reply.tool_uses):
+            call = self._new_call(position, block, proposals.calls, unsafe.get(block["id"]))
+            if call.status == CallStatus.PROPOSED and find_tool(call.tool_name).is_read:
+                proposals.verdicts[position] = self._review(call, find_tool(call.tool_name))
+            proposals.calls.append(call)
+        return proposals
+
+    def _save_reply(self, reply: Reply, proposals: Proposals) -> None:
+        """The reply and one ToolCall per tool_use in one transaction, each write
+        reviewed as it is saved, approvals opened for those that wait.
+
+        One by one: a rule that adds up earlier calls (a total per order) sees this
+        reply's earlier calls and holds its lock until this one is saved, so two
+        runs cannot both slip under it.
+        """
+        run = self.run
+        seq = len(self.transcript)
+        with transaction.atomic():
+            self._renew_lease(message_count=seq + 1, llm_attempts=0, error="", **_usage_fields(run))
+            insert_objects([Message(run=run, seq=seq, role=Message.Role.ASSISTANT, content=reply.content)])
+            for call in proposals.calls:
+                if call.status == CallStatus.PROPOSED:
+                    proposals.verdicts[call.position] = self._review(call, find_tool(call.tool_name))
+                call.save(force_insert=True)
+            self._announce(proposals.calls, proposals.verdicts)
+        self.transcript.append({"role": Message.Role.ASSISTANT, "content": reply.content})
+        run.message_count, run.llm_attempts, run.error = seq + 1, 0, ""
+        failpoint("after_model_reply", run.step)
+
+    def _work(self, calls: list[ToolCall]) -> AdvanceResult | None:
+        """4. Execute what may run, 5. pause while anything waits, 6. close the step."""
+        for call in calls:
+            spec = find_tool(call.tool_name)
+            outcome = None
+            if call.status == CallStatus.APPROVED:
+                outcome = self._execute(call, spec)
+            elif call.status == CallStatus.EXECUTING:
+                outcome = self._recover(call, spec)
+            if outcome is not None:
+                return outcome
+        if any(call.status == CallStatus.AWAITING_APPROVAL for call in calls):
+            return self._pause()
+        self._close_step(calls)
+        return None
+
+    def _close_step(self, calls: list[ToolCall], *, reply: Reply | None = None) -> None:
+        """Close the step in one transaction: the user message with every tool result
+        (in tool_use order) and the Step checkpoint, which costs the same at any step.
+
+        With ``reply``, the model's reply is not saved yet and is saved here, with its
+        calls: a reads-only step (one durable commit per step; a crash before it
+        loses only the reply, which the model is asked for again) or a final reply
+        (no calls, no results), which ends the run.
+        """
+        run = self.run
+        number, first = run.step, len(self.transcript)
+        final = reply is not None and not calls
+        closing = [{"role": Message.Role.ASSISTANT, "content": reply.content}] if reply is not None else []
+        if not final:
+            closing.append({"role": Message.Role.USER, "content": [tool_result_block(c) for c in calls]})
+        seen = first if reply is not None else first - 1  # what the model had seen when it replied
+        status = RunStatus.DONE if final else RunStatus.RUNNING
+        message_count = first + len(closing)
+        digest = self._digest(message_count=seen, status=status, closing=closing, calls=calls)
+        if reply is not None:
+            failpoint("after_model_reply", number)  # the reply is in hand, not saved yet
+        with transaction.atomic():
+            self._renew_lease(step=number + 1, message_count=message_count, llm_attempts=0, error="",
+                              **_usage_fields(run))
+            self._save_read_results()
+            insert_objects([Message(run=run, seq=first + i, role=message["role"], content=message["content"])
+                            for i, message in enumerate(closing)])
+            if reply is not None:
+                self._insert_calls(calls)
+            insert_objects([Step(run=run, number=number, message_count=seen, status=status, digest=digest,
+                                 **_usage_fields(run))])
+            if final:
+                run_transition(run_id=run.pk, old=RunStatus.RUNNING, new=RunStatus.DONE, owner=self.owner,
+                               reason="final reply")
+        self.transcript.extend(closing)
+        self.chain = (digest, message_count)
+        run.step, run.message_count, run.llm_attempts, run.error = number + 1, message_count, 0, ""
+        failpoint("after_step_commit", number)
+
+    # --- the parts ---------------------------------------------------------
+    def _saved_calls(self) -> list[ToolCall]:
+        return list(ToolCall.objects.live().filter(run=self.run, step=self.run.step).order_by("position"))
 
     def _digest(self, *, message_count: int, status: str, closing: list[dict], calls: list[ToolCall]) -> str:
         """The digest of the step being closed: the messages since the last checkpoint
@@ -259,151 +415,46 @@ class _Loop:
             calls=[call_record(call) for call in calls],
         )
 
-    # --- leases -----------------------------------------------------------
-    def _own(self, **fields) -> None:
+    def _renew_lease(self, **fields) -> None:
         """Renew the lease (and write run fields) or find out we lost it."""
         fields["lease_until"] = lease_deadline()
-        fields["updated_at"] = timezone.now()
-        where = {"id": self.run.pk, "lease_owner": self.owner, "status": S.RUNNING}
+        where = {"id": self.run.pk, "lease_owner": self.owner, "status": RunStatus.RUNNING}
         if update_rows(Run, where, fields) != 1:
             raise LeaseLost()
 
-    # --- the step ---------------------------------------------------------
-    def step(self) -> AdvanceResult | None:
-        run = self.run
-        if not self.transcript:
-            raise PermanentLLMError("the run has no transcript")
-        if self.transcript[-1]["role"] == Message.Role.USER:
-            if run.step >= run.max_steps:
-                _fail(run, self.owner, f"step budget exhausted ({run.max_steps} steps)")
-                return AdvanceResult(Outcome.FINISHED)
-            calls = self._ask_model()
-            if calls is None:
-                return AdvanceResult(Outcome.FINISHED)
-            if calls == _STEP_CLOSED:
-                return None
+    def _insert_calls(self, calls: list[ToolCall]) -> None:
+        """Save a reads-only step's calls, audited unless they are allowed reads."""
+        if any(_announced(call) for call in calls):
+            ToolCall.objects.bulk_create(calls)  # the audit trail needs their ids
+            self._announce(calls, {})  # nothing in a reads-only step waits for a person
         else:
-            calls = list(ToolCall.objects.live().filter(run=run, step=run.step)
-                         .order_by("position"))
-            if not calls:  # an assistant turn without calls ended the run
-                _fail(run, self.owner, "transcript ends with a final reply but the run was not closed")
-                return AdvanceResult(Outcome.FINISHED)
-        return self._work(calls)
-
-    def _ask_model(self) -> list[ToolCall] | str | None:
-        run = self.run
-        # Slow I/O outside any transaction: nothing is locked while the model thinks.
-        reply = self.llm.reply(
-            system=self.agent.system, messages=self.transcript, tools=self.tools_for_model
-        )
-        _check_reply(reply)
-        self.unsafe_inputs = _set_aside_unsafe_inputs(reply)
-        seen = len(self.transcript)
-        run.input_tokens += reply.usage.input_tokens
-        run.output_tokens += reply.usage.output_tokens
-        run.cost += reply.usage.cost
-        calls: list[ToolCall] = []
-        # The gate's verdicts by position, carried to hold() for calls that wait.
-        verdicts: dict[int, gate_module.Verdict] = {}
-        for position, block in enumerate(reply.tool_uses):
-            calls.append(self._new_call(position, block, calls, verdicts))
-        if calls and all(_is_read_or_resolved(call) for call in calls):
-            self._reads_only_step(reply, calls)
-            return _STEP_CLOSED
-        with transaction.atomic():
-            usage = {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens,
-                     "cost": run.cost, "llm_attempts": 0, "error": ""}
-            self._own(message_count=seen + 1, **usage)
-            Message.objects.create(run=run, seq=seen, role=Message.Role.ASSISTANT, content=reply.content)
-            if not calls:
-                # A reply with no tool call ends the run.
-                reply_message = {"role": Message.Role.ASSISTANT, "content": reply.content}
-                digest = self._digest(message_count=seen, status=S.DONE, closing=[reply_message], calls=[])
-                Step.objects.create(run=run, number=run.step, message_count=seen,
-                                    status=S.DONE, digest=digest, **_usage_fields(run))
-                run_transition(run_id=run.pk, old=S.RUNNING, new=S.DONE, owner=self.owner,
-                               reason="final reply", step=run.step + 1, error="")
-            else:
-                for call in calls:
-                    if call.status == C.PROPOSED:
-                        # Writes are reviewed here, inside the transaction that saves
-                        # them, one by one: a rule that adds up earlier calls (a total
-                        # per order) sees this reply's earlier calls and holds its lock
-                        # until this one is saved, so two runs cannot both slip under it.
-                        self._review(call, find_tool(call.tool_name), verdicts)
-                    call.save(force_insert=True)
-                self._announce(calls, verdicts)
-        run.message_count, run.llm_attempts, run.error = seen + 1, 0, ""
-        self.transcript.append({"role": Message.Role.ASSISTANT, "content": reply.content})
-        failpoint("after_model_reply", run.step)
-        if not calls:
-            self.chain = (digest, seen + 1)
-            run.step += 1
-            return None
-        return calls
+            insert_objects(calls)
 
     def _announce(self, calls: list[ToolCall], verdicts: dict[int, gate_module.Verdict]) -> None:
-        """Open approvals and audit new calls (inside the reply's transaction)."""
+        """Open approvals and audit new calls (inside the transaction that saves them)."""
         for call in calls:
-            if call.status == C.AWAITING_APPROVAL:
+            if call.status == CallStatus.AWAITING_APPROVAL:
                 self.gate.hold(run=self.run, call=call, verdict=verdicts[call.position])
             if _announced(call):
                 tool_call_transitioned.send(ToolCall, call=call, old="", new=call.status,
                                             actor=None, reason=call.verdict_reason)
 
-    def _reads_only_step(self, reply: Reply, calls: list[ToolCall]) -> None:
-        """Every call is an allowed read (or was resolved without running):
-        nothing here has an effect to make exactly once. Run the reads now and
-        save the reply, the calls, their results and the checkpoint in one
-        transaction: one durable commit per step. A crash before it commits
-        loses only the reply, which the model is asked for again."""
-        run = self.run
+    def _run_reads(self, calls: list[ToolCall]) -> None:
         for call in calls:
-            if call.status == C.APPROVED:
+            if call.status == CallStatus.APPROVED:
                 self._run_read(call, find_tool(call.tool_name))
-        results = [tool_result_block(call) for call in calls]
-        seen = len(self.transcript)
-        now = timezone.now()
-        closing = [{"role": Message.Role.ASSISTANT, "content": reply.content},
-                   {"role": Message.Role.USER, "content": results}]
-        digest = self._digest(message_count=seen, status=S.RUNNING, closing=closing, calls=calls)
-        with transaction.atomic():
-            self._own(message_count=seen + 2, step=run.step + 1, llm_attempts=0, error="",
-                      **_usage_fields(run))
-            insert_rows(Message, MESSAGE_COLUMNS, [
-                (run.pk, seen, Message.Role.ASSISTANT, reply.content, now),
-                (run.pk, seen + 1, Message.Role.USER, results, now),
-            ])
-            if any(_announced(call) for call in calls):
-                ToolCall.objects.bulk_create(calls)  # the audit needs their ids
-                self._announce(calls, {})
-            else:
-                insert_rows(ToolCall, TOOL_CALL_COLUMNS, [_tool_call_row(c, now) for c in calls])
-            insert_rows(Step, STEP_COLUMNS, [(run.pk, run.step, seen, run.input_tokens, run.output_tokens,
-                                              run.cost, S.RUNNING, digest, now)])
-        self.transcript.extend(closing)
-        self.chain = (digest, seen + 2)
-        run.message_count, run.llm_attempts, run.error = seen + 2, 0, ""
-        failpoint("after_model_reply", run.step)
-        failpoint("after_step_commit", run.step)
-        run.step += 1
 
     def _run_read(self, call: ToolCall, spec: ToolSpec) -> None:
         result, is_error = _invoke(spec, self._ctx(call), call.input)
-        call.status = C.FAILED if is_error else C.COMMITTED
+        call.status = CallStatus.FAILED if is_error else CallStatus.COMMITTED
         call.result, call.is_error, call.finished_at = result, is_error, timezone.now()
 
-    def _new_call(self, position: int, block: dict, batch: list[ToolCall],
-                  verdicts: dict[int, gate_module.Verdict]) -> ToolCall:
-        """Build the call for one tool_use block (saved by the caller).
-
-        Resolves what needs no gate (an unknown tool, bad input, a repeat, a
-        fork's reused result) and reviews reads; a write is left ``proposed`` for
-        ``_review`` inside the transaction that saves it.
-        """
+    def _new_call(self, position: int, block: dict, earlier: list[ToolCall], unsafe: str | None) -> ToolCall:
+        """The call for one tool_use block (not saved), resolved already if it needs
+        no gate: an unknown tool, bad input, a fork's reused result, a duplicate in
+        the same reply, a repeat of an earlier write. Otherwise ``proposed``."""
         run = self.run
         tool_input = block.get("input")
-        unsafe = self.unsafe_inputs.get(block["id"])
         spec = find_tool(block["name"]) if block["name"] in self.agent.tool_names else None
         call = ToolCall(
             run=run, step=run.step, position=position, tool_use_id=block["id"],
@@ -415,7 +466,7 @@ class _Loop:
                                                    tool_name=call.tool_name, tool_input=tool_input)
         if spec is None:
             available = ", ".join(self.agent.tool_names)
-            return _resolved(call, C.FAILED, f"Unknown tool {call.tool_name!r}. "
+            return _resolved(call, CallStatus.FAILED, f"Unknown tool {call.tool_name!r}. "
                              f"Available tools: {available}. Nothing was done.", reason="unknown tool")
         if unsafe:
             errors = [unsafe]
@@ -424,45 +475,41 @@ class _Loop:
         else:
             errors = ["input must be a JSON object"]
         if errors:
-            return _resolved(call, C.FAILED, f"Invalid input for {call.tool_name}: "
+            return _resolved(call, CallStatus.FAILED, f"Invalid input for {call.tool_name}: "
                              f"{'; '.join(errors)}. Nothing was done.", reason="invalid input")
         recorded = self.parent_calls.get((call.step, call.position))
         if (recorded is not None and recorded.tool_name == call.tool_name
                 and recorded.input_hash == call.input_hash):
             # Still inside the parent's history: reuse its result, touch nothing.
             call.verdict = gate_module.ALLOW
-            return _resolved(call, C.COMMITTED, recorded.result, is_error=recorded.is_error,
+            return _resolved(call, CallStatus.COMMITTED, recorded.result, is_error=recorded.is_error,
                              reason=f"reused from run {recorded.run_id} step {recorded.step}")
         if spec.is_read:
-            return self._review(call, spec, verdicts)
-        twin = next((c for c in batch if c.idempotency_key == call.idempotency_key
-                     and c.status not in (C.FAILED, C.DENIED)), None)
-        if twin is not None:
+            return call
+        same_in_reply = next((c for c in earlier if c.idempotency_key == call.idempotency_key
+                              and c.status not in (CallStatus.FAILED, CallStatus.DENIED)), None)
+        if same_in_reply is not None:
             call.verdict = gate_module.ALLOW
-            return _resolved(call, C.FAILED, f"Duplicate of {twin.tool_use_id} in the same "
-                             "reply; it is done once, not repeated.", reason="duplicate in reply")
-        repeat = self._repeat_of(call)
-        if repeat is not None:
-            return repeat
-        return call  # proposed: reviewed when it is saved
+            return _resolved(call, CallStatus.FAILED, f"Duplicate of {same_in_reply.tool_use_id} in the "
+                             "same reply; it is done once, not repeated.", reason="duplicate in reply")
+        return self._repeat_of(call) or call
 
-    def _review(self, call: ToolCall, spec: ToolSpec, verdicts: dict[int, gate_module.Verdict]) -> ToolCall:
-        """The gate's verdict on the call, applied to it and kept in ``verdicts``."""
+    def _review(self, call: ToolCall, spec: ToolSpec) -> gate_module.Verdict:
+        """The gate's verdict on the call, applied to it."""
         verdict = gate_module.review_call(run=self.run, call=call, spec=spec)
-        verdicts[call.position] = verdict
         call.verdict, call.verdict_rule, call.verdict_reason = verdict.effect, verdict.rule, verdict.reason
         if verdict.effect == gate_module.ALLOW:
-            call.status = C.APPROVED
+            call.status = CallStatus.APPROVED
             if not spec.is_read:
                 call.approved_hash = call.input_hash
         elif verdict.effect == gate_module.NEEDS_APPROVAL:
-            call.status = C.AWAITING_APPROVAL
+            call.status = CallStatus.AWAITING_APPROVAL
         else:
             rule = f" ({verdict.rule})" if verdict.rule else ""
-            _resolved(call, C.DENIED, f"Denied by policy{rule}: {verdict.reason}. Do not retry.",
+            _resolved(call, CallStatus.DENIED, f"Denied by policy{rule}: {verdict.reason}. Do not retry.",
                       reason=verdict.reason)
             call.verdict = gate_module.DENY
-        return call
+        return verdict
 
     def _repeat_of(self, call: ToolCall) -> ToolCall | None:
         """The model asking again for a write it already asked for: never twice."""
@@ -471,40 +518,27 @@ class _Loop:
             run_id=run.pk, generation=run.generation, tool_name=call.tool_name, tool_input=call.input)
         earlier = (
             ToolCall.objects.live().filter(run=run, idempotency_key__in=keys)
-            .exclude(status__in=[C.FAILED, C.DECLINED, C.DENIED, C.COMPENSATED])
+            .exclude(status__in=[CallStatus.FAILED, CallStatus.DECLINED, CallStatus.DENIED,
+                                 CallStatus.COMPENSATED])
             .order_by("-id")
             .first()
         )
         if earlier is None:
             return None
-        if earlier.status == C.COMMITTED:
+        if earlier.status == CallStatus.COMMITTED:
             result = {
                 "note": f"This exact {call.tool_name} call already ran at step {earlier.step} "
                         "and was not repeated. Its result is below.",
                 "earlier_result": earlier.result,
             }
-            _resolved(call, C.COMMITTED, result, is_error=False,
+            _resolved(call, CallStatus.COMMITTED, result, is_error=False,
                       reason=f"repeat of call {earlier.tool_use_id} (step {earlier.step})")
         else:
-            _resolved(call, C.FAILED, f"The same {call.tool_name} call from step {earlier.step} "
+            _resolved(call, CallStatus.FAILED, f"The same {call.tool_name} call from step {earlier.step} "
                       f"is still {earlier.status}; this repeat was not executed.",
                       reason=f"repeat of pending call {earlier.tool_use_id}")
         call.verdict = gate_module.ALLOW
         return call
-
-    def _work(self, calls: list[ToolCall]) -> AdvanceResult | None:
-        for call in calls:
-            spec = find_tool(call.tool_name)
-            outcome = None
-            if call.status == C.APPROVED:
-                outcome = self._execute(call, spec)
-            elif call.status == C.EXECUTING:
-                outcome = self._recover(call, spec)
-            if outcome is not None:
-                return outcome
-        if any(call.status == C.AWAITING_APPROVAL for call in calls):
-            return self._pause(calls)
-        return self._close_step(calls)
 
     def _ctx(self, call: ToolCall) -> ToolContext:
         return ToolContext(run_id=self.run.pk, step=call.step, idempotency_key=call.idempotency_key)
@@ -514,29 +548,29 @@ class _Loop:
             # Reads have no effect to make exactly once: no intent row, the
             # result is written with the step (a crash just reads again).
             self._run_read(call, spec)
-            self.dirty.append(call)
+            self.unsaved_reads.append(call)
             return None
         if call.approved_hash != input_hash(call.input):
-            self._resolve_now(call, C.FAILED, "The arguments differ from the ones approved; "
+            self._resolve_now(call, CallStatus.FAILED, "The arguments differ from the ones approved; "
                               "not executed.", is_error=True)
             return None
         # What the compensation will need, read before the effect.
         try:
             pre_state = spec.capture(self._ctx(call), call.input) if spec.capture else None
         except ToolError as exc:
-            self._resolve_now(call, C.FAILED, f"{spec.name} failed: {exc}", is_error=True)
+            self._resolve_now(call, CallStatus.FAILED, f"{spec.name} failed: {exc}", is_error=True)
             return None
         with transaction.atomic():
-            self._own()
-            started = ToolCall.objects.filter(pk=call.pk, status=C.APPROVED).update(
-                status=C.EXECUTING, attempts=F("attempts") + 1, started_at=timezone.now(),
+            self._renew_lease()
+            started = ToolCall.objects.filter(pk=call.pk, status=CallStatus.APPROVED).update(
+                status=CallStatus.EXECUTING, attempts=F("attempts") + 1, started_at=timezone.now(),
                 pre_state=pre_state,
             )
             if not started:
                 raise LeaseLost()
-            call.status, call.attempts = C.EXECUTING, call.attempts + 1
-            tool_call_transitioned.send(ToolCall, call=call, old=C.APPROVED, new=C.EXECUTING,
-                                        actor=None, reason="intent")
+            call.status, call.attempts = CallStatus.EXECUTING, call.attempts + 1
+            tool_call_transitioned.send(ToolCall, call=call, old=CallStatus.APPROVED,
+                                        new=CallStatus.EXECUTING, actor=None, reason="intent")
         failpoint("before_tool_effect", call.step)
         try:
             result, is_error = _invoke(spec, self._ctx(call), call.input)
@@ -548,15 +582,15 @@ class _Loop:
         return None
 
     def _commit(self, call: ToolCall, result, is_error: bool, *, reason: str) -> None:
-        new = C.FAILED if is_error else C.COMMITTED
+        new = CallStatus.FAILED if is_error else CallStatus.COMMITTED
         with transaction.atomic():
-            done = ToolCall.objects.filter(pk=call.pk, status=C.EXECUTING).update(
+            done = ToolCall.objects.filter(pk=call.pk, status=CallStatus.EXECUTING).update(
                 status=new, result=result, is_error=is_error, finished_at=timezone.now()
             )
             if not done:
                 raise LeaseLost()
             call.status, call.result, call.is_error = new, result, is_error
-            tool_call_transitioned.send(ToolCall, call=call, old=C.EXECUTING, new=new, actor=None,
+            tool_call_transitioned.send(ToolCall, call=call, old=CallStatus.EXECUTING, new=new, actor=None,
                                         reason=reason)
 
     def _recover(self, call: ToolCall, spec: ToolSpec) -> AdvanceResult | None:
@@ -579,8 +613,8 @@ class _Loop:
         # The effect did not happen and the downstream system deduplicates on
         # the key: running again with the same key is safe.
         with transaction.atomic():
-            self._own()
-            ToolCall.objects.filter(pk=call.pk, status=C.EXECUTING).update(
+            self._renew_lease()
+            ToolCall.objects.filter(pk=call.pk, status=CallStatus.EXECUTING).update(
                 attempts=F("attempts") + 1, started_at=timezone.now()
             )
             call.attempts += 1
@@ -603,66 +637,32 @@ class _Loop:
             tool_call_transitioned.send(ToolCall, call=call, old=old, new=status, actor=None,
                                         reason=str(result))
 
-    def _flush_dirty(self) -> None:
-        for call in self.dirty:
+    def _save_read_results(self) -> None:
+        for call in self.unsaved_reads:
             ToolCall.objects.filter(pk=call.pk).update(
                 status=call.status, result=call.result, is_error=call.is_error,
                 finished_at=call.finished_at,
             )
-        self.dirty = []
+        self.unsaved_reads = []
 
-    def _pause(self, calls: list[ToolCall]) -> AdvanceResult | None:
+    def _pause(self) -> AdvanceResult | None:
+        """Wait for a decision: release the lease; None if it came meanwhile."""
         run = self.run
         with transaction.atomic():
             # Lock the run row so a decision landing now either sees us
             # waiting (and wakes us) or is seen by us here.
             Run.objects.select_for_update().filter(pk=run.pk).first()
-            self._flush_dirty()
+            self._save_read_results()
             still_pending = ToolCall.objects.live().filter(
-                run=run, step=run.step, status=C.AWAITING_APPROVAL
+                run=run, step=run.step, status=CallStatus.AWAITING_APPROVAL
             ).exists()
             if still_pending:
-                run_transition(run_id=run.pk, old=S.RUNNING, new=S.WAITING_APPROVAL, owner=self.owner,
-                               reason="waiting for approval", lease_owner="", lease_until=None)
+                run_transition(run_id=run.pk, old=RunStatus.RUNNING, new=RunStatus.WAITING_APPROVAL,
+                               owner=self.owner, reason="waiting for approval", lease_owner="",
+                               lease_until=None)
                 return AdvanceResult(Outcome.PAUSED)
         # Decided while we were working: carry on with the fresh rows.
         return None
-
-    def _close_step(self, calls: list[ToolCall]) -> None:
-        run = self.run
-        results = [tool_result_block(call) for call in calls]
-        seen = len(self.transcript) - 1  # what the model saw when it made these calls
-        seq = len(self.transcript)
-        closing = {"role": Message.Role.USER, "content": results}
-        digest = self._digest(message_count=seen, status=S.RUNNING, closing=[closing], calls=calls)
-        with transaction.atomic():
-            self._own(step=run.step + 1, message_count=seq + 1)
-            self._flush_dirty()
-            Message.objects.create(run=run, seq=seq, role=Message.Role.USER, content=results)
-            Step.objects.create(run=run, number=run.step, message_count=seen, status=S.RUNNING,
-                                digest=digest, **_usage_fields(run))
-        self.transcript.append(closing)
-        self.chain = (digest, seq + 1)
-        run.message_count = seq + 1
-        failpoint("after_step_commit", run.step)
-        run.step += 1
-        return None
-
-
-_STEP_CLOSED = "step closed"
-MESSAGE_COLUMNS = ("run", "seq", "role", "content", "created_at")
-STEP_COLUMNS = ("run", "number", "message_count", "input_tokens", "output_tokens", "cost", "status",
-                "digest", "created_at")
-TOOL_CALL_COLUMNS = ("run", "step", "position", "tool_use_id", "tool_name", "input", "input_hash",
-                     "idempotency_key", "approved_hash", "verdict", "verdict_rule", "verdict_reason",
-                     "status", "result", "is_error", "attempts", "created_at", "finished_at")
-
-
-def _tool_call_row(call: ToolCall, now) -> tuple:
-    return (call.run_id, call.step, call.position, call.tool_use_id, call.tool_name, call.input,
-            call.input_hash, call.idempotency_key, call.approved_hash, call.verdict, call.verdict_rule,
-            call.verdict_reason, call.status, call.result, call.is_error, call.attempts, now,
-            call.finished_at)
 
 
 def _announced(call: ToolCall) -> bool:
@@ -674,7 +674,7 @@ def _announced(call: ToolCall) -> bool:
 def _is_read_or_resolved(call: ToolCall) -> bool:
     if call.status in RESOLVED_CALL_STATUSES:
         return True
-    return call.status == C.APPROVED and find_tool(call.tool_name).is_read
+    return call.status == CallStatus.APPROVED and find_tool(call.tool_name).is_read
 
 
 def _usage_fields(run: Run) -> dict:

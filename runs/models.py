@@ -4,23 +4,35 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-# Spelled out for the CHECK constraints (a Meta cannot see its model's choices).
-RUN_STATUSES = ["queued", "running", "waiting_approval", "done", "failed", "cancelled",
-                "handed_over", "rolled_back"]
-CALL_STATUSES = ["proposed", "awaiting_approval", "approved", "executing", "committed", "failed",
-                 "declined", "denied", "responded", "compensated"]
+
+# Module-level so the models' CHECK constraints can name them (a Meta cannot see
+# its model's attributes); the models expose them as Run.Status and ToolCall.Status.
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING_APPROVAL = "waiting_approval"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    HANDED_OVER = "handed_over"
+    ROLLED_BACK = "rolled_back"
+
+
+class CallStatus(models.TextChoices):
+    PROPOSED = "proposed"
+    AWAITING_APPROVAL = "awaiting_approval"
+    APPROVED = "approved"
+    EXECUTING = "executing"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    DECLINED = "declined"
+    DENIED = "denied"
+    RESPONDED = "responded"  # a reviewer answered in the tool's place; nothing ran
+    COMPENSATED = "compensated"
 
 
 class Run(models.Model):
-    class Status(models.TextChoices):
-        QUEUED = "queued"
-        RUNNING = "running"
-        WAITING_APPROVAL = "waiting_approval"
-        DONE = "done"
-        FAILED = "failed"
-        CANCELLED = "cancelled"
-        HANDED_OVER = "handed_over"
-        ROLLED_BACK = "rolled_back"
+    Status = RunStatus
 
     class LLMKind(models.TextChoices):
         SCRIPTED = "scripted"
@@ -72,7 +84,7 @@ class Run(models.Model):
         ]
         constraints = [
             models.CheckConstraint(
-                condition=Q(status__in=RUN_STATUSES), name="run_status_valid"
+                condition=Q(status__in=RunStatus.values), name="run_status_valid"
             ),
         ]
         permissions = [
@@ -165,6 +177,7 @@ class Step(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["run", "number"], name="step_run_number_unique",
                                     condition=LIVE),
+            models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="step_status_valid"),
         ]
 
     def __str__(self) -> str:
@@ -174,17 +187,7 @@ class Step(models.Model):
 class ToolCall(models.Model):
     """The saga log: one row per tool_use block the model emitted."""
 
-    class Status(models.TextChoices):
-        PROPOSED = "proposed"
-        AWAITING_APPROVAL = "awaiting_approval"
-        APPROVED = "approved"
-        EXECUTING = "executing"
-        COMMITTED = "committed"
-        FAILED = "failed"
-        DECLINED = "declined"
-        DENIED = "denied"
-        RESPONDED = "responded"  # a reviewer answered in the tool's place; nothing ran
-        COMPENSATED = "compensated"
+    Status = CallStatus
 
     class Verdict(models.TextChoices):
         ALLOW = "allow"
@@ -238,7 +241,7 @@ class ToolCall(models.Model):
             models.UniqueConstraint(fields=["run", "tool_use_id"], name="toolcall_run_tool_use_unique",
                                     condition=LIVE),
             models.CheckConstraint(
-                condition=Q(status__in=CALL_STATUSES), name="toolcall_status_valid"
+                condition=Q(status__in=CallStatus.values), name="toolcall_status_valid"
             ),
         ]
 

@@ -1,11 +1,13 @@
 """Two statements without the ORM's per-query compile cost, for the step's hot path.
 
 A read-only step writes a handful of rows; through the ORM, building and
-compiling those statements costs more than the database does. These helpers
-write the same SQL directly, with every value prepared by its model field
-(``get_db_prep_value``), so JSON, datetimes and decimals are stored exactly as
-the ORM would store them, on SQLite and PostgreSQL alike. Use them only where
-a benchmark shows the difference (bench/step_overhead.py).
+compiling those statements costs more than the database does (bench/step_overhead.py
+measures both). These helpers write the same SQL directly, and nothing can be
+left out: ``insert_objects`` writes every concrete field of the instances it is
+given, each value prepared as ``save()`` would (defaults from the model's
+constructor, ``auto_now``/``auto_now_add`` through ``pre_save``, JSON, datetimes
+and decimals through ``get_db_prep_save``), on SQLite and PostgreSQL alike; and
+``update_rows`` sets every ``auto_now`` field it is not given.
 """
 
 from __future__ import annotations
@@ -13,7 +15,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cache
 
-from django.db import connections, router
+from django.db import connections, models, router
+from django.db.models.fields import AutoFieldMixin
+from django.utils import timezone
+
+
+@cache
+def _insert_fields(model) -> tuple:
+    """What save() would insert: every concrete field but an automatic primary key."""
+    return tuple(
+        field for field in model._meta.concrete_fields
+        if not isinstance(field, AutoFieldMixin)
+        and not getattr(field, "generated", False)
+    )
+
+
+@cache
+def _auto_now_fields(model) -> tuple[str, ...]:
+    return tuple(f.name for f in model._meta.concrete_fields if getattr(f, "auto_now", False))
 
 
 @cache
@@ -21,27 +40,37 @@ def _fields(model, names: tuple[str, ...]):
     return [model._meta.get_field(name) for name in names]
 
 
-def insert_rows(model, names: Sequence[str], rows: Sequence[Sequence]) -> None:
-    """INSERT ``rows`` (tuples in ``names`` order) in one statement."""
-    if not rows:
+def insert_objects(objects: Sequence[models.Model]) -> None:
+    """INSERT ``objects`` (unsaved instances of one model) in one statement.
+
+    Their primary keys are not read back: use ``bulk_create`` where they are needed.
+    """
+    if not objects:
         return
+    model = type(objects[0])
     connection = connections[router.db_for_write(model)]
-    fields = _fields(model, tuple(names))
+    fields = _insert_fields(model)
     quote = connection.ops.quote_name
     columns = ", ".join(quote(field.column) for field in fields)
     row_sql = "(" + ", ".join(["%s"] * len(fields)) + ")"
-    sql = f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES " + ", ".join([row_sql] * len(rows))
+    sql = (f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES "
+           + ", ".join([row_sql] * len(objects)))
     params = [
-        field.get_db_prep_value(value, connection, prepared=False)
-        for row in rows
-        for field, value in zip(fields, row, strict=True)
+        field.get_db_prep_save(field.pre_save(obj, True), connection)
+        for obj in objects
+        for field in fields
     ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
 
 
 def update_rows(model, where: dict, values: dict) -> int:
-    """UPDATE ... SET values WHERE every ``where`` column equals its value; the row count."""
+    """UPDATE ... SET values WHERE every ``where`` column equals its value; the row count.
+
+    ``auto_now`` fields (``updated_at``) are set to now unless ``values`` sets them.
+    """
+    now = timezone.now()
+    values = {**{name: now for name in _auto_now_fields(model)}, **values}
     connection = connections[router.db_for_write(model)]
     quote = connection.ops.quote_name
     set_fields = _fields(model, tuple(values))
@@ -53,7 +82,7 @@ def update_rows(model, where: dict, values: dict) -> int:
         + " AND ".join(f"{quote(f.column)} = %s" for f in where_fields)
     )
     pairs = [*zip(set_fields, values.values(), strict=True), *zip(where_fields, where.values(), strict=True)]
-    params = [field.get_db_prep_value(value, connection, prepared=False) for field, value in pairs]
+    params = [field.get_db_prep_save(value, connection) for field, value in pairs]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount

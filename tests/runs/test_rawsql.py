@@ -1,0 +1,97 @@
+"""The step's raw SQL writes exactly what the ORM would: no field left behind."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.db import models
+from django.utils import timezone
+
+from runs.models import Message, Run, Step, ToolCall
+from runs.rawsql import insert_objects, update_rows
+from runs.services import run_create
+
+pytestmark = pytest.mark.django_db
+
+SKIPPED = {"id"}  # the database gives it
+
+
+def stored(obj: models.Model) -> dict:
+    """Every concrete field as the database returns it."""
+    fresh = type(obj).objects.get(pk=obj.pk)
+    return {f.name: getattr(fresh, f.attname) for f in obj._meta.concrete_fields if f.name not in SKIPPED}
+
+
+def twins(make) -> tuple[models.Model, models.Model]:
+    """The same row written by save() and by insert_objects(), both read back."""
+    by_orm = make(0)
+    by_orm.save(force_insert=True)
+    by_raw = make(1)
+    insert_objects([by_raw])
+    by_raw = type(by_raw).objects.order_by("-pk").first()
+    return by_orm, by_raw
+
+
+def differences(by_orm, by_raw, *, allowed: set[str]) -> dict:
+    orm, raw = stored(by_orm), stored(by_raw)
+    return {name: (orm[name], raw[name]) for name in orm if name not in allowed and orm[name] != raw[name]}
+
+
+@pytest.fixture
+def run(db):
+    return run_create(agent_name="refund-desk", task="Refund A-1001", enqueue=False)
+
+
+def test_a_message_is_stored_as_save_would_store_it(run):
+    content = [{"type": "text", "text": "Refunding ₹2,900.00 \u2014 “quoted”"},
+               {"type": "tool_use", "id": "tu_1", "name": "get_order", "input": {"order_id": "A-1001"}}]
+    by_orm, by_raw = twins(lambda i: Message(run=run, seq=10 + i, role="assistant", content=content))
+    assert differences(by_orm, by_raw, allowed={"seq", "created_at"}) == {}
+    # auto_now_add is applied, as save() applies it.
+    assert abs(by_raw.created_at - by_orm.created_at) < timedelta(seconds=5)
+
+
+def test_a_checkpoint_is_stored_as_save_would_store_it(run):
+    by_orm, by_raw = twins(lambda i: Step(run=run, number=5 + i, message_count=7, status="running",
+                                          digest="ab" * 32, input_tokens=1200, output_tokens=80,
+                                          cost=Decimal("0.012345")))
+    assert differences(by_orm, by_raw, allowed={"number", "created_at"}) == {}
+    assert by_raw.cost == Decimal("0.012345")
+
+
+def test_a_call_is_stored_as_save_would_store_it_defaults_included(run):
+    # Only a few fields set: every other one must get its model default, not NULL
+    # or whatever the database would make of a missing column.
+    by_orm, by_raw = twins(lambda i: ToolCall(run=run, step=3, position=i, tool_use_id=f"tu_{i}",
+                                              tool_name="get_order", input={"order_id": "A-1001"},
+                                              input_hash="h" * 64, status="committed",
+                                              result={"amount": "2900.00"}))
+    assert differences(by_orm, by_raw, allowed={"position", "tool_use_id", "created_at"}) == {}
+    assert by_raw.attempts == 0 and by_raw.is_error is False and by_raw.verdict == ""
+
+
+def test_insert_objects_writes_every_field_the_model_has():
+    # The raw path names no columns of its own: a field added to a model is written
+    # (with its default) without anyone touching the engine.
+    from runs.rawsql import _insert_fields
+
+    for model in (Message, Step, ToolCall):
+        written = {f.name for f in _insert_fields(model)}
+        assert written == {f.name for f in model._meta.concrete_fields} - {"id"}, model
+
+
+def test_a_raw_update_moves_updated_at_like_save_would(run):
+    Run.objects.filter(pk=run.pk).update(updated_at=timezone.now() - timedelta(hours=1),
+                                         status="running", lease_owner="me")
+    before = Run.objects.get(pk=run.pk).updated_at
+    assert update_rows(Run, {"id": run.pk, "lease_owner": "me"}, {"step": 4}) == 1
+    after = Run.objects.get(pk=run.pk)
+    assert after.step == 4
+    assert after.updated_at > before + timedelta(minutes=59)
+
+
+def test_a_raw_update_that_matches_nothing_says_so(run):
+    assert update_rows(Run, {"id": run.pk, "lease_owner": "someone else"}, {"step": 4}) == 0
+    assert Run.objects.get(pk=run.pk).step == 0

@@ -87,6 +87,134 @@ def rollback_plan(run: Run, *, to_step: int | None = None) -> RollbackPlan:
     return plan
 
 
+def _names(calls: list[ToolCall]) -> str:
+    return ", ".join(f"#{c.pk} {c.tool_name} (step {c.step})" for c in calls)
+
+
+def _refusal(run: Run, to_step: int | None, plan: RollbackPlan, *, verb: str = "roll back",
+             outcome: str = "Nothing was changed.") -> str:
+    """Why undoing the effects after ``to_step`` is refused outright, or ""."""
+    where = "" if to_step is None else f" to step {to_step}"
+    unknown = _unknown_outcomes(run, to_step)
+    if unknown:
+        return (f"Cannot {verb} run {run.pk}{where}: the outcome of {_names(unknown)} is unknown and "
+                f"its tool cannot look it up. Check the world by hand. {outcome}")
+    if plan.irreversible:
+        return f"Cannot {verb} run {run.pk}{where}: {_names(plan.irreversible)} cannot be undone. {outcome}"
+    return ""
+
+
+def run_is_live(run: Run) -> bool:
+    """Queued or running: a worker may be advancing it."""
+    return run.status in (S.QUEUED, S.RUNNING)
+
+
+def worker_holds(run: Run) -> bool:
+    """A worker is advancing it right now: the saga will not touch it at all."""
+    return (run_is_live(run) and not saga_in_progress(run)
+            and run.lease_until is not None and run.lease_until > timezone.now())
+
+
+@dataclass(frozen=True)
+class UndoPreview:
+    """What a rollback (to ``to_step``, or entirely) or a rewind would do, and
+    whether it may be asked for now: the confirmation page and ``--dry-run``."""
+
+    run: Run
+    to_step: int | None
+    rewind: bool
+    compensable: list[ToolCall]  # newest first
+    irreversible: list[ToolCall]
+    withdrawn: list[ToolCall]  # a rewind's calls still waiting for a decision
+    refusal: str  # it cannot be done at all: something cannot be undone
+    blocked: str  # not now: someone holds the run, or there is nothing to undo
+
+    @property
+    def can_confirm(self) -> bool:
+        return not (self.refusal or self.blocked)
+
+
+def undo_preview(run: Run, *, to_step: int | None = None, rewind: bool = False) -> UndoPreview:
+    """The same checks as ``run_rollback`` and ``run_rewind`` make, without doing anything."""
+    plan = rollback_plan(run, to_step=to_step)
+    refusal = _refusal(run, to_step, plan, verb="rewind" if rewind else "roll back",
+                       outcome="Nothing will be changed.")
+    status = run.get_status_display().lower()
+    blocked = ""
+    if refusal:
+        pass
+    elif saga_in_progress(run):
+        blocked = f"A rollback of run {run.pk} is in progress; wait until it finishes."
+    elif worker_holds(run):
+        blocked = (f"Run {run.pk} is {status} and a worker holds it: cancel it or wait until it "
+                   "pauses for a decision, then try again.")
+    elif run_is_live(run) and (to_step is not None or rewind):
+        # Only a full rollback may take a live run nobody holds (its worker
+        # died, or none picked it up yet): it ends the run, so nothing resumes it.
+        blocked = (f"Run {run.pk} is {status}: roll it back entirely, cancel it, or wait until it "
+                   "pauses for a decision.")
+    elif not rewind and not plan.compensable and (to_step is not None or run.status == S.ROLLED_BACK):
+        blocked = "Nothing to undo: " + (f"no call after step {to_step} took effect in the world."
+                                         if to_step is not None else "the run is already rolled back.")
+    withdrawn = []
+    if rewind:
+        withdrawn = list(ToolCall.objects.live().filter(run=run, step__gt=to_step, status=C.AWAITING_APPROVAL)
+                         .order_by("step", "position"))
+    return UndoPreview(run=run, to_step=to_step, rewind=rewind, compensable=plan.compensable,
+                       irreversible=plan.irreversible, withdrawn=withdrawn, refusal=refusal, blocked=blocked)
+
+
+@dataclass(frozen=True)
+class UndoProgress:
+    """How far an undo asked for from the desk (it runs in a worker) has got, read
+    from what the saga writes: calls turn compensated, a full rollback ends
+    ``rolled_back``, a rewind bumps the generation; a stop leaves ``run.undo_note``."""
+
+    compensated: int
+    live: bool  # in progress, or asked for and not started yet
+    done: bool
+    text: str
+
+
+def undo_progress(run: Run, *, kind: str, to_step: int | None, generation: int | None) -> UndoProgress:
+    """``kind``: "rollback", "rewind" or "" (none asked for on this page; only a
+    rollback in progress is shown). ``generation``: the run's when a rewind was asked for."""
+    compensated = ToolCall.objects.live().filter(run=run, status=C.COMPENSATED)
+    if to_step is not None:
+        compensated = compensated.filter(step__gt=to_step)
+    count = compensated.count()
+    calls = f"{count} call{'' if count == 1 else 's'} compensated"
+    if saga_in_progress(run):
+        return UndoProgress(count, live=True, done=False, text=f"Rolling back: {calls} so far.")
+    if run.undo_note or not kind:
+        return UndoProgress(count, live=False, done=False, text="")  # stopped: the note says why
+    if kind == "rewind":
+        if run.generation > generation:
+            return UndoProgress(count, live=False, done=True, text=f"Rewound to step {to_step}: the run "
+                                "continues from that checkpoint.")
+        return UndoProgress(count, live=True, done=False,
+                            text="Rewind requested: waiting for a worker to start it.")
+    finished = (run.status == S.ROLLED_BACK if to_step is None
+                else not rollback_plan(run, to_step=to_step).compensable)
+    if finished:
+        where = "" if to_step is None else f" to step {to_step}"
+        return UndoProgress(count, live=False, done=True, text=f"Rolled back{where}: {calls}.")
+    return UndoProgress(count, live=True, done=False,
+                        text="Rollback requested: waiting for a worker to start it.")
+
+
+def undo_request(*, run: Run, to_step: int | None, by, rewind: bool = False) -> None:
+    """Ask a worker to roll back (or rewind) ``run``: compensations are slow I/O
+    against the world and must not hold a web request. Checked again there."""
+    from .tasks import rollback_run
+
+    with transaction.atomic():
+        # The page follows this attempt; an earlier attempt's "stopped" note
+        # would read as this one's outcome.
+        Run.objects.filter(pk=run.pk).update(undo_note="")
+        transaction.on_commit(lambda: rollback_run.delay(run.pk, to_step, by.pk if by else None, rewind))
+
+
 def _check_permission(by) -> None:
     if by is not None and not by.has_perm(PERMISSION):
         raise SagaError(f"{by.get_username()} may not roll back, rewind or fork runs.")
@@ -150,17 +278,9 @@ def run_rollback(*, run: Run, to_step: int | None = None, by=None) -> RollbackRe
     continues where it stopped. Rolling back a rolled-back run is a no-op.
     """
     _check_permission(by)
-    unknown = _unknown_outcomes(run, to_step)
-    if unknown:
-        names = ", ".join(f"#{c.pk} {c.tool_name} (step {c.step})" for c in unknown)
-        raise RollbackRefused(f"Cannot roll back run {run.pk}: the outcome of {names} is unknown and "
-                              "its tool cannot look it up. Check the world by hand. Nothing was changed.")
-    plan = rollback_plan(run, to_step=to_step)
-    if plan.irreversible:
-        names = ", ".join(f"#{c.pk} {c.tool_name} (step {c.step})" for c in plan.irreversible)
-        raise RollbackRefused(
-            f"Cannot roll back run {run.pk}: {names} cannot be undone. Nothing was changed."
-        )
+    refusal = _refusal(run, to_step, rollback_plan(run, to_step=to_step))
+    if refusal:
+        raise RollbackRefused(refusal)
     owner = _lock(run, full=to_step is None)
     done: list[ToolCall] = []
     try:

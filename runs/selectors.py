@@ -37,6 +37,22 @@ def run_get(run_id, *, user=None) -> Run | None:
         return None
 
 
+def open_step_has_reply(run: Run) -> bool:
+    """Whether the step in progress has the model's reply saved (its checkpoint is
+    not written yet: it runs, or waits for a decision).
+
+    The transcript is the task, then two messages per closed step (the reply and
+    the results): an even count means a reply is saved past the last checkpoint.
+    """
+    return not run.is_finished and run.message_count % 2 == 0
+
+
+def has_checkpoint(run: Run, number: int) -> bool:
+    """Whether step ``number`` can be shown: a closed step, or the one in progress
+    once its reply is saved."""
+    return number < run.step or (number == run.step and open_step_has_reply(run))
+
+
 def checkpoint(run: Run, number: int) -> dict | None:
     """What the model had seen at step ``number``, and what it replied.
 
@@ -46,7 +62,7 @@ def checkpoint(run: Run, number: int) -> dict | None:
     # The live step first; one a rewind superseded is history.
     step = (Step.objects.filter(run=run, number=number)
             .order_by(F("superseded_at").desc(nulls_first=True)).first())
-    if step is None and number == run.step and not run.is_finished and run.message_count % 2 == 0:
+    if step is None and number == run.step and open_step_has_reply(run):
         # The step in progress (e.g. waiting for a decision): its reply is
         # saved, its checkpoint not yet written. The model saw all but the reply.
         step = Step(run=run, number=number, message_count=run.message_count - 1, status=run.status,

@@ -8,6 +8,7 @@ instead of overwriting. ``approvals`` calls these to apply decisions.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
@@ -127,12 +128,40 @@ def run_create(
     return run
 
 
-def run_cancel(*, run: Run, actor=None, reason: str = "cancelled") -> None:
-    with transaction.atomic():
-        run_transition(
-            run_id=run.pk, old=run.status, new=S.CANCELLED, actor=actor, reason=reason,
-            error=reason,
-        )
+@dataclass(frozen=True)
+class CancelResult:
+    cancelled: bool
+    message: str  # for the person who asked
+
+
+# A worker moves a run queued -> running -> waiting in well under a second; five
+# reloads outlast any such sequence.
+CANCEL_ATTEMPTS = 5
+
+
+def run_cancel(*, run: Run, actor=None, reason: str = "cancelled") -> CancelResult:
+    """Cancel ``run`` (reloaded in place): it will not resume, and the gate closes
+    what waits on it (``Gate.run_ended``).
+
+    A worker may move the run while we ask (queued -> running -> waiting): the
+    transition is conditional on the status we loaded, so a lost race reloads and
+    tries again instead of overwriting.
+    """
+    for _attempt in range(CANCEL_ATTEMPTS):
+        if run.is_finished:
+            return CancelResult(False, f"Run {run.pk} is already {run.get_status_display().lower()}; "
+                                       "there is nothing to cancel.")
+        try:
+            with transaction.atomic():
+                run_transition(run_id=run.pk, old=run.status, new=S.CANCELLED, actor=actor, reason=reason,
+                               error=reason)
+        except (TransitionConflict, IllegalTransition):
+            run.refresh_from_db()
+            continue
+        run.refresh_from_db()
+        return CancelResult(True, f"Run {run.pk} cancelled. It will not resume; nothing of it waits "
+                                  "for a decision.")
+    return CancelResult(False, f"Run {run.pk} kept changing while we tried to cancel it; try again.")
 
 
 def lease_release_for_resume(*, run: Run, steal: bool, actor=None) -> bool:

@@ -14,11 +14,9 @@ from urllib.parse import urlencode
 from django.contrib import messages
 from django.core.exceptions import BadRequest, PermissionDenied
 from django.core.paginator import Paginator
-from django.db import transaction
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import trigger_client_event
@@ -28,10 +26,18 @@ from tools.registry import find_tool
 from .forms import RunFilterForm, RunStartForm
 from .models import Run, Step, ToolCall
 from .saga import PERMISSION as UNDO_PERMISSION
-from .saga import SagaError, rollback_plan, run_fork, saga_in_progress
-from .selectors import run_get, run_search, run_step_checkpoint, run_timeline
-from .services import IllegalTransition, TransitionConflict, run_cancel, run_create
-from .tasks import rollback_run
+from .saga import (
+    SagaError,
+    run_fork,
+    run_is_live,
+    saga_in_progress,
+    undo_preview,
+    undo_progress,
+    undo_request,
+    worker_holds,
+)
+from .selectors import has_checkpoint, run_get, run_search, run_step_checkpoint, run_timeline
+from .services import run_cancel, run_create
 
 RUNS_PER_PAGE = 50
 # Named by string: runs never imports approvals (see docs/architecture.md).
@@ -91,17 +97,6 @@ def may_undo(user) -> bool:
     return user.is_authenticated and user.has_perm(UNDO_PERMISSION)
 
 
-def _is_live(run: Run) -> bool:
-    """Queued or running: a worker may be advancing it."""
-    return run.status in (Run.Status.QUEUED, Run.Status.RUNNING)
-
-
-def _worker_holds(run: Run) -> bool:
-    """A worker is advancing it right now: the saga will not touch it at all."""
-    return (_is_live(run) and not saga_in_progress(run)
-            and run.lease_until is not None and run.lease_until > timezone.now())
-
-
 # --- one run ------------------------------------------------------------------
 def _status_marker(run: Run, undo: dict) -> str:
     """Changes whenever the timeline would: a poll that sees a new one refreshes it."""
@@ -118,8 +113,8 @@ def _status_context(request, run: Run, **extra) -> dict:
         "marker": _status_marker(run, undo),
         "can_cancel": not run.is_finished and may_cancel(request.user, run),
         "can_undo": may_undo(request.user),
-        "run_is_live": _is_live(run),
-        "worker_holds": _worker_holds(run),
+        "run_is_live": run_is_live(run),
+        "worker_holds": worker_holds(run),
         "nav_section": "runs",
         **undo,
         **extra,
@@ -143,55 +138,29 @@ def _int_param(params, name: str, *, required: bool = False) -> int | None:
 
 
 def _undo_state(request, run: Run) -> dict:
-    """Where a rollback asked for from the desk has got to, read from what the saga writes.
+    """Where a rollback asked for from the desk has got to (runs.saga.undo_progress).
 
-    The confirm POST redirects here with ``?undo=rollback|rewind&to_step=N``
-    (and the run's ``generation`` for a rewind); the status poll carries them
-    along. A rollback is in progress while the saga holds the run's lease; it
-    was asked for and not yet started while the thing it changes has not
-    changed yet: for a full rollback the run is not rolled_back, for a partial
-    one committed calls remain after step N, for a rewind the generation has
-    not moved. It stopped if the task left a note on ``run.error`` (the confirm
-    POST cleared the previous one, so any note is this attempt's).
+    The confirm POST redirects here with ``?undo=rollback|rewind&to_step=N`` (and
+    the run's ``generation`` for a rewind); the status poll carries them along.
     """
-    note, own_error = run.undo_note, run.error
-    state = {"undo_note": note, "run_error": own_error, "undo_tracking": False, "undo_live": False,
+    state = {"undo_note": run.undo_note, "run_error": run.error, "undo_tracking": False, "undo_live": False,
              "undo_text": "", "undo_done": False, "undo_query": "", "undo_compensated": 0}
     params = request.GET
     kind = params.get("undo") if params.get("undo") in ("rollback", "rewind") else ""
-    busy = saga_in_progress(run)
-    if not kind and not busy:
+    if not kind and not saga_in_progress(run):
         return state
     try:
         to_step = _int_param(params, "to_step", required=kind == "rewind")
         generation = _int_param(params, "generation", required=kind == "rewind")
     except BadRequest:
         kind, to_step, generation = "", None, None
-        if not busy:
+        if not saga_in_progress(run):
             return state
-    compensated = ToolCall.objects.live().filter(run=run, status=ToolCall.Status.COMPENSATED)
-    if to_step is not None:
-        compensated = compensated.filter(step__gt=to_step)
-    count = compensated.count()
-    state.update(undo_tracking=True, undo_compensated=count, undo_query=urlencode(
-        {k: v for k, v in {"undo": kind, "to_step": to_step, "generation": generation}.items()
-         if v not in ("", None)}))
-    calls = f"{count} call{'' if count == 1 else 's'} compensated"
-    if busy:
-        state.update(undo_live=True, undo_text=f"Rolling back: {calls} so far.")
-    elif note:
-        pass  # stopped: the note says why
-    elif kind == "rewind" and run.generation > generation:
-        state.update(undo_done=True, undo_text=f"Rewound to step {to_step}: the run continues from "
-                                               "that checkpoint.")
-    elif kind == "rewind":
-        state.update(undo_live=True, undo_text="Rewind requested: waiting for a worker to start it.")
-    elif (run.status == Run.Status.ROLLED_BACK if to_step is None
-          else not rollback_plan(run, to_step=to_step).compensable):
-        where = "" if to_step is None else f" to step {to_step}"
-        state.update(undo_done=True, undo_text=f"Rolled back{where}: {calls}.")
-    else:
-        state.update(undo_live=True, undo_text="Rollback requested: waiting for a worker to start it.")
+    progress = undo_progress(run, kind=kind, to_step=to_step, generation=generation)
+    query = {"undo": kind, "to_step": to_step, "generation": generation}
+    state.update(undo_tracking=True, undo_compensated=progress.compensated, undo_live=progress.live,
+                 undo_done=progress.done, undo_text=progress.text,
+                 undo_query=urlencode({k: v for k, v in query.items() if v not in ("", None)}))
     return state
 
 
@@ -268,9 +237,7 @@ def run_checkpoint(request, run_id: int, number: int):
     split = max(0, len(seen) - RECENT_MESSAGES)
     context = {
         "run": run, "checkpoint": data, "nav_section": "runs",
-        # Closed steps, or the step in progress (its reply saved, not yet closed).
-        "has_next": number + 1 < run.step or (
-            number + 1 == run.step and not run.is_finished and run.message_count % 2 == 0),
+        "has_next": has_checkpoint(run, number + 1),
         "older": seen[:split], "recent": seen[split:],
         "reply": _message_for_display({"role": "assistant", "content": data["reply"]})
         if data["reply"] else None,
@@ -305,33 +272,14 @@ def run_cancel_view(request, run_id: int):
     run = _run_or_404(request, run_id)
     if not may_cancel(request.user, run):
         raise PermissionDenied("Only the requester, staff or a reviewer may cancel this run.")
-    notice, ok = _cancel(run, request.user)
+    result = run_cancel(run=run, actor=request.user, reason=f"cancelled by {request.user.get_username()}")
     if _htmx_target(request):
         response = render(request, "runs/run_detail.html#status",
-                          _status_context(request, run, notice=notice, notice_ok=ok))
+                          _status_context(request, run, notice=result.message, notice_ok=result.cancelled))
         trigger_client_event(response, "runChanged")
         return response
-    (messages.success if ok else messages.error)(request, notice)
+    (messages.success if result.cancelled else messages.error)(request, result.message)
     return redirect("run-detail", run_id=run.pk)
-
-
-def _cancel(run: Run, user) -> tuple[str, bool]:
-    """Cancel ``run`` (reloaded into ``run``); a message for the user and whether it worked."""
-    # The worker may move the run (queued -> running -> waiting) while we ask:
-    # run_cancel's UPDATE is conditional on the status we loaded, so on a lost
-    # race reload and try again rather than overwrite.
-    for _attempt in range(5):
-        if run.is_finished:
-            return (f"Run {run.pk} is already {run.get_status_display().lower()}; "
-                    "there is nothing to cancel."), False
-        try:
-            run_cancel(run=run, actor=user, reason=f"cancelled by {user.get_username()}")
-        except (TransitionConflict, IllegalTransition):
-            run.refresh_from_db()
-            continue
-        run.refresh_from_db()
-        return f"Run {run.pk} cancelled. It will not resume; nothing of it waits for a decision.", True
-    return f"Run {run.pk} kept changing while we tried to cancel it; try again.", False
 
 
 # --- undo: roll back, rewind, fork --------------------------------------------
@@ -393,37 +341,12 @@ def _checkpoint_or_404(run: Run, number: int) -> Step:
 
 def _undo_context(run: Run, *, to_step: int | None, rewind: bool) -> dict:
     """What the rollback (or rewind) would do, and whether it may be asked for."""
-    plan = rollback_plan(run, to_step=to_step)
-    refusal = blocked = ""
-    if plan.irreversible:
-        names = ", ".join(f"#{c.pk} {c.tool_name} (step {c.step})" for c in plan.irreversible)
-        verb = "rewind" if rewind else "roll back"
-        refusal = (f"Cannot {verb} run {run.pk}{'' if to_step is None else f' to step {to_step}'}: "
-                   f"{names} cannot be undone. Nothing will be changed.")
-    elif saga_in_progress(run):
-        blocked = f"A rollback of run {run.pk} is in progress; wait until it finishes."
-    elif _worker_holds(run):
-        blocked = (f"Run {run.pk} is {run.get_status_display().lower()} and a worker holds it: cancel it "
-                   "or wait until it pauses for a decision, then try again.")
-    elif _is_live(run) and (to_step is not None or rewind):
-        # Only a full rollback may take a live run nobody holds (its worker
-        # died, or none picked it up yet): it ends the run, so nothing resumes it.
-        blocked = (f"Run {run.pk} is {run.get_status_display().lower()}: roll it back entirely, cancel "
-                   "it, or wait until it pauses for a decision.")
-    elif not rewind and not plan.compensable and (to_step is not None
-                                                  or run.status == Run.Status.ROLLED_BACK):
-        blocked = ("Nothing to undo: " + (f"no call after step {to_step} took effect in the world."
-                                          if to_step is not None else "the run is already rolled back."))
-    withdrawn = []
-    if rewind:
-        withdrawn = list(ToolCall.objects.live().filter(run=run, step__gt=to_step,
-                                                 status=ToolCall.Status.AWAITING_APPROVAL)
-                         .order_by("step", "position"))
+    preview = undo_preview(run, to_step=to_step, rewind=rewind)
     return {
         "run": run, "to_step": to_step, "rewind": rewind, "action": "rewind" if rewind else "rollback",
-        "compensable": _undo_rows(plan.compensable), "irreversible": _undo_rows(plan.irreversible),
-        "withdrawn": withdrawn, "refusal": refusal, "blocked": blocked,
-        "can_confirm": not (refusal or blocked), "undo_kinds": UNDO_KINDS_SHOWN, "nav_section": "runs",
+        "compensable": _undo_rows(preview.compensable), "irreversible": _undo_rows(preview.irreversible),
+        "withdrawn": preview.withdrawn, "refusal": preview.refusal, "blocked": preview.blocked,
+        "can_confirm": preview.can_confirm, "undo_kinds": UNDO_KINDS_SHOWN, "nav_section": "runs",
     }
 
 
@@ -440,13 +363,7 @@ def _undo(request, run_id: int, *, rewind: bool):
     if not context["can_confirm"]:
         # Re-checked on confirm: the run may have moved since the page was shown.
         return render(request, "runs/run_undo.html", context, status=409)
-    user_id = request.user.pk
-    with transaction.atomic():
-        # The page follows this attempt; an earlier attempt's "stopped" note
-        # would read as this one's outcome.
-        Run.objects.filter(pk=run.pk).update(undo_note="")
-        # Compensations are slow I/O against the world: a worker does them.
-        transaction.on_commit(lambda: rollback_run.delay(run.pk, to_step, user_id, rewind))
+    undo_request(run=run, to_step=to_step, by=request.user, rewind=rewind)
     query = {"undo": context["action"]}
     if to_step is not None:
         query["to_step"] = to_step

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from runs.saga import RollbackBusy, SagaError, rollback_plan, run_rollback
+from runs.saga import RollbackBusy, SagaError, run_rollback, undo_preview
 
 from ._common import run_by_id, step_number, user_by_name
 
@@ -24,11 +24,14 @@ class Command(BaseCommand):
         run = run_by_id(run_id)
         by = user_by_name(user)
         if dry_run:
-            plan = rollback_plan(run, to_step=to_step)
-            for call in plan.compensable:
+            # The same preview as the desk's confirmation page.
+            preview = undo_preview(run, to_step=to_step)
+            for call in preview.compensable:
                 self.stdout.write(f"would compensate #{call.pk} {call.tool_name} (step {call.step})")
-            for call in plan.irreversible:
+            for call in preview.irreversible:
                 self.stdout.write(f"cannot undo #{call.pk} {call.tool_name} (step {call.step})")
+            if not preview.can_confirm:
+                self.stdout.write(f"refused: {preview.refusal or preview.blocked}")
             return
         deadline = time.monotonic() + settings.DESK_LEASE_SECONDS + 5
         while True:

@@ -22,13 +22,11 @@ from tools.registry import ToolContext, ToolError, compensation_key, find_tool
 
 from .failpoints import failpoint
 from .gate import get_gate
-from .models import Message, Run, Step, ToolCall
+from .models import CallStatus, Message, Run, RunStatus, Step, ToolCall
 from .services import run_enqueue, run_transition
 from .signals import run_transitioned, tool_call_transitioned
 
 log = logging.getLogger(__name__)
-S = Run.Status
-C = ToolCall.Status
 PERMISSION = "runs.rollback_run"
 
 
@@ -74,8 +72,11 @@ def rollback_plan(run: Run, *, to_step: int | None = None) -> RollbackPlan:
     Only calls that took effect in this run count: a repeat or a fork's reused
     result did nothing here, so there is nothing of theirs to undo.
     """
-    calls = ToolCall.objects.live().filter(run=run, status=C.COMMITTED,
-                                    attempts__gt=0).exclude(idempotency_key="")
+    calls = (
+        ToolCall.objects.live()
+        .filter(run=run, status=CallStatus.COMMITTED, attempts__gt=0)
+        .exclude(idempotency_key="")
+    )
     if to_step is not None:
         calls = calls.filter(step__gt=to_step)
     plan = RollbackPlan(to_step=to_step)
@@ -91,14 +92,22 @@ def _names(calls: list[ToolCall]) -> str:
     return ", ".join(f"#{c.pk} {c.tool_name} (step {c.step})" for c in calls)
 
 
-def _refusal(run: Run, to_step: int | None, plan: RollbackPlan, *, verb: str = "roll back",
-             outcome: str = "Nothing was changed.") -> str:
+def _refusal(
+    run: Run,
+    to_step: int | None,
+    plan: RollbackPlan,
+    *,
+    verb: str = "roll back",
+    outcome: str = "Nothing was changed.",
+) -> str:
     """Why undoing the effects after ``to_step`` is refused outright, or ""."""
     where = "" if to_step is None else f" to step {to_step}"
     unknown = _unknown_outcomes(run, to_step)
     if unknown:
-        return (f"Cannot {verb} run {run.pk}{where}: the outcome of {_names(unknown)} is unknown and "
-                f"its tool cannot look it up. Check the world by hand. {outcome}")
+        return (
+            f"Cannot {verb} run {run.pk}{where}: the outcome of {_names(unknown)} is unknown and "
+            f"its tool cannot look it up. Check the world by hand. {outcome}"
+        )
     if plan.irreversible:
         return f"Cannot {verb} run {run.pk}{where}: {_names(plan.irreversible)} cannot be undone. {outcome}"
     return ""
@@ -106,13 +115,17 @@ def _refusal(run: Run, to_step: int | None, plan: RollbackPlan, *, verb: str = "
 
 def run_is_live(run: Run) -> bool:
     """Queued or running: a worker may be advancing it."""
-    return run.status in (S.QUEUED, S.RUNNING)
+    return run.status in (RunStatus.QUEUED, RunStatus.RUNNING)
 
 
 def worker_holds(run: Run) -> bool:
     """A worker is advancing it right now: the saga will not touch it at all."""
-    return (run_is_live(run) and not saga_in_progress(run)
-            and run.lease_until is not None and run.lease_until > timezone.now())
+    return (
+        run_is_live(run)
+        and not saga_in_progress(run)
+        and run.lease_until is not None
+        and run.lease_until > timezone.now()
+    )
 
 
 @dataclass(frozen=True)
@@ -137,8 +150,9 @@ class UndoPreview:
 def undo_preview(run: Run, *, to_step: int | None = None, rewind: bool = False) -> UndoPreview:
     """The same checks as ``run_rollback`` and ``run_rewind`` make, without doing anything."""
     plan = rollback_plan(run, to_step=to_step)
-    refusal = _refusal(run, to_step, plan, verb="rewind" if rewind else "roll back",
-                       outcome="Nothing will be changed.")
+    refusal = _refusal(
+        run, to_step, plan, verb="rewind" if rewind else "roll back", outcome="Nothing will be changed."
+    )
     status = run.get_status_display().lower()
     blocked = ""
     if refusal:
@@ -146,22 +160,40 @@ def undo_preview(run: Run, *, to_step: int | None = None, rewind: bool = False) 
     elif saga_in_progress(run):
         blocked = f"A rollback of run {run.pk} is in progress; wait until it finishes."
     elif worker_holds(run):
-        blocked = (f"Run {run.pk} is {status} and a worker holds it: cancel it or wait until it "
-                   "pauses for a decision, then try again.")
+        blocked = (
+            f"Run {run.pk} is {status} and a worker holds it: cancel it or wait until it "
+            "pauses for a decision, then try again."
+        )
     elif run_is_live(run) and (to_step is not None or rewind):
         # Only a full rollback may take a live run nobody holds (its worker
         # died, or none picked it up yet): it ends the run, so nothing resumes it.
-        blocked = (f"Run {run.pk} is {status}: roll it back entirely, cancel it, or wait until it "
-                   "pauses for a decision.")
-    elif not rewind and not plan.compensable and (to_step is not None or run.status == S.ROLLED_BACK):
-        blocked = "Nothing to undo: " + (f"no call after step {to_step} took effect in the world."
-                                         if to_step is not None else "the run is already rolled back.")
+        blocked = (
+            f"Run {run.pk} is {status}: roll it back entirely, cancel it, or wait until it "
+            "pauses for a decision."
+        )
+    elif not rewind and not plan.compensable and (to_step is not None or run.status == RunStatus.ROLLED_BACK):
+        blocked = "Nothing to undo: " + (
+            f"no call after step {to_step} took effect in the world."
+            if to_step is not None
+            else "the run is already rolled back."
+        )
     withdrawn = []
     if rewind:
-        withdrawn = list(ToolCall.objects.live().filter(run=run, step__gt=to_step, status=C.AWAITING_APPROVAL)
-                         .order_by("step", "position"))
-    return UndoPreview(run=run, to_step=to_step, rewind=rewind, compensable=plan.compensable,
-                       irreversible=plan.irreversible, withdrawn=withdrawn, refusal=refusal, blocked=blocked)
+        withdrawn = list(
+            ToolCall.objects.live()
+            .filter(run=run, step__gt=to_step, status=CallStatus.AWAITING_APPROVAL)
+            .order_by("step", "position")
+        )
+    return UndoPreview(
+        run=run,
+        to_step=to_step,
+        rewind=rewind,
+        compensable=plan.compensable,
+        irreversible=plan.irreversible,
+        withdrawn=withdrawn,
+        refusal=refusal,
+        blocked=blocked,
+    )
 
 
 @dataclass(frozen=True)
@@ -179,7 +211,7 @@ class UndoProgress:
 def undo_progress(run: Run, *, kind: str, to_step: int | None, generation: int | None) -> UndoProgress:
     """``kind``: "rollback", "rewind" or "" (none asked for on this page; only a
     rollback in progress is shown). ``generation``: the run's when a rewind was asked for."""
-    compensated = ToolCall.objects.live().filter(run=run, status=C.COMPENSATED)
+    compensated = ToolCall.objects.live().filter(run=run, status=CallStatus.COMPENSATED)
     if to_step is not None:
         compensated = compensated.filter(step__gt=to_step)
     count = compensated.count()
@@ -190,17 +222,26 @@ def undo_progress(run: Run, *, kind: str, to_step: int | None, generation: int |
         return UndoProgress(count, live=False, done=False, text="")  # stopped: the note says why
     if kind == "rewind":
         if run.generation > generation:
-            return UndoProgress(count, live=False, done=True, text=f"Rewound to step {to_step}: the run "
-                                "continues from that checkpoint.")
-        return UndoProgress(count, live=True, done=False,
-                            text="Rewind requested: waiting for a worker to start it.")
-    finished = (run.status == S.ROLLED_BACK if to_step is None
-                else not rollback_plan(run, to_step=to_step).compensable)
+            return UndoProgress(
+                count,
+                live=False,
+                done=True,
+                text=f"Rewound to step {to_step}: the run continues from that checkpoint.",
+            )
+        return UndoProgress(
+            count, live=True, done=False, text="Rewind requested: waiting for a worker to start it."
+        )
+    finished = (
+        run.status == RunStatus.ROLLED_BACK
+        if to_step is None
+        else not rollback_plan(run, to_step=to_step).compensable
+    )
     if finished:
         where = "" if to_step is None else f" to step {to_step}"
         return UndoProgress(count, live=False, done=True, text=f"Rolled back{where}: {calls}.")
-    return UndoProgress(count, live=True, done=False,
-                        text="Rollback requested: waiting for a worker to start it.")
+    return UndoProgress(
+        count, live=True, done=False, text="Rollback requested: waiting for a worker to start it."
+    )
 
 
 def undo_request(*, run: Run, to_step: int | None, by, rewind: bool = False) -> None:
@@ -225,8 +266,11 @@ SAGA_OWNER_PREFIX = "saga:"
 
 def saga_in_progress(run: Run) -> bool:
     """Whether a rollback (or rewind) holds the run right now."""
-    return (run.lease_owner.startswith(SAGA_OWNER_PREFIX) and run.lease_until is not None
-            and run.lease_until > timezone.now())
+    return (
+        run.lease_owner.startswith(SAGA_OWNER_PREFIX)
+        and run.lease_until is not None
+        and run.lease_until > timezone.now()
+    )
 
 
 def _lock(run: Run, *, full: bool) -> str:
@@ -241,21 +285,26 @@ def _lock(run: Run, *, full: bool) -> str:
     free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
     rows = Run.objects.filter(free, pk=run.pk)
     if not full:
-        rows = rows.exclude(status__in=[S.QUEUED, S.RUNNING])
-    taken = rows.update(
-        lease_owner=owner, lease_until=now + timedelta(seconds=settings.DESK_LEASE_SECONDS)
-    )
+        rows = rows.exclude(status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
+    taken = rows.update(lease_owner=owner, lease_until=now + timedelta(seconds=settings.DESK_LEASE_SECONDS))
     if not taken:
         run.refresh_from_db()
-        if run.status in (S.QUEUED, S.RUNNING) and not (run.lease_until and run.lease_until > now):
-            raise RollbackRefused(f"Run {run.pk} is {run.status}: roll it back entirely, cancel it, "
-                                  "or wait until it pauses.")
-        if run.status in (S.QUEUED, S.RUNNING):
-            raise RollbackBusy(f"Run {run.pk} is {run.status} ({run.lease_owner}): cancel it or "
-                               "wait until it pauses.", until=run.lease_until)
-        raise RollbackBusy(f"Run {run.pk} is busy ({run.lease_owner}) until "
-                           f"{run.lease_until:%H:%M:%S} UTC; try again then.", until=run.lease_until,
-                           by_saga=run.lease_owner.startswith(SAGA_OWNER_PREFIX))
+        if run.status in (RunStatus.QUEUED, RunStatus.RUNNING) and not (
+            run.lease_until and run.lease_until > now
+        ):
+            raise RollbackRefused(
+                f"Run {run.pk} is {run.status}: roll it back entirely, cancel it, or wait until it pauses."
+            )
+        if run.status in (RunStatus.QUEUED, RunStatus.RUNNING):
+            raise RollbackBusy(
+                f"Run {run.pk} is {run.status} ({run.lease_owner}): cancel it or wait until it pauses.",
+                until=run.lease_until,
+            )
+        raise RollbackBusy(
+            f"Run {run.pk} is busy ({run.lease_owner}) until {run.lease_until:%H:%M:%S} UTC; try again then.",
+            until=run.lease_until,
+            by_saga=run.lease_owner.startswith(SAGA_OWNER_PREFIX),
+        )
     return owner
 
 
@@ -292,12 +341,23 @@ def run_rollback(*, run: Run, to_step: int | None = None, by=None) -> RollbackRe
             done.append(call)
         run.refresh_from_db()
         with transaction.atomic():
-            if to_step is None and run.status != S.ROLLED_BACK:
-                run_transition(run_id=run.pk, old=run.status, new=S.ROLLED_BACK, actor=by,
-                               reason=f"rolled back: {len(done)} compensation(s)")
+            if to_step is None and run.status != RunStatus.ROLLED_BACK:
+                run_transition(
+                    run_id=run.pk,
+                    old=run.status,
+                    new=RunStatus.ROLLED_BACK,
+                    actor=by,
+                    reason=f"rolled back: {len(done)} compensation(s)",
+                )
             elif to_step is not None:
-                run_transitioned.send(Run, run_id=run.pk, old=run.status, new=run.status, actor=by,
-                                      reason=f"rolled back to step {to_step}: {len(done)} compensation(s)")
+                run_transitioned.send(
+                    Run,
+                    run_id=run.pk,
+                    old=run.status,
+                    new=run.status,
+                    actor=by,
+                    reason=f"rolled back to step {to_step}: {len(done)} compensation(s)",
+                )
     finally:
         _unlock(run, owner)
     run.refresh_from_db()
@@ -305,14 +365,17 @@ def run_rollback(*, run: Run, to_step: int | None = None, by=None) -> RollbackRe
 
 
 def _interrupted(run: Run, to_step: int | None):
-    calls = ToolCall.objects.live().filter(run=run, status=C.EXECUTING)
+    calls = ToolCall.objects.live().filter(run=run, status=CallStatus.EXECUTING)
     return calls.filter(step__gt=to_step) if to_step is not None else calls
 
 
 def _unknown_outcomes(run: Run, to_step: int | None) -> list[ToolCall]:
     """Interrupted writes whose tool cannot say whether they took effect."""
-    return [c for c in _interrupted(run, to_step)
-            if (spec := find_tool(c.tool_name)) is None or spec.reconcile is None]
+    return [
+        c
+        for c in _interrupted(run, to_step)
+        if (spec := find_tool(c.tool_name)) is None or spec.reconcile is None
+    ]
 
 
 def _settle_interrupted(run: Run, to_step: int | None, by) -> None:
@@ -323,18 +386,30 @@ def _settle_interrupted(run: Run, to_step: int | None, by) -> None:
         spec = find_tool(call.tool_name)
         ctx = ToolContext(run_id=run.pk, step=call.step, idempotency_key=call.idempotency_key)
         found = spec.reconcile(ctx, call.input)
-        new, result = (C.COMMITTED, found) if found is not None else (
-            C.FAILED, "Never took effect: the worker stopped before it, and the run was rolled back.")
+        new, result = (
+            (CallStatus.COMMITTED, found)
+            if found is not None
+            else (
+                CallStatus.FAILED,
+                "Never took effect: the worker stopped before it, and the run was rolled back.",
+            )
+        )
         with transaction.atomic():
-            if ToolCall.objects.filter(pk=call.pk, status=C.EXECUTING).update(
-                status=new, result=result, is_error=new == C.FAILED, finished_at=timezone.now()
+            if ToolCall.objects.filter(pk=call.pk, status=CallStatus.EXECUTING).update(
+                status=new, result=result, is_error=new == CallStatus.FAILED, finished_at=timezone.now()
             ):
-                tool_call_transitioned.send(ToolCall, call=call, old=C.EXECUTING, new=new, actor=by,
-                                            reason="settled by the rollback (reconciled by key)")
+                tool_call_transitioned.send(
+                    ToolCall,
+                    call=call,
+                    old=CallStatus.EXECUTING,
+                    new=new,
+                    actor=by,
+                    reason="settled by the rollback (reconciled by key)",
+                )
 
 
 def _compensations_so_far(run: Run) -> int:
-    return ToolCall.objects.filter(run=run, status=C.COMPENSATED).count()
+    return ToolCall.objects.filter(run=run, status=CallStatus.COMPENSATED).count()
 
 
 def _compensate(run: Run, call: ToolCall, by, *, number: int) -> None:
@@ -354,13 +429,19 @@ def _compensate(run: Run, call: ToolCall, by, *, number: int) -> None:
     # rollback run this compensation again, which the world turns into a no-op.
     failpoint("after_compensation", number)
     with transaction.atomic():
-        updated = ToolCall.objects.filter(pk=call.pk, status=C.COMMITTED).update(
-            status=C.COMPENSATED, compensation=summary, compensated_at=timezone.now()
+        updated = ToolCall.objects.filter(pk=call.pk, status=CallStatus.COMMITTED).update(
+            status=CallStatus.COMPENSATED, compensation=summary, compensated_at=timezone.now()
         )
         if updated:
-            call.status, call.compensation = C.COMPENSATED, summary
-            tool_call_transitioned.send(ToolCall, call=call, old=C.COMMITTED, new=C.COMPENSATED,
-                                        actor=by, reason=f"compensated: {summary}")
+            call.status, call.compensation = CallStatus.COMPENSATED, summary
+            tool_call_transitioned.send(
+                ToolCall,
+                call=call,
+                old=CallStatus.COMMITTED,
+                new=CallStatus.COMPENSATED,
+                actor=by,
+                reason=f"compensated: {summary}",
+            )
 
 
 def run_rewind(*, run: Run, to_step: int, by=None, enqueue: bool = True) -> RollbackResult:
@@ -376,24 +457,40 @@ def run_rewind(*, run: Run, to_step: int, by=None, enqueue: bool = True) -> Roll
     now = timezone.now()
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run.pk)
-        if run.status in (S.QUEUED, S.RUNNING):
+        if run.status in (RunStatus.QUEUED, RunStatus.RUNNING):
             raise SagaError(f"Run {run.pk} started running again; rewind it once it stops.")
         Message.objects.live().filter(run=run, seq__gte=head).update(superseded_at=now)
         Step.objects.live().filter(run=run, number__gt=to_step).update(superseded_at=now)
         later = ToolCall.objects.live().filter(run=run, step__gt=to_step)
         # Calls still waiting for a decision on the abandoned branch are withdrawn.
-        pending = list(later.filter(status=C.AWAITING_APPROVAL))
+        pending = list(later.filter(status=CallStatus.AWAITING_APPROVAL))
         later.update(superseded_at=now)
         ToolCall.objects.filter(pk__in=[c.pk for c in pending]).update(
-            status=C.DENIED, result="Withdrawn: the run was rewound.", is_error=True)
+            status=CallStatus.DENIED, result="Withdrawn: the run was rewound.", is_error=True
+        )
         for call in pending:
-            tool_call_transitioned.send(ToolCall, call=call, old=call.status, new=C.DENIED, actor=by,
-                                        reason="withdrawn by a rewind")
+            tool_call_transitioned.send(
+                ToolCall,
+                call=call,
+                old=call.status,
+                new=CallStatus.DENIED,
+                actor=by,
+                reason="withdrawn by a rewind",
+            )
             get_gate().call_withdrawn(call=call, actor=by, reason="withdrawn by a rewind")
         run_transition(
-            run_id=run.pk, old=run.status, new=S.QUEUED, actor=by, reason=f"rewound to step {to_step}",
-            step=to_step + 1, message_count=head, generation=run.generation + 1, error="",
-            finished_at=None, lease_owner="", lease_until=None,
+            run_id=run.pk,
+            old=run.status,
+            new=RunStatus.QUEUED,
+            actor=by,
+            reason=f"rewound to step {to_step}",
+            step=to_step + 1,
+            message_count=head,
+            generation=run.generation + 1,
+            error="",
+            finished_at=None,
+            lease_owner="",
+            lease_until=None,
         )
         if enqueue:
             run_enqueue(run.pk)
@@ -411,14 +508,27 @@ def run_fork(*, run: Run, step: int, by=None, enqueue: bool = True) -> Run:
         raise SagaError(f"Run {run.pk} has no checkpoint for step {step}.")
     with transaction.atomic():
         fork = Run.objects.create(
-            agent=run.agent, agent_version=run.agent_version, task=run.task,
-            requester=by or run.requester, llm=run.llm, script=run.script, max_steps=run.max_steps,
-            parent=run, fork_step=step, shared_messages=checkpoint.message_count,
-            step=step, message_count=checkpoint.message_count,
+            agent=run.agent,
+            agent_version=run.agent_version,
+            task=run.task,
+            requester=by or run.requester,
+            llm=run.llm,
+            script=run.script,
+            max_steps=run.max_steps,
+            parent=run,
+            fork_step=step,
+            shared_messages=checkpoint.message_count,
+            step=step,
+            message_count=checkpoint.message_count,
         )
-        run_transitioned.send(Run, run_id=fork.pk, old="", new=S.QUEUED, actor=by,
-                              reason=f"forked from run {run.pk} at step {step}")
+        run_transitioned.send(
+            Run,
+            run_id=fork.pk,
+            old="",
+            new=RunStatus.QUEUED,
+            actor=by,
+            reason=f"forked from run {run.pk} at step {step}",
+        )
         if enqueue:
             run_enqueue(fork.pk)
     return fork
-

@@ -19,24 +19,36 @@ from tools.registry import get_agent, idempotency_key, input_hash
 
 from .gate import get_gate
 from .llm import validate_scenario
-from .models import FINISHED_RUN_STATUSES, Message, Run, ToolCall
+from .models import FINISHED_RUN_STATUSES, Message, Run, RunStatus, ToolCall
 from .signals import run_transitioned, tool_call_transitioned
 
 log = logging.getLogger(__name__)
-S = Run.Status
 
 # source -> allowed targets; anything else raises IllegalTransition.
 RUN_TRANSITIONS: dict[str, frozenset[str]] = {
-    S.QUEUED: frozenset({S.RUNNING, S.CANCELLED, S.FAILED, S.ROLLED_BACK}),
+    RunStatus.QUEUED: frozenset(
+        {RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.FAILED, RunStatus.ROLLED_BACK}
+    ),
     # running -> rolled_back: a full rollback of a run whose worker died.
-    S.RUNNING: frozenset({S.WAITING_APPROVAL, S.DONE, S.FAILED, S.QUEUED, S.CANCELLED, S.ROLLED_BACK}),
-    S.WAITING_APPROVAL: frozenset({S.QUEUED, S.CANCELLED, S.FAILED, S.ROLLED_BACK}),
+    RunStatus.RUNNING: frozenset(
+        {
+            RunStatus.WAITING_APPROVAL,
+            RunStatus.DONE,
+            RunStatus.FAILED,
+            RunStatus.QUEUED,
+            RunStatus.CANCELLED,
+            RunStatus.ROLLED_BACK,
+        }
+    ),
+    RunStatus.WAITING_APPROVAL: frozenset(
+        {RunStatus.QUEUED, RunStatus.CANCELLED, RunStatus.FAILED, RunStatus.ROLLED_BACK}
+    ),
     # A rewind sends a stopped run back to the queue from an earlier checkpoint.
-    S.DONE: frozenset({S.ROLLED_BACK, S.QUEUED}),
-    S.FAILED: frozenset({S.ROLLED_BACK, S.QUEUED}),
-    S.CANCELLED: frozenset({S.ROLLED_BACK, S.QUEUED}),
-    S.HANDED_OVER: frozenset(),
-    S.ROLLED_BACK: frozenset({S.QUEUED}),
+    RunStatus.DONE: frozenset({RunStatus.ROLLED_BACK, RunStatus.QUEUED}),
+    RunStatus.FAILED: frozenset({RunStatus.ROLLED_BACK, RunStatus.QUEUED}),
+    RunStatus.CANCELLED: frozenset({RunStatus.ROLLED_BACK, RunStatus.QUEUED}),
+    RunStatus.HANDED_OVER: frozenset(),
+    RunStatus.ROLLED_BACK: frozenset({RunStatus.QUEUED}),
 }
 
 
@@ -73,8 +85,9 @@ def run_transition(
     if new in FINISHED_RUN_STATUSES:
         # Close what the gate opened for the run and tell its requester, in this
         # transaction: the end and its consequences commit together.
-        get_gate().run_ended(run=Run.objects.select_related("requester").get(pk=run_id),
-                             actor=actor, reason=reason)
+        get_gate().run_ended(
+            run=Run.objects.select_related("requester").get(pk=run_id), actor=actor, reason=reason
+        )
 
 
 def run_enqueue(run_id: int, *, countdown: float | None = None) -> None:
@@ -121,7 +134,7 @@ def run_create(
             run=run, seq=0, role=Message.Role.USER, content=[{"type": "text", "text": task}]
         )
         run_transitioned.send(
-            Run, run_id=run.pk, old="", new=S.QUEUED, actor=requester, reason="created"
+            Run, run_id=run.pk, old="", new=RunStatus.QUEUED, actor=requester, reason="created"
         )
         if enqueue:
             run_enqueue(run.pk)
@@ -149,18 +162,27 @@ def run_cancel(*, run: Run, actor=None, reason: str = "cancelled") -> CancelResu
     """
     for _attempt in range(CANCEL_ATTEMPTS):
         if run.is_finished:
-            return CancelResult(False, f"Run {run.pk} is already {run.get_status_display().lower()}; "
-                                       "there is nothing to cancel.")
+            return CancelResult(
+                False,
+                f"Run {run.pk} is already {run.get_status_display().lower()}; there is nothing to cancel.",
+            )
         try:
             with transaction.atomic():
-                run_transition(run_id=run.pk, old=run.status, new=S.CANCELLED, actor=actor, reason=reason,
-                               error=reason)
+                run_transition(
+                    run_id=run.pk,
+                    old=run.status,
+                    new=RunStatus.CANCELLED,
+                    actor=actor,
+                    reason=reason,
+                    error=reason,
+                )
         except (TransitionConflict, IllegalTransition):
             run.refresh_from_db()
             continue
         run.refresh_from_db()
-        return CancelResult(True, f"Run {run.pk} cancelled. It will not resume; nothing of it waits "
-                                  "for a decision.")
+        return CancelResult(
+            True, f"Run {run.pk} cancelled. It will not resume; nothing of it waits for a decision."
+        )
     return CancelResult(False, f"Run {run.pk} kept changing while we tried to cancel it; try again.")
 
 
@@ -170,7 +192,7 @@ def lease_release_for_resume(*, run: Run, steal: bool, actor=None) -> bool:
     Returns False if the lease is still held and not stolen.
     """
     now = timezone.now()
-    if run.status not in (S.RUNNING, S.QUEUED):
+    if run.status not in (RunStatus.RUNNING, RunStatus.QUEUED):
         return False
     if run.lease_until and run.lease_until > now and not steal:
         return False
@@ -180,7 +202,11 @@ def lease_release_for_resume(*, run: Run, steal: bool, actor=None) -> bool:
             return False
         if steal and run.lease_owner:
             run_transitioned.send(
-                Run, run_id=run.pk, old=run.status, new=run.status, actor=actor,
+                Run,
+                run_id=run.pk,
+                old=run.status,
+                new=run.status,
+                actor=actor,
                 reason=f"lease of {run.lease_owner} stolen",
             )
     return True
@@ -199,8 +225,13 @@ def _call_transition(*, call: ToolCall, new: str, actor, reason: str, **fields) 
 
 
 def tool_call_approve(
-    *, call: ToolCall, actor, approved_input: dict | None = None, verdict_rule: str | None = None,
-    verdict_reason: str | None = None, reason: str | None = None,
+    *,
+    call: ToolCall,
+    actor,
+    approved_input: dict | None = None,
+    verdict_rule: str | None = None,
+    verdict_reason: str | None = None,
+    reason: str | None = None,
 ) -> None:
     """Let the call run with exactly the approved arguments: the model's
     (``approved_input`` None) or a reviewer's edit of them, which the gate has
@@ -216,8 +247,12 @@ def tool_call_approve(
             "input": approved_input,
             "input_hash": new_hash,
             "approved_hash": new_hash,
-            "idempotency_key": idempotency_key(run_id=call.run_id, generation=run.generation,
-                                               tool_name=call.tool_name, tool_input=approved_input),
+            "idempotency_key": idempotency_key(
+                run_id=call.run_id,
+                generation=run.generation,
+                tool_name=call.tool_name,
+                tool_input=approved_input,
+            ),
             "verdict_rule": verdict_rule if verdict_rule is not None else call.verdict_rule,
             "verdict_reason": verdict_reason if verdict_reason is not None else call.verdict_reason,
         }
@@ -230,7 +265,12 @@ def tool_call_resolve_without_running(
 ) -> None:
     """Decline (or answer) a call: the text becomes its tool_result; nothing runs."""
     _call_transition(
-        call=call, new=status, actor=actor, reason=status, result=text, is_error=is_error,
+        call=call,
+        new=status,
+        actor=actor,
+        reason=status,
+        result=text,
+        is_error=is_error,
         finished_at=timezone.now(),
     )
 
@@ -242,13 +282,18 @@ def run_wake_if_ready(*, run_id: int, actor=None) -> bool:
     (on SQLite the IMMEDIATE transaction already is).
     """
     run = Run.objects.select_for_update().get(pk=run_id)
-    if run.status != S.WAITING_APPROVAL:
+    if run.status != RunStatus.WAITING_APPROVAL:
         return False
     if run.tool_calls.filter(status=ToolCall.Status.AWAITING_APPROVAL).exists():
         return False
     run_transition(
-        run_id=run_id, old=S.WAITING_APPROVAL, new=S.QUEUED, actor=actor,
-        reason="nothing pending", lease_owner="", lease_until=None,
+        run_id=run_id,
+        old=RunStatus.WAITING_APPROVAL,
+        new=RunStatus.QUEUED,
+        actor=actor,
+        reason="nothing pending",
+        lease_owner="",
+        lease_until=None,
     )
     return True
 

@@ -572,13 +572,18 @@ class _Loop:
             tool_call_transitioned.send(ToolCall, call=call, old=CallStatus.APPROVED,
                                         new=CallStatus.EXECUTING, actor=None, reason="intent")
         failpoint("before_tool_effect", call.step)
+        return self._make_effect(call, spec, reason="executed")
+
+    def _make_effect(self, call: ToolCall, spec: ToolSpec, *, reason: str) -> AdvanceResult | None:
+        """Run a write whose intent is committed and record its result; an outcome
+        that is unknown (a timeout, a crash inside the tool) goes to ``_recover``."""
         try:
             result, is_error = _invoke(spec, self._ctx(call), call.input)
         except UnknownOutcome as exc:
             log.warning("run %s: %s outcome unknown (%s); reconciling", self.run.pk, call, exc)
             return self._recover(call, spec)
         failpoint("after_tool_effect", call.step)
-        self._commit(call, result, is_error, reason="executed")
+        self._commit(call, result, is_error, reason=reason)
         return None
 
     def _commit(self, call: ToolCall, result, is_error: bool, *, reason: str) -> None:
@@ -595,8 +600,7 @@ class _Loop:
 
     def _recover(self, call: ToolCall, spec: ToolSpec) -> AdvanceResult | None:
         """A write found ``executing``: its outcome is unknown. Never retry blind."""
-        ctx = self._ctx(call)
-        found = spec.reconcile(ctx, call.input) if spec.reconcile else None
+        found = spec.reconcile(self._ctx(call), call.input) if spec.reconcile else None
         if found is not None:
             self._commit(call, found, False, reason="reconciled by idempotency key")
             return None
@@ -618,14 +622,7 @@ class _Loop:
                 attempts=F("attempts") + 1, started_at=timezone.now()
             )
             call.attempts += 1
-        try:
-            result, is_error = _invoke(spec, ctx, call.input)
-        except UnknownOutcome as exc:
-            log.warning("run %s: %s outcome unknown again (%s)", self.run.pk, call, exc)
-            return self._recover(call, spec)
-        failpoint("after_tool_effect", call.step)
-        self._commit(call, result, is_error, reason="re-run with the same idempotency key")
-        return None
+        return self._make_effect(call, spec, reason="re-run with the same idempotency key")
 
     def _resolve_now(self, call: ToolCall, status: str, result, *, is_error: bool) -> None:
         old = call.status

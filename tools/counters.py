@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from django.db import IntegrityError, transaction
 from django.db.models import F, Sum
 
 from .models import Counter
@@ -22,10 +21,11 @@ def bump(name: str) -> None:
     """Add one to the counter ``name``, in its own statement (never the caller's effect)."""
     if Counter.objects.filter(name=name).update(value=F("value") + 1):
         return
-    try:
-        with transaction.atomic(using="world"):
-            Counter.objects.create(name=name, value=1)
-    except IntegrityError:  # a concurrent first bump created it
+    # The first bump: get_or_create inserts in a savepoint and, if a concurrent
+    # first bump inserted the row meanwhile, finds it; this bump then adds to it.
+    # (The same race handling as the keyed rows' ``create_once``.)
+    _, created = Counter.objects.get_or_create(name=name, defaults={"value": 1})
+    if not created:
         Counter.objects.filter(name=name).update(value=F("value") + 1)
 
 
@@ -49,4 +49,4 @@ def snapshot() -> dict[str, int]:
 
 
 def total() -> int:
-    return Counter.objects.aggregate(s=Sum("value"))["s"] or 0
+    return Counter.objects.aggregate(total=Sum("value"))["total"] or 0

@@ -5,14 +5,14 @@ Scripts and tests rely on this exactly as ``docs/architecture.md`` describes.
 
 from __future__ import annotations
 
-import contextlib
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Q, Sum
 
 from . import faults, payments
 from .counters import counted
+from .keyed import capture_key, made_by_call, reconcile_by_key
 from .models import Customer, Note, Order, OutboxEmail, Payment, Ticket
 from .registry import (
     COMPENSABLE,
@@ -25,7 +25,6 @@ from .registry import (
     register_agent,
     register_tool,
 )
-from .undo import capture_key, made_by_call
 
 POLICY = (
     "Refund policy: a delivered order may be refunded in full or in part within 30 days. "
@@ -96,10 +95,7 @@ def refund_item(ctx: ToolContext, args: dict) -> dict:
     return _payment_result(payment)
 
 
-@counted("refund_item:reconcile")
-def reconcile_refund(ctx: ToolContext, args: dict) -> dict | None:
-    payment = payments.find_by_key(ctx.idempotency_key)
-    return _payment_result(payment) if payment else None
+reconcile_refund = reconcile_by_key("refund_item", payments.find_by_key, _payment_result)
 
 
 @counted("refund_item:compensate")
@@ -117,23 +113,19 @@ def compensate_refund(ctx: ToolContext, args: dict, result, pre_state) -> str:
             f"{refund.order.order_id} (RV-{undo.pk}).")
 
 
-@counted("send_email")
-def send_email(ctx: ToolContext, args: dict) -> dict:
-    try:
-        with transaction.atomic(using="world"):
-            email, _ = OutboxEmail.objects.get_or_create(
-                idempotency_key=ctx.idempotency_key,
-                defaults={"to": args["to"], "subject": args["subject"], "body": args["body"]},
-            )
-    except IntegrityError:  # a concurrent attempt with the same key won
-        email = OutboxEmail.objects.get(idempotency_key=ctx.idempotency_key)
+def _email_result(email: OutboxEmail) -> dict:
     return {"message_id": f"MSG-{email.pk}", "to": email.to, "status": "queued"}
 
 
-@counted("send_email:reconcile")
-def reconcile_email(ctx: ToolContext, args: dict) -> dict | None:
-    email = OutboxEmail.objects.filter(idempotency_key=ctx.idempotency_key).first()
-    return {"message_id": f"MSG-{email.pk}", "to": email.to, "status": "queued"} if email else None
+@counted("send_email")
+def send_email(ctx: ToolContext, args: dict) -> dict:
+    email, _ = OutboxEmail.objects.create_once(
+        ctx.idempotency_key, to=args["to"], subject=args["subject"], body=args["body"]
+    )
+    return _email_result(email)
+
+
+reconcile_email = reconcile_by_key("send_email", OutboxEmail.objects.by_key, _email_result)
 
 
 @counted("send_email:compensate")
@@ -143,19 +135,13 @@ def compensate_email(ctx: ToolContext, args: dict, result, pre_state) -> str:
     original = made_by_call(OutboxEmail, pre_state, result, "message_id", "MSG-")
     if original is None:
         return "Nothing to correct: no email was sent by this call."
-    try:
-        with transaction.atomic(using="world"):
-            correction, made = OutboxEmail.objects.get_or_create(
-                idempotency_key=ctx.idempotency_key,
-                defaults={
-                    "to": original.to,
-                    "subject": f"Correction: {original.subject}"[:300],
-                    "body": f"Please disregard our earlier message \"{original.subject}\" "
-                            f"(MSG-{original.pk}): it was sent in error. We are sorry for the confusion.",
-                },
-            )
-    except IntegrityError:  # a concurrent compensation with the same key won
-        correction, made = OutboxEmail.objects.get(idempotency_key=ctx.idempotency_key), False
+    correction, made = OutboxEmail.objects.create_once(
+        ctx.idempotency_key,
+        to=original.to,
+        subject=f"Correction: {original.subject}"[:300],
+        body=f"Please disregard our earlier message \"{original.subject}\" "
+             f"(MSG-{original.pk}): it was sent in error. We are sorry for the confusion.",
+    )
     if not made:
         return f"A correction of MSG-{original.pk} was already sent to {correction.to} (MSG-{correction.pk})."
     return f"Sent a correction of MSG-{original.pk} to {correction.to} (MSG-{correction.pk})."
@@ -200,20 +186,15 @@ def compensate_ticket(ctx: ToolContext, args: dict, result, pre_state) -> str:
 @counted("add_note")
 def add_note(ctx: ToolContext, args: dict) -> dict:
     order = _order(args["order_id"])
-    try:
-        with transaction.atomic(using="world"):
-            note, _ = Note.objects.get_or_create(
-                idempotency_key=ctx.idempotency_key, defaults={"order": order, "text": args["text"]}
-            )
-    except IntegrityError:
-        note = Note.objects.get(idempotency_key=ctx.idempotency_key)
+    note, _ = Note.objects.create_once(ctx.idempotency_key, order=order, text=args["text"])
     return {"note_id": f"N-{note.pk}", "order_id": order.order_id}
 
 
-@counted("add_note:reconcile")
-def reconcile_note(ctx: ToolContext, args: dict) -> dict | None:
-    note = Note.objects.select_related("order").filter(idempotency_key=ctx.idempotency_key).first()
-    return {"note_id": f"N-{note.pk}", "order_id": note.order.order_id} if note else None
+def _note_result(note: Note) -> dict:
+    return {"note_id": f"N-{note.pk}", "order_id": note.order.order_id}
+
+
+reconcile_note = reconcile_by_key("add_note", Note.objects.select_related("order").by_key, _note_result)
 
 
 @counted("add_note:compensate")
@@ -225,13 +206,6 @@ def compensate_note(ctx: ToolContext, args: dict, result, pre_state) -> str:
         return "No note from this call is left; nothing to do."
     deleted, _ = Note.objects.filter(pk=note.pk).delete()
     return f"Deleted note N-{note.pk}." if deleted else f"Note N-{note.pk} is already gone; nothing to do."
-
-
-def _refund_facts(args: dict) -> dict:
-    facts = dict(args)
-    with contextlib.suppress(InvalidOperation, ValueError):
-        facts["amount"] = Decimal(str(args.get("amount")))
-    return facts
 
 
 ORDER_ID = {"type": "string", "pattern": "^[A-Z]-[0-9]{4}$", "description": "e.g. A-1001"}
@@ -263,7 +237,7 @@ register_tool(ToolSpec(
     function=refund_item,
     reconcile=reconcile_refund,
     honours_key=True,
-    facts=_refund_facts,
+    facts=payments.payment_facts,
     undo=COMPENSABLE,
     capture=capture_key,
     compensate=compensate_refund,

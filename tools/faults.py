@@ -1,31 +1,31 @@
-"""Faults the world is told to inject into compensations (tests, demos).
+"""Faults the world and its payment provider are told to inject (tests, demos).
 
-A ``WorldFault`` row is consulted at the start of a compensation; taking one is
-a single conditional UPDATE in its own statement, so concurrent compensations
-never take the same unit twice and the caller's failure cannot put it back.
+A fault row (``WorldFault``, ``ProviderFault``) holds a number of units. Taking
+one is a conditional UPDATE in its own statement, so concurrent takers never
+take the same unit twice and the caller's failure cannot put it back.
 """
 
 from __future__ import annotations
 
-from django.db.models import F, Q
+from django.db.models import F, Model, Q, QuerySet
 
 from .models import WorldFault
 from .registry import ToolError
 
 
-def take(tool: str, kind: str) -> bool:
-    for fault in WorldFault.objects.filter(Q(tool=tool) | Q(tool="*"), kind=kind,
-                                           remaining__gt=0).order_by("pk"):
-        taken = WorldFault.objects.filter(pk=fault.pk, remaining=fault.remaining).update(
-            remaining=F("remaining") - 1
-        )
-        if taken:
-            return True
-    return False
+def take[Fault: Model](faults: QuerySet[Fault]) -> Fault | None:
+    """Use up one unit of the first of ``faults`` (by pk) that has any left and return it;
+    None if none has. A fault another taker used up after we looked is passed over for
+    the next one."""
+    for fault in faults.filter(remaining__gt=0).order_by("pk"):
+        if faults.filter(pk=fault.pk, remaining__gt=0).update(remaining=F("remaining") - 1):
+            return fault
+    return None
 
 
 def check_compensation(tool: str) -> None:
-    """Raise ToolError if a ``compensation_fails`` fault is set for ``tool``."""
-    if take(tool, WorldFault.Kind.COMPENSATION_FAILS):
+    """Raise ToolError if a ``compensation_fails`` fault is set for ``tool`` (or ``*``)."""
+    failing = WorldFault.objects.filter(Q(tool=tool) | Q(tool="*"), kind=WorldFault.Kind.COMPENSATION_FAILS)
+    if take(failing):
         raise ToolError(f"the world service behind {tool} is unavailable (injected fault); "
                         "try again later.")

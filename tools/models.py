@@ -8,6 +8,29 @@ retried or repeated call finds the earlier effect instead of making a second.
 from __future__ import annotations
 
 from django.db import models
+from django.db.models import Q
+
+
+class KeyedQuerySet(models.QuerySet):
+    """Rows that writes made, each under the idempotency key it was made with (unique)."""
+
+    def by_key(self, key: str):
+        """The row made under ``key``, or None."""
+        return self.filter(idempotency_key=key).first()
+
+    def create_once(self, key: str, **fields):
+        """The row made under ``key``, and whether this call made it (from ``fields``).
+
+        A row already made under the key is returned as it is, whatever ``fields``
+        say now: a repeated key gets the first effect, never a second or a changed
+        one. Safe under concurrent inserts: ``get_or_create`` inserts in a
+        savepoint and, when the key was taken meanwhile, reads the row that won
+        (writers are serialized on SQLite; on PostgreSQL, read committed, the
+        second read is a new statement that sees the winner's commit). An
+        IntegrityError from any other constraint (a username taken, a payment
+        already reversed) is raised for the caller to answer.
+        """
+        return self.get_or_create(idempotency_key=key, defaults=fields)
 
 
 class Customer(models.Model):
@@ -18,26 +41,47 @@ class Customer(models.Model):
         return f"{self.name} <{self.email}>"
 
 
+# Choices classes live at module level so that a model's Meta can name them in
+# its constraints; each model keeps its own name for them (``Ticket.Status``).
+class TicketStatus(models.TextChoices):
+    OPEN = "open"
+    CLOSED = "closed"
+
+
 class Ticket(models.Model):
-    class Status(models.TextChoices):
-        OPEN = "open"
-        CLOSED = "closed"
+    Status = TicketStatus
 
     ticket_id = models.CharField(max_length=20, unique=True)
     subject = models.CharField(max_length=200)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.OPEN)
 
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=TicketStatus.values), name="ticket_status_valid"),
+        ]
+
     def __str__(self) -> str:
         return self.ticket_id
 
 
+class OrderStatus(models.TextChoices):
+    DELIVERED = "delivered"
+
+
 class Order(models.Model):
+    Status = OrderStatus
+
     order_id = models.CharField(max_length=20, unique=True)
     customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="orders")
     ticket = models.ForeignKey(Ticket, on_delete=models.PROTECT, null=True, related_name="orders")
     item = models.CharField(max_length=200)
     amount = models.DecimalField(max_digits=12, decimal_places=2)
-    status = models.CharField(max_length=20, default="delivered")
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.DELIVERED)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=OrderStatus.values), name="order_status_valid"),
+        ]
 
     def __str__(self) -> str:
         return self.order_id
@@ -48,6 +92,8 @@ class Note(models.Model):
     text = models.TextField()
     idempotency_key = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = KeyedQuerySet.as_manager()
 
     def __str__(self) -> str:
         return f"note {self.pk} on {self.order_id}"
@@ -62,8 +108,16 @@ class OutboxEmail(models.Model):
     idempotency_key = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = KeyedQuerySet.as_manager()
+
     def __str__(self) -> str:
         return f"email to {self.to}: {self.subject}"
+
+
+class PaymentKind(models.TextChoices):
+    REFUND = "refund"
+    CHARGE = "charge"
+    REVERSAL = "reversal"
 
 
 class Payment(models.Model):
@@ -75,10 +129,7 @@ class Payment(models.Model):
     amount). Nothing is ever deleted: an undo is a new row.
     """
 
-    class Kind(models.TextChoices):
-        REFUND = "refund"
-        CHARGE = "charge"
-        REVERSAL = "reversal"
+    Kind = PaymentKind
 
     kind = models.CharField(max_length=10, choices=Kind.choices)
     order = models.ForeignKey(Order, on_delete=models.PROTECT, null=True, blank=True,
@@ -93,8 +144,23 @@ class Payment(models.Model):
     idempotency_key = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = KeyedQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(kind__in=PaymentKind.values), name="payment_kind_valid"),
+        ]
+
     def __str__(self) -> str:
         return f"{self.kind} {self.amount} on {self.order_id or self.account}"
+
+
+class ProviderFaultKind(models.TextChoices):
+    # Apply the movement, then raise a timeout: the caller cannot tell
+    # whether it happened.
+    TIMEOUT_AFTER_APPLY = "timeout_after_apply"
+    # Raise a timeout without applying anything.
+    TIMEOUT_BEFORE_APPLY = "timeout_before_apply"
 
 
 class ProviderFault(models.Model):
@@ -103,15 +169,17 @@ class ProviderFault(models.Model):
     Stored in the world database so that a worker in another process sees it.
     """
 
-    class Kind(models.TextChoices):
-        # Apply the refund, then raise a timeout: the caller cannot tell
-        # whether it happened.
-        TIMEOUT_AFTER_APPLY = "timeout_after_apply"
-        # Raise a timeout without applying anything.
-        TIMEOUT_BEFORE_APPLY = "timeout_before_apply"
+    Kind = ProviderFaultKind
 
     kind = models.CharField(max_length=30, choices=Kind.choices)
     remaining = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(kind__in=ProviderFaultKind.values), name="providerfault_kind_valid"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} x{self.remaining}"
@@ -125,8 +193,16 @@ class WorldUser(models.Model):
     idempotency_key = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = KeyedQuerySet.as_manager()
+
     def __str__(self) -> str:
         return self.username
+
+
+class FileAction(models.TextChoices):
+    CREATE = "create"
+    RENAME = "rename"
+    DELETE = "delete"
 
 
 class FileOperation(models.Model):
@@ -138,10 +214,7 @@ class FileOperation(models.Model):
     and accepts a file system that already looks done.
     """
 
-    class Action(models.TextChoices):
-        CREATE = "create"
-        RENAME = "rename"
-        DELETE = "delete"
+    Action = FileAction
 
     action = models.CharField(max_length=10, choices=Action.choices)
     path = models.CharField(max_length=255)
@@ -151,6 +224,15 @@ class FileOperation(models.Model):
     done = models.BooleanField(default=False)
     idempotency_key = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = KeyedQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(action__in=FileAction.values), name="fileoperation_action_valid"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.action} {self.path}"
@@ -163,6 +245,8 @@ class WebhookDelivery(models.Model):
     payload = models.JSONField()
     idempotency_key = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = KeyedQuerySet.as_manager()
 
     def __str__(self) -> str:
         return f"webhook {self.url}"
@@ -178,6 +262,10 @@ class Counter(models.Model):
         return f"{self.name}={self.value}"
 
 
+class WorldFaultKind(models.TextChoices):
+    COMPENSATION_FAILS = "compensation_fails"
+
+
 class WorldFault(models.Model):
     """A fault the world is told to inject (tests, demos), per tool.
 
@@ -186,12 +274,16 @@ class WorldFault(models.Model):
     the next rollback finish.
     """
 
-    class Kind(models.TextChoices):
-        COMPENSATION_FAILS = "compensation_fails"
+    Kind = WorldFaultKind
 
     tool = models.CharField(max_length=100)
     kind = models.CharField(max_length=30, choices=Kind.choices, default=Kind.COMPENSATION_FAILS)
     remaining = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(kind__in=WorldFaultKind.values), name="worldfault_kind_valid"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.tool} {self.kind} x{self.remaining}"

@@ -17,15 +17,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-from decimal import Decimal, InvalidOperation
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 
 from . import faults, payments
 from .counters import counted
+from .keyed import capture_key, made_by_call, reconcile_by_key
 from .models import FileOperation, Payment, WebhookDelivery, WorldUser
 from .registry import (
     COMPENSABLE,
@@ -39,7 +39,6 @@ from .registry import (
     register_agent,
     register_tool,
 )
-from .undo import capture_key, made_by_call
 
 WEBHOOK_HOST = "hooks.example.test"  # the local sink: .test never resolves (RFC 2606)
 
@@ -144,17 +143,11 @@ def _capture_file(ctx: ToolContext, relative: str, path: Path) -> dict:
 
 
 # --- the journal of file operations --------------------------------------------
-def _journalled(key: str) -> FileOperation | None:
-    return FileOperation.objects.filter(idempotency_key=key).first()
-
-
 def _journal(key: str, **fields) -> FileOperation:
-    """Commit a pending operation under ``key`` before the file system is touched."""
-    try:
-        with transaction.atomic(using="world"):
-            return FileOperation.objects.create(idempotency_key=key, **fields)
-    except IntegrityError:  # a concurrent attempt with the same key won
-        return FileOperation.objects.get(idempotency_key=key)
+    """Commit a pending operation under ``key`` before the file system is touched
+    (or find the one a concurrent attempt with the same key committed)."""
+    op, _ = FileOperation.objects.create_once(key, **fields)
+    return op
 
 
 def _done(op: FileOperation) -> FileOperation:
@@ -177,11 +170,10 @@ def _file_result(op: FileOperation) -> dict:
     return {"path": op.path, "size": op.size, "status": "deleted permanently"}
 
 
-def _reconcile_file(ctx: ToolContext) -> dict | None:
+def _finished_operation(key: str) -> FileOperation | None:
     # A pending operation may or may not have reached the disk: not found, so
     # the engine re-runs the tool with the same key, which finishes it.
-    op = FileOperation.objects.filter(idempotency_key=ctx.idempotency_key, done=True).first()
-    return _file_result(op) if op else None
+    return FileOperation.objects.filter(done=True).by_key(key)
 
 
 # --- reads -----------------------------------------------------------------
@@ -197,25 +189,15 @@ def _user_result(user: WorldUser) -> dict:
 
 @counted("create_user")
 def create_user(ctx: ToolContext, args: dict) -> dict:
-    user = WorldUser.objects.filter(idempotency_key=ctx.idempotency_key).first()
-    if user is None:
-        if WorldUser.objects.filter(username=args["username"]).exists():
-            raise ToolError(f"username {args['username']!r} is taken.")
-        try:
-            with transaction.atomic(using="world"):
-                user = WorldUser.objects.create(username=args["username"], email=args["email"],
-                                                idempotency_key=ctx.idempotency_key)
-        except IntegrityError:  # the same key raced us, or someone took the name
-            user = WorldUser.objects.filter(idempotency_key=ctx.idempotency_key).first()
-            if user is None:
-                raise ToolError(f"username {args['username']!r} is taken.") from None
+    try:
+        user, _ = WorldUser.objects.create_once(ctx.idempotency_key, username=args["username"],
+                                                email=args["email"])
+    except IntegrityError:  # the username is unique: another key has it (from before, or just now)
+        raise ToolError(f"username {args['username']!r} is taken.") from None
     return _user_result(user)
 
 
-@counted("create_user:reconcile")
-def reconcile_user(ctx: ToolContext, args: dict) -> dict | None:
-    user = WorldUser.objects.filter(idempotency_key=ctx.idempotency_key).first()
-    return _user_result(user) if user else None
+reconcile_user = reconcile_by_key("create_user", WorldUser.objects.by_key, _user_result)
 
 
 @counted("create_user:compensate")
@@ -234,7 +216,7 @@ def compensate_user(ctx: ToolContext, args: dict, result, pre_state) -> str:
 def create_file(ctx: ToolContext, args: dict) -> dict:
     relative, path = sandbox_path(args["path"])
     data = args["content"].encode()
-    op = _journalled(ctx.idempotency_key)
+    op = FileOperation.objects.by_key(ctx.idempotency_key)
     if op is None:
         if path.exists():
             raise ToolError(f"{relative} already exists; create_file does not overwrite.")
@@ -260,9 +242,7 @@ def capture_create_file(ctx: ToolContext, args: dict) -> dict:
     return _capture_file(ctx, relative, path)
 
 
-@counted("create_file:reconcile")
-def reconcile_create_file(ctx: ToolContext, args: dict) -> dict | None:
-    return _reconcile_file(ctx)
+reconcile_create_file = reconcile_by_key("create_file", _finished_operation, _file_result)
 
 
 @counted("create_file:compensate")
@@ -282,7 +262,6 @@ def compensate_create_file(ctx: ToolContext, args: dict, result, pre_state) -> s
     return f"Deleted {relative}."
 
 
-@counted("rename_file")
 def _move_no_overwrite(source: Path, target: Path) -> None:
     """Rename without ever replacing a file that appeared at ``target`` since we
     looked (``os.rename`` would overwrite it on POSIX): link, then unlink."""
@@ -293,12 +272,13 @@ def _move_no_overwrite(source: Path, target: Path) -> None:
     source.unlink()
 
 
+@counted("rename_file")
 def rename_file(ctx: ToolContext, args: dict) -> dict:
     relative, path = sandbox_path(args["path"])
     new_relative, new_path = sandbox_path(args["new_path"])
     if relative == new_relative:
         raise ToolError("path and new_path are the same file.")
-    op = _journalled(ctx.idempotency_key)
+    op = FileOperation.objects.by_key(ctx.idempotency_key)
     if op is None:
         if not path.is_file():
             raise ToolError(f"No file {relative}.")
@@ -327,9 +307,7 @@ def capture_rename_file(ctx: ToolContext, args: dict) -> dict:
     return _capture_file(ctx, new_relative, new_path)
 
 
-@counted("rename_file:reconcile")
-def reconcile_rename_file(ctx: ToolContext, args: dict) -> dict | None:
-    return _reconcile_file(ctx)
+reconcile_rename_file = reconcile_by_key("rename_file", _finished_operation, _file_result)
 
 
 @counted("rename_file:compensate")
@@ -356,7 +334,7 @@ def compensate_rename_file(ctx: ToolContext, args: dict, result, pre_state) -> s
 @counted("delete_file_permanently")
 def delete_file_permanently(ctx: ToolContext, args: dict) -> dict:
     relative, path = sandbox_path(args["path"])
-    op = _journalled(ctx.idempotency_key)
+    op = FileOperation.objects.by_key(ctx.idempotency_key)
     if op is None:
         if not path.is_file():
             raise ToolError(f"No file {relative}.")
@@ -370,9 +348,7 @@ def delete_file_permanently(ctx: ToolContext, args: dict) -> dict:
     return _file_result(_done(op))
 
 
-@counted("delete_file_permanently:reconcile")
-def reconcile_delete_file(ctx: ToolContext, args: dict) -> dict | None:
-    return _reconcile_file(ctx)
+reconcile_delete_file = reconcile_by_key("delete_file_permanently", _finished_operation, _file_result)
 
 
 # --- money -----------------------------------------------------------------
@@ -391,10 +367,7 @@ def charge_card(ctx: ToolContext, args: dict) -> dict:
     return _charge_result(payment)
 
 
-@counted("charge_card:reconcile")
-def reconcile_charge(ctx: ToolContext, args: dict) -> dict | None:
-    payment = payments.find_by_key(ctx.idempotency_key)
-    return _charge_result(payment) if payment else None
+reconcile_charge = reconcile_by_key("charge_card", payments.find_by_key, _charge_result)
 
 
 @counted("charge_card:compensate")
@@ -414,13 +387,6 @@ def compensate_charge(ctx: ToolContext, args: dict, result, pre_state) -> str:
     return f"Refunded charge CH-{charge.pk}: ₹{refund.amount} back to {charge.account} (RF-{refund.pk})."
 
 
-def _charge_facts(args: dict) -> dict:
-    facts = dict(args)
-    with contextlib.suppress(InvalidOperation, ValueError):
-        facts["amount"] = Decimal(str(args.get("amount")))
-    return facts
-
-
 # --- webhooks ----------------------------------------------------------------
 def _delivery_result(delivery: WebhookDelivery) -> dict:
     return {"delivery_id": f"WH-{delivery.pk}", "url": delivery.url, "status": "delivered"}
@@ -433,20 +399,11 @@ def call_webhook(ctx: ToolContext, args: dict) -> dict:
     if parts.scheme != "https" or parts.hostname != WEBHOOK_HOST:
         raise ToolError(f"webhooks go to https://{WEBHOOK_HOST}/... only, not {url}.")
     # Delivered to the local sink, never the network; keyed, so a retry is one delivery.
-    try:
-        with transaction.atomic(using="world"):
-            delivery, _ = WebhookDelivery.objects.get_or_create(
-                idempotency_key=ctx.idempotency_key, defaults={"url": url, "payload": args["payload"]}
-            )
-    except IntegrityError:
-        delivery = WebhookDelivery.objects.get(idempotency_key=ctx.idempotency_key)
+    delivery, _ = WebhookDelivery.objects.create_once(ctx.idempotency_key, url=url, payload=args["payload"])
     return _delivery_result(delivery)
 
 
-@counted("call_webhook:reconcile")
-def reconcile_webhook(ctx: ToolContext, args: dict) -> dict | None:
-    delivery = WebhookDelivery.objects.filter(idempotency_key=ctx.idempotency_key).first()
-    return _delivery_result(delivery) if delivery else None
+reconcile_webhook = reconcile_by_key("call_webhook", WebhookDelivery.objects.by_key, _delivery_result)
 
 
 # --- registration ----------------------------------------------------------
@@ -512,7 +469,7 @@ register_tool(ToolSpec(
     function=charge_card,
     reconcile=reconcile_charge,
     honours_key=True,
-    facts=_charge_facts,
+    facts=payments.payment_facts,
     undo=COMPENSABLE,
     capture=capture_key,
     compensate=compensate_charge,

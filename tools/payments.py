@@ -11,11 +11,13 @@ can be reversed only once.
 
 from __future__ import annotations
 
+import contextlib
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from django.db import IntegrityError, transaction
-from django.db.models import F, Sum
+from django.db.models import Sum
 
+from . import faults
 from .models import Order, Payment, ProviderFault
 from .registry import ToolError, UnknownOutcome
 
@@ -39,18 +41,23 @@ def money(value) -> Decimal:
     return amount.quantize(CENT)
 
 
+def payment_facts(args: dict) -> dict:
+    """What a gate rule may test about a payment: its arguments, with ``amount`` as a
+    Decimal when it reads as a number (2900, 2900.0 and "2900.00" compare alike)."""
+    facts = dict(args)
+    with contextlib.suppress(InvalidOperation, ValueError):
+        facts["amount"] = Decimal(str(args.get("amount")))
+    return facts
+
+
 def _take_fault() -> str | None:
-    fault = ProviderFault.objects.filter(remaining__gt=0).order_by("pk").first()
-    if fault is None:
-        return None
-    taken = ProviderFault.objects.filter(pk=fault.pk, remaining=fault.remaining).update(
-        remaining=F("remaining") - 1
-    )
-    return fault.kind if taken else None
+    """The kind of the next injected fault, used up; None if none is set."""
+    fault = faults.take(ProviderFault.objects.all())
+    return fault.kind if fault else None
 
 
 def _sum(payments) -> Decimal:
-    return (payments.aggregate(s=Sum("amount"))["s"] or Decimal("0")).quantize(CENT)
+    return (payments.aggregate(total=Sum("amount"))["total"] or Decimal("0")).quantize(CENT)
 
 
 def refunded_total(order: Order) -> Decimal:
@@ -69,10 +76,10 @@ def account_balance(account: str) -> Decimal:
 
 
 def refund(*, order_id: str, amount: Decimal, reason: str, idempotency_key: str) -> Payment:
-    existing = Payment.objects.filter(idempotency_key=idempotency_key).first()
+    existing = Payment.objects.by_key(idempotency_key)
     if existing is not None:
         return existing
-    # Taken in its own transaction: an injected timeout must not roll it back.
+    # Taken in its own statement: an injected timeout must not roll it back.
     fault = _take_fault()
     with transaction.atomic(using="world"):
         order = Order.objects.filter(order_id=order_id).first()
@@ -100,20 +107,15 @@ def refund(*, order_id: str, amount: Decimal, reason: str, idempotency_key: str)
 
 
 def charge(*, account: str, amount: Decimal, description: str, idempotency_key: str) -> Payment:
-    existing = Payment.objects.filter(idempotency_key=idempotency_key).first()
+    existing = Payment.objects.by_key(idempotency_key)
     if existing is not None:
-        return existing
-    fault = _take_fault()  # its own transaction, as for refunds
+        return existing  # before the fault: a repeat uses none up
+    fault = _take_fault()  # its own statement, as for refunds
     if fault == ProviderFault.Kind.TIMEOUT_BEFORE_APPLY:
         raise ProviderTimeout("Payment provider timed out.")
-    try:
-        with transaction.atomic(using="world"):
-            payment = Payment.objects.create(
-                kind=Payment.Kind.CHARGE, account=account, amount=amount, reason=description,
-                idempotency_key=idempotency_key,
-            )
-    except IntegrityError:  # a concurrent attempt with the same key won
-        payment = Payment.objects.get(idempotency_key=idempotency_key)
+    payment, _ = Payment.objects.create_once(
+        idempotency_key, kind=Payment.Kind.CHARGE, account=account, amount=amount, reason=description
+    )
     if fault == ProviderFault.Kind.TIMEOUT_AFTER_APPLY:
         raise ProviderTimeout("Payment provider timed out after accepting the request.")
     return payment
@@ -128,22 +130,18 @@ def reverse(*, payment: Payment, reason: str, idempotency_key: str) -> tuple[Pay
     kinds = {Payment.Kind.CHARGE: Payment.Kind.REFUND, Payment.Kind.REFUND: Payment.Kind.REVERSAL}
     if payment.kind not in kinds:
         raise ToolError(f"Payment provider: a {payment.kind} cannot be reversed.")
-    existing = (Payment.objects.filter(idempotency_key=idempotency_key).first()
-                or Payment.objects.filter(reverses=payment).first())
+    existing = Payment.objects.by_key(idempotency_key) or Payment.objects.filter(reverses=payment).first()
     if existing is not None:
         return existing, False
     try:
-        with transaction.atomic(using="world"):
-            undo = Payment.objects.create(
-                kind=kinds[payment.kind], order_id=payment.order_id, account=payment.account,
-                amount=payment.amount, reason=reason, reverses=payment, idempotency_key=idempotency_key,
-            )
-    except IntegrityError:  # same key, or the payment was reversed meanwhile
-        undo = (Payment.objects.filter(idempotency_key=idempotency_key).first()
-                or Payment.objects.get(reverses=payment))
-        return undo, False
-    return undo, True
+        return Payment.objects.create_once(
+            idempotency_key, kind=kinds[payment.kind], order_id=payment.order_id, account=payment.account,
+            amount=payment.amount, reason=reason, reverses=payment,
+        )
+    except IntegrityError:  # reversed meanwhile under another key (one undo per payment)
+        return Payment.objects.get(reverses=payment), False
 
 
 def find_by_key(idempotency_key: str) -> Payment | None:
-    return Payment.objects.filter(idempotency_key=idempotency_key).select_related("order").first()
+    """The movement made under ``idempotency_key`` (a lost reply's lookup), or None."""
+    return Payment.objects.select_related("order").by_key(idempotency_key)

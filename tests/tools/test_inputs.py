@@ -52,5 +52,5 @@ def test_a_number_typed_into_a_form_must_be_finite(text):
         finite_decimal(text)
 
 
-def test_a_number_typed_into_a_form(text="  1500.50 "):
-    assert finite_decimal(text) == Decimal("1500.50")
+def test_a_number_typed_into_a_form_is_read_without_its_spaces():
+    assert finite_decimal("  1500.50 ") == Decimal("1500.50")

@@ -8,13 +8,17 @@ derived key.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+import threading
+from collections.abc import Callable
 from decimal import Decimal
 
 import pytest
 from django.core.management import call_command
+from django.db import connections
 
 from tools import counters
 from tools.demo import seed_world
@@ -53,12 +57,6 @@ USER = {"username": "marie", "email": "marie@example.com"}
 FILE = {"path": "home/marie/welcome.txt", "content": "Welcome, Marie!\n"}
 CHARGE = {"account": "marie", "amount": 499.5, "description": "First month"}
 WEBHOOK = {"url": "https://hooks.example.test/onboarded", "payload": {"user": "marie"}}
-
-
-@pytest.fixture(autouse=True)
-def sandbox(settings, tmp_path):
-    settings.DESK_SANDBOX_DIR = tmp_path / "sandbox"
-    return settings.DESK_SANDBOX_DIR
 
 
 @pytest.fixture
@@ -101,6 +99,53 @@ def write(sandbox, path: str, content: str) -> None:
     target.write_text(content)
 
 
+@contextlib.contextmanager
+def just_before_the_first(statement: str, table: str, meanwhile: Callable[[], None]):
+    """Run ``meanwhile`` just before the world connection's first ``statement`` on ``table``:
+    what another taker did between our look and our write."""
+    seen = []
+
+    def wrapper(execute, sql, params, many, context):
+        if not seen and sql.startswith(statement) and f'"{table}"' in sql:
+            seen.append(sql)
+            meanwhile()
+        return execute(sql, params, many, context)
+
+    with connections["world"].execute_wrapper(wrapper):
+        yield
+    assert seen, f"no {statement} on {table}"
+
+
+@contextlib.contextmanager
+def another_process_inserts_after_our_first_look(looking_at: str, insert: Callable[[], None]):
+    """Run ``insert`` in another connection (a thread: Django gives it its own) just after the
+    world connection's first SELECT whose SQL contains ``looking_at``, before it writes: the
+    race a unique constraint settles. Needs ``transaction=True``, so the other one can commit."""
+    seen, failures = [], []
+
+    def in_another_connection():
+        try:
+            insert()
+        except Exception as exc:  # reported below: a thread's exception is otherwise lost
+            failures.append(exc)
+        finally:
+            connections.close_all()
+
+    def wrapper(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if not seen and sql.startswith("SELECT") and looking_at in sql:
+            seen.append(sql)
+            other = threading.Thread(target=in_another_connection)
+            other.start()
+            other.join(timeout=30)
+            assert not other.is_alive(), "the other connection is stuck"
+        return result
+
+    with connections["world"].execute_wrapper(wrapper):
+        yield
+    assert seen and not failures, (seen, failures)
+
+
 # --- every write tool declares how it is undone ----------------------------------
 def test_every_write_tool_of_both_agents_declares_its_undo():
     kinds = {
@@ -138,7 +183,7 @@ def test_the_onboarding_demo_script_fits_the_tool_schemas():
     for call in calls:
         assert call["name"] in agent.tool_names
         assert get_tool(call["name"]).validation_errors(call["input"]) == []
-    assert "turns" in agent.demo_script and agent.demo_task
+    assert agent.demo_task
 
 
 def test_the_onboarding_demo_undone_in_reverse_leaves_the_world_as_it_was(sandbox):
@@ -388,7 +433,8 @@ def test_a_compensation_refuses_a_path_outside_the_sandbox_too(sandbox, tmp_path
 # --- money -------------------------------------------------------------------
 def test_a_charge_compensated_by_a_refund_leaves_both_on_the_ledger_and_the_balance_at_zero():
     result, pre_state = do("charge_card", CHARGE)
-    assert result == {"charge_id": result["charge_id"], "account": "marie", "amount": "499.50",
+    made = Payment.objects.get()
+    assert result == {"charge_id": f"CH-{made.pk}", "account": "marie", "amount": "499.50",
                       "status": "charged"}
     assert account_balance("marie") == Decimal("499.50")
 
@@ -454,6 +500,29 @@ def test_a_world_fault_for_one_tool_leaves_the_others_alone(sandbox):
     assert WorldFault.objects.get().remaining == 5
 
 
+@pytest.mark.parametrize(("left_by_the_other_taker", "kind_taken"), [
+    (0, "timeout_after_apply"),  # the first fault is used up: the next one is taken
+    (1, "timeout_before_apply"),  # the first fault has a unit left: it is still taken
+])
+def test_a_fault_another_taker_used_after_we_looked_is_taken_only_if_it_has_units_left(
+    left_by_the_other_taker, kind_taken
+):
+    first = ProviderFault.objects.create(kind="timeout_before_apply", remaining=2)
+    ProviderFault.objects.create(kind="timeout_after_apply", remaining=1)
+
+    def another_taker():
+        ProviderFault.objects.filter(pk=first.pk).update(remaining=left_by_the_other_taker)
+
+    with just_before_the_first("UPDATE", "tools_providerfault", another_taker), \
+            pytest.raises(UnknownOutcome):
+        do("charge_card", CHARGE)
+    applied = kind_taken == "timeout_after_apply"
+    assert Payment.objects.count() == (1 if applied else 0)
+    assert list(ProviderFault.objects.order_by("pk").values_list("remaining", flat=True)) == (
+        [0, 0] if applied else [0, 1]
+    )
+
+
 def test_clearing_a_world_fault_lets_the_compensation_finish(world):
     result, pre_state = do("refund_item", REFUND)
     fault = WorldFault.objects.create(tool="*", kind="compensation_fails", remaining=3)
@@ -485,6 +554,100 @@ def test_the_same_key_makes_one_effect_and_reconciles_to_it(world, sandbox, tool
     assert spec.function(CTX, args) == first
     assert count(sandbox) == 1
     assert spec.reconcile(CTX, args) == first
+
+
+SAME_KEY_OTHER_ARGUMENTS = [
+    ("refund_item", {**REFUND, "amount": 100}, {"amount": 200},
+     lambda: Payment.objects.get().amount, Decimal("100.00")),
+    ("send_email", EMAIL, {"subject": "Something else"}, lambda: OutboxEmail.objects.get().subject,
+     EMAIL["subject"]),
+    ("add_note", {"order_id": "A-1001", "text": "hi"}, {"text": "bye"}, lambda: Note.objects.get().text,
+     "hi"),
+    ("create_user", USER, {"email": "curie@example.com"}, lambda: WorldUser.objects.get().email,
+     USER["email"]),
+    ("create_file", FILE, {"content": "Other"}, lambda: FileOperation.objects.get().size, 16),
+    ("charge_card", CHARGE, {"amount": 1}, lambda: Payment.objects.get().amount, Decimal("499.50")),
+    ("call_webhook", WEBHOOK, {"payload": {"user": "pierre"}}, lambda: WebhookDelivery.objects.get().payload,
+     WEBHOOK["payload"]),
+]
+
+
+@pytest.mark.parametrize(("tool", "args", "change", "stored", "first_value"), SAME_KEY_OTHER_ARGUMENTS,
+                         ids=[row[0] for row in SAME_KEY_OTHER_ARGUMENTS])
+def test_the_same_key_with_other_arguments_gets_the_first_effect_unchanged(
+    world, sandbox, tool, args, change, stored, first_value
+):
+    first, _ = do(tool, args)
+    assert do(tool, {**args, **change})[0] == first
+    assert stored() == first_value
+
+
+@pytest.mark.django_db(databases=["default", "world"], transaction=True)
+def test_an_email_another_process_sent_under_the_key_after_we_looked_is_returned_not_sent_again():
+    def the_other_attempt():
+        OutboxEmail.objects.create(idempotency_key="k1", to=EMAIL["to"], subject="theirs", body="x")
+
+    with another_process_inserts_after_our_first_look('"tools_outboxemail"', the_other_attempt):
+        result, _ = do("send_email", EMAIL)
+    theirs = OutboxEmail.objects.get()
+    assert theirs.subject == "theirs"
+    assert result == {"message_id": f"MSG-{theirs.pk}", "to": EMAIL["to"], "status": "queued"}
+
+
+@pytest.mark.django_db(databases=["default", "world"], transaction=True)
+def test_a_username_another_process_took_after_we_looked_is_refused_as_taken():
+    def someone_else():
+        WorldUser.objects.create(username="marie", email="other@example.com", idempotency_key="other")
+
+    with another_process_inserts_after_our_first_look('"tools_worlduser"', someone_else), \
+            pytest.raises(ToolError, match="'marie' is taken"):
+        do("create_user", USER)
+    assert list(WorldUser.objects.values_list("idempotency_key", flat=True)) == ["other"]
+
+
+@pytest.mark.django_db(databases=["default", "world"], transaction=True)
+def test_a_charge_another_process_refunded_after_we_looked_is_not_refunded_twice():
+    result, pre_state = do("charge_card", CHARGE)
+    charge = Payment.objects.get()
+
+    def another_compensation():
+        Payment.objects.create(kind="refund", account="marie", amount=charge.amount, reverses=charge,
+                               idempotency_key="another")
+
+    # Just after we asked "is this charge refunded already?" and heard no.
+    with another_process_inserts_after_our_first_look('"reverses_id" = ', another_compensation):
+        summary = undo("charge_card", CHARGE, result, pre_state)
+    theirs = Payment.objects.get(idempotency_key="another")
+    assert summary == f"Charge CH-{charge.pk} was already refunded (RF-{theirs.pk}); nothing to do."
+    assert Payment.objects.count() == 2 and account_balance("marie") == 0
+
+
+RECONCILE_ARGS = {
+    **{tool: args for tool, args, _ in WRITES},
+    "rename_file": {"path": "a.txt", "new_path": "b.txt"},
+    "delete_file_permanently": {"path": "a.txt"},
+}
+
+
+@pytest.mark.parametrize("tool", sorted(RECONCILE_ARGS))
+def test_a_reconcile_counts_under_its_own_tools_name(world, tool):
+    assert get_tool(tool).reconcile(ctx("never-used"), RECONCILE_ARGS[tool]) is None
+    assert counters.snapshot() == {f"{tool}:reconcile": 1}
+
+
+def test_every_write_tool_is_in_the_reconcile_table():
+    writes = {spec.name for agent in ("refund-desk", "onboarding") for spec in get_agent(agent).tools
+              if not spec.is_read}
+    assert writes == set(RECONCILE_ARGS)
+
+
+@pytest.mark.parametrize("tool", ["refund_item", "charge_card"])
+def test_a_payment_tool_gives_a_rule_the_amount_as_a_decimal(tool):
+    facts = get_tool(tool).gate_facts
+    assert facts({"amount": 2900, "x": "y"}) == {"amount": Decimal("2900"), "x": "y"}
+    assert facts({"amount": 499.5})["amount"] == Decimal("499.5")
+    assert facts({"amount": "lots"}) == {"amount": "lots"}  # not a number: left for the schema to refuse
+    assert facts({}) == {}
 
 
 def test_a_rename_with_the_same_key_is_done_once(sandbox):
@@ -534,11 +697,25 @@ def test_counters_move_on_every_call_that_reaches_the_world(world, sandbox):
     result, pre_state = do("close_ticket", {"ticket_id": "T-1"})
     undo("close_ticket", {"ticket_id": "T-1"}, result, pre_state)
     get_tool("close_ticket").reconcile(CTX, {"ticket_id": "T-1"})
+
+    write(sandbox, "draft.txt", "hello")
+    rename = {"path": "draft.txt", "new_path": "final.txt"}
+    result, pre_state = do("rename_file", rename)
+    do("rename_file", rename)  # repeated with the same key: it moves nothing, but it reached the world
+    with pytest.raises(ToolError):
+        get_tool("rename_file").function(ctx("k2"), {"path": "missing.txt", "new_path": "x.txt"})
+    assert counters.snapshot()["rename_file"] == 3
+    undo("rename_file", rename, result, pre_state)
+    assert files(sandbox) == {"draft.txt": "hello"}  # renamed back...
+    assert counters.snapshot()["rename_file"] == 3  # ...which is a compensation, not a fourth rename
+    get_tool("rename_file").reconcile(CTX, rename)
+
     assert counters.snapshot() == {
         "get_order": 2, "get_policy": 1, "list_files": 2, "close_ticket": 1, "close_ticket:capture": 1,
         "close_ticket:compensate": 1, "close_ticket:reconcile": 1,
+        "rename_file": 3, "rename_file:capture": 2, "rename_file:compensate": 1, "rename_file:reconcile": 1,
     }
-    assert counters.total() == 9
+    assert counters.total() == 16
 
 
 def test_a_call_that_fails_still_counts():

@@ -8,5 +8,6 @@ class ApprovalsConfig(AppConfig):
     verbose_name = "Approvals and audit"
 
     def ready(self) -> None:
-        # Receivers: audit trail, and the emails each event records.
-        from . import notifications, receivers  # noqa: F401
+        # Receivers record the audit trail only; what a transition means (emails,
+        # cancelled approvals) is called by name where it happens.
+        from . import receivers  # noqa: F401

@@ -2,41 +2,91 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal, InvalidOperation
 
-from django.db import connections, router, transaction
+from django.db import connections, router
 from django.utils import timezone
 
 from runs.failpoints import pausepoint
 from runs.gate import ALLOW, NEEDS_APPROVAL, Verdict
 from runs.models import Run, ToolCall
 
-from .models import ApprovalRequest, GateRule, Proposal
+from .models import ApprovalRequest, GateRule, as_comparable, rule_label
+from .notifications import notify_run_finished
+from .services import approval_open
+
+OPERATOR_SYMBOLS = dict(GateRule.Operator.choices)
+
+
+@dataclass(frozen=True, slots=True)
+class RuleTerms:
+    """An enabled GateRule as ``review()`` reads it: exactly these columns, read
+    with plain SQL (``enabled_rules``), so nothing the gate reads can be a model
+    field's silent default."""
+
+    id: int
+    name: str
+    field: str  # the argument tested or added up; blank: always
+    operator: str  # a GateRule.Operator
+    value: str
+    effect: str  # a GateRule.Effect
+    version: int
+    aggregate: str  # a GateRule.Aggregate ("" : this call alone)
+    scope: str  # a GateRule.Scope (aggregate rules)
+    scope_fact: str
+    window_minutes: int | None
+
+    @property
+    def label(self) -> str:
+        return rule_label(self.name, self.version)
+
+    @property
+    def operator_symbol(self) -> str:
+        return OPERATOR_SYMBOLS[self.operator]
+
+    def compare(self, actual) -> bool:
+        """``actual <operator> value``, numbers as numbers; False if they cannot be compared."""
+        left, right = as_comparable(actual), as_comparable(self.value)
+        if type(left) is not type(right):
+            left, right = str(actual), self.value
+        if self.operator == GateRule.Operator.CONTAINS:
+            return str(right).lower() in str(actual).lower()
+        try:
+            return COMPARISONS[self.operator](left, right)
+        except TypeError:
+            return False
+
+    def matches(self, facts: dict) -> tuple[bool, str]:
+        """Whether the call's facts meet the condition, and why, with the actual value."""
+        if not self.field:
+            return True, "always"
+        if self.field not in facts:
+            return False, ""
+        actual = facts[self.field]
+        return self.compare(actual), f"{self.field} {actual} {self.operator_symbol} {self.value}"
+
+
+COMPARISONS = {
+    GateRule.Operator.GT: lambda left, right: left > right,
+    GateRule.Operator.GTE: lambda left, right: left >= right,
+    GateRule.Operator.LT: lambda left, right: left < right,
+    GateRule.Operator.LTE: lambda left, right: left <= right,
+    GateRule.Operator.EQ: lambda left, right: left == right,
+    GateRule.Operator.NE: lambda left, right: left != right,
+}
 
 # What review() needs of a rule; fetched with plain SQL because review runs on
 # every call of every step, and compiling the ORM query cost more than the query
 # (bench/step_overhead.py). Always fresh: an admin's change applies to the next call.
-RULE_COLUMNS = (
-    "id",
-    "name",
-    "field",
-    "operator",
-    "value",
-    "effect",
-    "version",
-    "aggregate",
-    "scope",
-    "scope_fact",
-    "window_minutes",
-)
-
-C = ToolCall.Status
+RULE_COLUMNS = tuple(field.name for field in dataclasses.fields(RuleTerms))
 
 
-def enabled_rules(tool_name: str) -> list[GateRule]:
+def enabled_rules(tool_name: str) -> list[RuleTerms]:
     """Enabled rules for the tool (or ``*``), highest priority first."""
     connection = connections[router.db_for_read(GateRule)]
     quote = connection.ops.quote_name
@@ -47,7 +97,7 @@ def enabled_rules(tool_name: str) -> list[GateRule]:
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [True, tool_name, "*"])
-        return [GateRule(**dict(zip(RULE_COLUMNS, row, strict=True))) for row in cursor.fetchall()]
+        return [RuleTerms(*row) for row in cursor.fetchall()]
 
 
 class RuleGate:
@@ -59,57 +109,22 @@ class RuleGate:
             else:
                 (hit, why), detail = rule.matches(facts), None
             if hit:
-                return Verdict(rule.effect, rule=rule.label, reason=why, rule_id=rule.pk, detail=detail)
+                return Verdict(rule.effect, rule=rule.label, reason=why, rule_id=rule.id, detail=detail)
         if spec.is_read:
             return Verdict(ALLOW, reason="read-only tool; no rule")
         # A new tool is gated by default: the dispatcher decides, not each tool.
         return Verdict(NEEDS_APPROVAL, reason="write tool with no rule (default)")
 
     def hold(self, *, run, call, verdict: Verdict) -> None:
-        rule = GateRule.objects.filter(pk=verdict.rule_id).first() if verdict.rule_id else None
-        approval = ApprovalRequest.objects.create(
-            tool_call=call,
-            run=run,
-            rule=rule,
-            rule_version=rule.version if rule else None,
-            rule_snapshot=rule.snapshot() if rule else None,
-            reason=verdict.reason,
-            approvers_required=rule.approvers_required if rule else 1,
-            allow_self_approval=rule.allow_self_approval if rule else False,
-            args_hash=call.input_hash,
-            expires_at=timezone.now() + timedelta(minutes=rule.ttl_minutes)
-            if rule and rule.ttl_minutes
-            else None,
-        )
-        if rule and rule.required_group_id:
-            approval.required_groups.add(rule.required_group_id)
-        approval.proposal = Proposal.objects.create(
-            approval=approval,
-            number=1,
-            input=call.input,
-            input_hash=call.input_hash,
-            proposed_by=None,
-            verdict=verdict.effect,
-            rule=rule,
-            rule_label=verdict.rule,
-            reason=verdict.reason,
-            detail=verdict.detail,
-            required_group_id=rule.required_group_id if rule else None,
-            approvers_required=approval.approvers_required,
-            allow_self_approval=approval.allow_self_approval,
-        )
-        ApprovalRequest.objects.filter(pk=approval.pk).update(proposal=approval.proposal)
-        from .notifications import Kind, notify_approval_opened, notify_reviewers
-
-        # Recorded with the approval, sent once it is committed.
-        notify_reviewers(approval=approval, kind=Kind.APPROVAL_OPENED, enqueue=False)
-        transaction.on_commit(lambda: notify_approval_opened(approval.pk))
+        approval_open(run=run, call=call, verdict=verdict)
 
     def run_ended(self, *, run, actor, reason: str) -> None:
         # Nothing is left to decide on a run that ended.
         ApprovalRequest.objects.filter(run_id=run.pk, status=ApprovalRequest.Status.PENDING).update(
             status=ApprovalRequest.Status.CANCELLED, decided_at=timezone.now(), comment=f"run {run.status}",
         )
+        if run.status in (Run.Status.DONE, Run.Status.FAILED):
+            notify_run_finished(run=run)
 
     def call_withdrawn(self, *, call, actor, reason: str) -> None:
         ApprovalRequest.objects.filter(tool_call_id=call.pk, status=ApprovalRequest.Status.PENDING).update(
@@ -124,7 +139,7 @@ class RuleGate:
 # nothing). Failed, declined, denied and compensated calls do not count (_so_far).
 
 
-def aggregate_matches(rule: GateRule, *, run, call, facts: dict) -> tuple[bool, str, dict | None]:
+def aggregate_matches(rule: RuleTerms, *, run, call, facts: dict) -> tuple[bool, str, dict | None]:
     """Whether the running total of the tool's calls in the rule's scope, this
     call included, meets the rule; why, in words; and the figures."""
     if rule.aggregate == GateRule.Aggregate.SUM:
@@ -153,7 +168,7 @@ def aggregate_matches(rule: GateRule, *, run, call, facts: dict) -> tuple[bool, 
     pausepoint("aggregate_review")  # race tests: hold the lock a while, as a slow commit would
     hit = rule.compare(total)
     what = rule.field if rule.aggregate == GateRule.Aggregate.SUM else "calls"
-    op = rule.get_operator_display()
+    op = rule.operator_symbol
     why = f"{what} {_plain(so_far)} so far on {scope} + {_plain(this)} = {_plain(total)} {op} {rule.value}"
     detail = {
         "aggregate": rule.aggregate,
@@ -170,7 +185,7 @@ def aggregate_matches(rule: GateRule, *, run, call, facts: dict) -> tuple[bool, 
     return hit, why, detail
 
 
-def _so_far(rule: GateRule, *, tool_name: str, scope_value, since, exclude: int | None) -> Decimal:
+def _so_far(rule: RuleTerms, *, tool_name: str, scope_value, since, exclude: int | None) -> Decimal:
     """The total of the tool's counting writes in the rule's scope, this call aside.
 
     Plain SQL, like ``enabled_rules``: it runs for every call a rule adds up, and
@@ -187,7 +202,7 @@ def _so_far(rule: GateRule, *, tool_name: str, scope_value, since, exclude: int 
         f"{quote('idempotency_key')} <> ''",
         f"({quote('status')} = %s OR ({quote('status')} IN (%s, %s) AND {quote('attempts')} > 0))",
     ]
-    params: list = [tool_name, C.APPROVED, C.EXECUTING, C.COMMITTED]
+    params: list = [tool_name, ToolCall.Status.APPROVED, ToolCall.Status.EXECUTING, ToolCall.Status.COMMITTED]
     if rule.scope == GateRule.Scope.FACT:
         where.append(_json_equals(connection, "input", rule.scope_fact))
         params += [_json_key_param(connection, rule.scope_fact), _json_value_param(connection, scope_value)]
@@ -204,7 +219,7 @@ def _so_far(rule: GateRule, *, tool_name: str, scope_value, since, exclude: int 
         where.append(
             f"({quote('status')} = %s OR COALESCE({quote('started_at')}, {quote('created_at')}) >= %s)"
         )
-        params += [C.APPROVED, connection.ops.adapt_datetimefield_value(since)]
+        params += [ToolCall.Status.APPROVED, connection.ops.adapt_datetimefield_value(since)]
     if exclude is not None:
         where.append(f"{quote('id')} <> %s")
         params.append(exclude)

@@ -11,6 +11,46 @@ from django.utils import timezone
 from runs.models import Run, ToolCall
 
 
+# Choices used by database constraints are module-level: a model's Meta cannot see
+# the classes nested in its model. Each model names its own as before
+# (``GateRule.Effect``, ``ApprovalRequest.Status``).
+class RuleEffect(models.TextChoices):
+    ALLOW = "allow"
+    DENY = "deny"
+    NEEDS_APPROVAL = "needs_approval", "needs approval"
+
+
+class TimeoutEffect(models.TextChoices):
+    """What a request that expires becomes (a timeout approves only where allowed:
+    ``services.approval_expire``)."""
+
+    DECLINE = "decline"
+    APPROVE = "approve"
+
+
+class ApprovalStatus(models.TextChoices):
+    PENDING = "pending"
+    APPROVED = "approved"
+    DECLINED = "declined"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+    RESPONDED = "responded"  # a reviewer answered instead; nothing ran
+
+
+class NotificationStatus(models.TextChoices):
+    PENDING = "pending"
+    # Claimed by a worker that is talking to the SMTP server. A row left here
+    # by a dead worker has an unknown outcome and is never resent (at most once).
+    SENDING = "sending"
+    SENT = "sent"
+    FAILED = "failed"
+
+
+def rule_label(name: str, version: int) -> str:
+    """How people see a rule as it was: "Refunds over ₹500 (v3)"."""
+    return f"{name} (v{version})"
+
+
 class GateRule(models.Model):
     """When a tool call may run: allow, deny, or needs a person's approval.
 
@@ -19,10 +59,8 @@ class GateRule(models.Model):
     allowed, writes need approval.
     """
 
-    class Effect(models.TextChoices):
-        ALLOW = "allow"
-        DENY = "deny"
-        NEEDS_APPROVAL = "needs_approval", "needs approval"
+    Effect = RuleEffect
+    TimeoutEffect = TimeoutEffect
 
     class Aggregate(models.TextChoices):
         NONE = "", "this call's argument"
@@ -85,7 +123,7 @@ class GateRule(models.Model):
         null=True, blank=True, help_text="Expire after this long pending (blank: never)."
     )
     timeout_effect = models.CharField(
-        max_length=10, choices=[("decline", "decline"), ("approve", "approve")], default="decline",
+        max_length=10, choices=TimeoutEffect.choices, default=TimeoutEffect.DECLINE,
         help_text="What an expired request becomes.",
     )
     # Bumped on every change, so an approval records the rule as it was asked under.
@@ -95,8 +133,9 @@ class GateRule(models.Model):
     class Meta:
         ordering = ["tool", "-priority", "id"]
         constraints = [
+            models.CheckConstraint(condition=Q(effect__in=RuleEffect.values), name="gaterule_effect_valid"),
             models.CheckConstraint(
-                condition=Q(effect__in=["allow", "deny", "needs_approval"]), name="gaterule_effect_valid"
+                condition=Q(timeout_effect__in=TimeoutEffect.values), name="gaterule_timeout_effect_valid"
             ),
         ]
 
@@ -126,7 +165,7 @@ class GateRule(models.Model):
                 errors["field"] = f"{self.field} is not a number in {self.tool}'s arguments."
             if not self.value:
                 errors["value"] = "An aggregate rule compares the total with a value."
-            elif _comparable(self.value).__class__ is not Decimal:
+            elif as_comparable(self.value).__class__ is not Decimal:
                 errors["value"] = "An aggregate rule compares the total with a number."
             if self.operator == self.Operator.CONTAINS:
                 errors["operator"] = "A total is a number: use a comparison."
@@ -155,7 +194,7 @@ class GateRule(models.Model):
 
     @property
     def label(self) -> str:
-        return f"{self.name} (v{self.version})"
+        return rule_label(self.name, self.version)
 
     @property
     def condition(self) -> str:
@@ -169,33 +208,6 @@ class GateRule(models.Model):
             return "always"
         return f"{self.field} {self.get_operator_display()} {self.value}"
 
-    def compare(self, actual) -> bool:
-        """``actual <operator> value``, numbers as numbers; False if they cannot be compared."""
-        left, right = _comparable(actual), _comparable(self.value)
-        if type(left) is not type(right):
-            left, right = str(actual), self.value
-        try:
-            return {
-                "gt": lambda: left > right,
-                "gte": lambda: left >= right,
-                "lt": lambda: left < right,
-                "lte": lambda: left <= right,
-                "eq": lambda: left == right,
-                "ne": lambda: left != right,
-                "contains": lambda: str(right).lower() in str(actual).lower(),
-            }[self.operator]()
-        except TypeError:
-            return False
-
-    def matches(self, facts: dict) -> tuple[bool, str]:
-        """Whether the call's facts meet the condition, and why, with the actual value."""
-        if not self.field:
-            return True, "always"
-        if self.field not in facts:
-            return False, ""
-        actual = facts[self.field]
-        return self.compare(actual), f"{self.field} {actual} {self.get_operator_display()} {self.value}"
-
 
 def _minutes(minutes: int) -> str:
     if minutes % 1440 == 0:
@@ -206,7 +218,9 @@ def _minutes(minutes: int) -> str:
     return f"{minutes} min"
 
 
-def _comparable(value):
+def as_comparable(value):
+    """A rule's value or a call's fact as it is compared: a finite number as a
+    Decimal, anything else as text."""
     if isinstance(value, bool):
         return str(value)
     try:
@@ -218,13 +232,7 @@ def _comparable(value):
 
 
 class ApprovalRequest(models.Model):
-    class Status(models.TextChoices):
-        PENDING = "pending"
-        APPROVED = "approved"
-        DECLINED = "declined"
-        EXPIRED = "expired"
-        CANCELLED = "cancelled"
-        RESPONDED = "responded"  # a reviewer answered instead; nothing ran
+    Status = ApprovalStatus
 
     tool_call = models.OneToOneField(ToolCall, on_delete=models.CASCADE, related_name="approval")
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
@@ -265,13 +273,10 @@ class ApprovalRequest(models.Model):
         indexes = [models.Index(fields=["status", "created_at"])]
         constraints = [
             models.CheckConstraint(
-                condition=Q(
-                    status__in=["pending", "approved", "declined", "expired", "cancelled", "responded"]
-                ),
-                name="approval_status_valid",
+                condition=Q(status__in=ApprovalStatus.values), name="approval_status_valid"
             ),
             models.CheckConstraint(
-                condition=Q(status="pending") | Q(decided_at__isnull=False),
+                condition=Q(status=ApprovalStatus.PENDING) | Q(decided_at__isnull=False),
                 name="approval_decided_has_time",
             ),
         ]
@@ -296,8 +301,8 @@ class Proposal(models.Model):
     # None: the model asked for it.
     proposed_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                     on_delete=models.PROTECT, related_name="+")
-    # The gate's review of these arguments.
-    verdict = models.CharField(max_length=20)
+    # The gate's review of these arguments (never deny: a denied edit is refused).
+    verdict = models.CharField(max_length=20, choices=RuleEffect.choices)
     rule = models.ForeignKey(GateRule, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     rule_label = models.CharField(max_length=200, blank=True)
     reason = models.TextField(blank=True)
@@ -315,6 +320,7 @@ class Proposal(models.Model):
         ordering = ["approval_id", "number"]
         constraints = [
             models.UniqueConstraint(fields=["approval", "number"], name="proposal_number_unique"),
+            models.CheckConstraint(condition=Q(verdict__in=RuleEffect.values), name="proposal_verdict_valid"),
         ]
 
     def __str__(self) -> str:
@@ -345,15 +351,10 @@ class ApprovalVote(models.Model):
 class Notification(models.Model):
     """One email for one event to one recipient: the record that stops a second send."""
 
-    class Status(models.TextChoices):
-        PENDING = "pending"
-        # Claimed by a worker that is talking to the SMTP server. A row left here
-        # by a dead worker has an unknown outcome and is never resent (at most once).
-        SENDING = "sending"
-        SENT = "sent"
-        FAILED = "failed"
+    Status = NotificationStatus
 
-    # e.g. "approval:12:opened", "approval:12:reminder", "run:7:finished"
+    # e.g. "approval:12:opened", "approval:12:reminder", "run:7:g0:done"
+    # (approvals.notifications lists them)
     event = models.CharField(max_length=100)
     recipient = models.EmailField()
     kind = models.CharField(max_length=30)
@@ -371,7 +372,10 @@ class Notification(models.Model):
     class Meta:
         ordering = ["id"]
         constraints = [
-            models.UniqueConstraint(fields=["event", "recipient"], name="notification_once_per_event")
+            models.UniqueConstraint(fields=["event", "recipient"], name="notification_once_per_event"),
+            models.CheckConstraint(
+                condition=Q(status__in=NotificationStatus.values), name="notification_status_valid"
+            ),
         ]
 
     def __str__(self) -> str:

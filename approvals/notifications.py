@@ -8,23 +8,23 @@ enqueued; a worker renders the email from the database and sends it
 ``--sync`` command leaves its emails pending for a worker; the SLA sweep (beat)
 re-enqueues pending rows older than a minute, whose nudge was lost.
 
-Events and recipients:
+Events, recipients, and the one place that records each (an explicit call where
+the event happens, never a signal receiver):
 
-- ``approval:<id>:opened`` / ``:reminder`` / ``:escalated``: the reviewers allowed
-  to decide (``services.eligible_reviewers``: permission, every required group, not
-  the requester unless self-approval is allowed, not already approved);
+- ``approval:<id>:opened``: the reviewers allowed to decide
+  (``selectors.eligible_reviewers``: permission, every required group, not the
+  requester unless self-approval is allowed, not already approved);
+  ``services.approval_open``, called by ``RuleGate.hold`` in the transaction that
+  saves the model's reply;
+- ``approval:<id>:reminder`` / ``:escalated``: the same people; ``sla``;
 - ``approval:<id>:proposal:<n>``: a reviewer's edit made proposal n; the people who
-  may approve it now;
+  may approve it now; ``services._propose``;
 - ``approval:<id>:declined``: the run's requester, when a reviewer declines the
-  call or the request times out with a decline;
-- ``run:<id>:done`` / ``run:<id>:failed``: the run's requester.
-
-Approvals record their emails where they happen: ``RuleGate.hold`` (opened, in
-the transaction that saves the model's reply), ``services._propose`` (a proposal),
-``sla`` (reminder, escalation). The rest are still receivers: the ``AuditEvent``
-post_save of a decline or expiry (written by ``services._close`` in the decision's
-transaction), and ``run_transitioned`` to done/failed (sent inside the
-transition's transaction, so the row is recorded with the event).
+  call or the request times out with a decline; ``services._close``, in the
+  decision's (or the expiry's) transaction;
+- ``run:<id>:g<generation>:done`` / ``:failed``: the run's requester;
+  ``RuleGate.run_ended``, in the transition's transaction. The generation is in
+  the key because a rewound run that finishes again is news again.
 """
 
 from __future__ import annotations
@@ -38,24 +38,20 @@ from urllib.parse import urlparse
 from django.conf import settings
 from django.core.mail import EmailMultiAlternatives, mailers
 from django.db import transaction
-from django.db.models.signals import post_save
-from django.dispatch import receiver
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
+from runs.history import live_at
 from runs.models import Message, Run
-from runs.signals import run_transitioned
 
-from .models import ApprovalRequest, AuditEvent, Notification
-from .services import eligible_reviewers, group_names, input_changes
+from .models import ApprovalRequest, Notification
+from .selectors import eligible_reviewers, group_names, input_changes
 
 log = logging.getLogger(__name__)
 
 # One first try and up to five retries (approvals.tasks.send_notification).
 MAX_ATTEMPTS = 6
-# Written by the claim, before the SMTP conversation: what the row must say if
-# this process dies before it learns whether the server accepted the email.
 
 
 class Kind:
@@ -84,11 +80,13 @@ def notification_enqueue(notification_id: int) -> None:
 
 def notifications_record(
     *, event: str, kind: str, recipients, subject: str, approval: ApprovalRequest | None = None,
-    run_id: int | None = None, enqueue: bool = True,
+    run_id: int | None = None,
 ) -> list[Notification]:
     """One pending Notification per recipient of ``event``; an existing one is left alone.
 
-    Call it inside the transaction of the event. Returns the rows it created.
+    Call it inside the transaction of the event: each new row is enqueued when
+    that transaction commits (and never, if it rolls back). Returns the rows it
+    created.
     """
     subject = " ".join(subject.split())[:300]  # a header: one line
     created = []
@@ -100,8 +98,7 @@ def notifications_record(
         )
         if new:
             created.append(note)
-            if enqueue:
-                notification_enqueue(note.pk)
+            notification_enqueue(note.pk)
     return created
 
 
@@ -120,14 +117,14 @@ def approval_subject(approval: ApprovalRequest, kind: str) -> str:
     return f"[Countersign] Approve {call.tool_name} for {run}? ({approval.reason})"
 
 
-def notify_reviewers(*, approval: ApprovalRequest, kind: str, enqueue: bool = True) -> list[Notification]:
+def notify_reviewers(*, approval: ApprovalRequest, kind: str) -> list[Notification]:
     """Record the email to everyone allowed to decide ``approval`` now."""
     recipients = list(eligible_reviewers(approval).values_list("email", flat=True))
     if not recipients:
         log.warning("approval %s: nobody may decide it (no eligible reviewer with an email)", approval.pk)
     return notifications_record(
         event=f"approval:{approval.pk}:{REVIEWER_KINDS[kind]}", kind=kind, recipients=recipients,
-        subject=approval_subject(approval, kind), approval=approval, enqueue=enqueue,
+        subject=approval_subject(approval, kind), approval=approval,
     )
 
 
@@ -141,47 +138,26 @@ def notify_proposal(*, approval: ApprovalRequest, proposal) -> list[Notification
     )
 
 
-def notify_approval_opened(approval_id: int) -> None:
-    """After the approval committed (RuleGate.hold records its emails): nudge a
-    worker to send them."""
-    pending = Notification.objects.filter(
-        event=f"approval:{approval_id}:opened", status=Notification.Status.PENDING
-    ).values_list("pk", flat=True)
-    for notification_id in pending:
-        notification_enqueue(notification_id)
-
-
-@receiver(post_save, sender=AuditEvent, dispatch_uid="notify_call_declined")
-def record_call_declined(sender, instance: AuditEvent, created: bool, raw: bool = False, **kwargs):
-    # approval.expired is a timeout that declined the call; a timeout that
-    # approved it is recorded as approval.approved and tells nobody.
-    if not created or raw or instance.action not in ("approval.declined", "approval.expired"):
-        return
-    approval = (ApprovalRequest.objects.select_related("run__requester", "tool_call")
-                .filter(pk=instance.approval_id).first())
-    requester = approval.run.requester if approval else None
-    if requester is None or not requester.email:
-        return
-    call = approval.tool_call
-    verb = "timed out" if instance.action == "approval.expired" else "was declined"
-    notifications_record(
+def notify_call_declined(*, approval: ApprovalRequest, timed_out: bool) -> list[Notification]:
+    """Tell the run's requester that a call was declined: by a reviewer, or by a
+    timeout that declines it. (A timeout that approves tells nobody.)"""
+    requester = approval.run.requester
+    verb = "timed out" if timed_out else "was declined"
+    return notifications_record(
         event=f"approval:{approval.pk}:declined", kind=Kind.APPROVAL_DECLINED,
-        recipients=[requester.email], approval=approval,
-        subject=f"[Countersign] Run {approval.run_id}: {call.tool_name} {verb}",
+        recipients=[requester.email] if requester else [], approval=approval,
+        subject=f"[Countersign] Run {approval.run_id}: {approval.tool_call.tool_name} {verb}",
     )
 
 
-@receiver(run_transitioned, dispatch_uid="notify_run_finished")
-def record_run_finished(sender, *, run_id: int, new: str, **kwargs):
-    if new not in (Run.Status.DONE, Run.Status.FAILED):
-        return
-    run = Run.objects.select_related("requester").filter(pk=run_id).first()
-    if run is None or run.requester is None or not run.requester.email:
-        return
-    outcome = "finished" if new == Run.Status.DONE else "failed"
-    notifications_record(
-        event=f"run:{run_id}:{new}", kind=Kind.RUN_FINISHED, recipients=[run.requester.email],
-        run_id=run_id, subject=f"[Countersign] Run {run_id} {outcome}: {run.task[:120]}",
+def notify_run_finished(*, run: Run) -> list[Notification]:
+    """Tell the requester that ``run`` (with its new status: done or failed) ended.
+    Once per generation: a rewound run that finishes again is news again."""
+    outcome = "finished" if run.status == Run.Status.DONE else "failed"
+    return notifications_record(
+        event=f"run:{run.pk}:g{run.generation}:{run.status}", kind=Kind.RUN_FINISHED,
+        recipients=[run.requester.email] if run.requester else [], run_id=run.pk,
+        subject=f"[Countersign] Run {run.pk} {outcome}: {run.task[:120]}",
     )
 
 
@@ -238,15 +214,17 @@ def notification_send(*, notification_id: int) -> str:
     try:
         if unclaimed.update(status=Notification.Status.SENDING, attempts=attempt, last_error="") != 1:
             return "skipped"  # another worker got there first
-        mine = Notification.objects.filter(pk=note.pk, status=Notification.Status.SENDING, attempts=attempt)
+        claimed = Notification.objects.filter(
+            pk=note.pk, status=Notification.Status.SENDING, attempts=attempt
+        )
         try:
             connection.send_messages([message])
         except OSError as exc:  # smtplib.SMTPException is an OSError
             # The server did not take it: safe to try again.
-            if _attempt_failed(mine, note=note, attempt=attempt, exc=exc):
+            if _attempt_failed(claimed, note=note, attempt=attempt, exc=exc):
                 return "failed"
             raise
-        mine.update(status=Notification.Status.SENT, sent_at=timezone.now(), last_error="")
+        claimed.update(status=Notification.Status.SENT, sent_at=timezone.now(), last_error="")
         return "sent"
     finally:
         # The email's fate is already recorded; a failed QUIT changes nothing.
@@ -289,12 +267,16 @@ def run_link(run_id: int) -> str:
     return settings.DESK_BASE_URL + reverse("run-detail", args=[run_id])
 
 
-def _show(value) -> str:
+def _as_text(value) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def _final_text(run: Run) -> str:
-    last = Message.objects.filter(run=run, role=Message.Role.ASSISTANT).order_by("-seq").first()
+def _final_text(run: Run, *, at) -> str:
+    """The run's last reply on the branch that was live at ``at`` (when the email's
+    event happened): a rewind after it does not change what the email reports, and
+    a rewound run's email reports its new branch, not the abandoned one."""
+    last = (Message.objects.filter(live_at(at), run=run, role=Message.Role.ASSISTANT)
+            .order_by("-seq").first())
     if last is None:
         return ""
     return "\n".join(b.get("text", "") for b in last.content if b.get("type") == "text").strip()
@@ -313,9 +295,9 @@ def notification_context(note: Notification) -> dict:
         original = approval.proposals.get(number=1).input if approval.is_edited else None
         context.update(
             approval=approval, call=approval.tool_call, proposal=proposal,
-            arguments=[(k, _show(v)) for k, v in shown.items()] if isinstance(shown, dict) else [],
-            changes=[(k, _show(before), _show(after)) for k, before, after in input_changes(original, shown)]
-            if original is not None else [],
+            arguments=[(k, _as_text(v)) for k, v in shown.items()] if isinstance(shown, dict) else [],
+            changes=[(k, _as_text(before), _as_text(after))
+                     for k, before, after in input_changes(original, shown)] if original is not None else [],
             who_may_decide=group_names(approval),
             # The requester follows their run; reviewers go where they decide.
             link=run_link(run.pk) if note.kind == Kind.APPROVAL_DECLINED else approval_link(approval.pk),
@@ -324,7 +306,7 @@ def notification_context(note: Notification) -> dict:
         )
     else:
         run = Run.objects.select_related("requester").get(pk=note.run_id)
-        context.update(link=run_link(run.pk), final_text=_final_text(run))
+        context.update(link=run_link(run.pk), final_text=_final_text(run, at=note.created_at))
     requester = run.requester
     context.update(
         run=run,

@@ -1,9 +1,15 @@
-"""Reads for the desk: the queue and one approval with its context."""
+"""Reads on approvals: who may decide, the queue, one approval with its context.
+
+Writes are in ``services``; these only read, so services, notifications, views
+and commands may all use them.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db.models import Q
 from django.utils import timezone
@@ -11,11 +17,110 @@ from django.utils import timezone
 from runs.history import transcript_messages
 from runs.models import Message, Step, ToolCall
 from runs.selectors import VIEW_ALL_PERMISSION
-from tools.registry import find_tool
+from tools.registry import canonical_json, find_tool
 
 from .models import ApprovalRequest, ApprovalVote, GateRule, Proposal
-from .services import DECIDE_PERMISSION, group_names, input_changes
 
+DECIDE_PERMISSION = "approvals.decide_approvalrequest"
+# Escalation hands an approval to this group; its members (and superusers) may
+# also break another reviewer's claim.
+ESCALATION_GROUP = "senior-reviewers"
+
+
+# --- who may decide ---------------------------------------------------------------
+def _group_ids(user) -> set[int]:
+    cached = getattr(user, "_desk_group_ids", None)
+    if cached is None:
+        cached = set(user.groups.values_list("pk", flat=True))
+        user._desk_group_ids = cached
+    return cached
+
+
+def group_names(approval: ApprovalRequest) -> str:
+    """ "reviewers and senior-reviewers": who may decide, for people."""
+    names = sorted(g.name for g in approval.required_groups.all())
+    if not names:
+        return "any reviewer"
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def decide_refusal(*, user, approval: ApprovalRequest) -> str | None:
+    """Why ``user`` may not decide ``approval`` (as it stands now), or None if they may."""
+    if not user.is_active or not user.has_perm(DECIDE_PERMISSION):
+        return "You do not have permission to decide approvals."
+    if not user.is_superuser:
+        required = {g.pk: g.name for g in approval.required_groups.all()}
+        missing = set(required) - _group_ids(user)
+        if missing:
+            return f"Only members of {group_names(approval)} may decide this approval."
+    if approval.run.requester_id == user.pk and not approval.allow_self_approval:
+        return "You requested this run; someone else must decide it."
+    return None
+
+
+def has_approved_current(user, approval: ApprovalRequest) -> bool:
+    """Whether ``user`` approved the proposal that would run now."""
+    return ApprovalVote.objects.filter(proposal_id=approval.proposal_id, reviewer=user).exists()
+
+
+def may_break_claims(user) -> bool:
+    return user.is_active and (user.is_superuser or user.groups.filter(name=ESCALATION_GROUP).exists())
+
+
+def claimed_by_someone_else(approval: ApprovalRequest, user, *, now: datetime | None = None) -> bool:
+    """Whether someone other than ``user`` holds a live claim on ``approval``."""
+    return bool(
+        approval.claimed_by_id
+        and approval.claimed_by_id != user.pk
+        and approval.claimed_until
+        and approval.claimed_until > (now or timezone.now())
+    )
+
+
+def eligible_reviewers(approval: ApprovalRequest):
+    """Active users who may approve ``approval`` now and have an email address."""
+    User = get_user_model()
+    perm = (
+        Q(groups__permissions__codename="decide_approvalrequest")
+        | Q(user_permissions__codename="decide_approvalrequest")
+        | Q(is_superuser=True)
+    )
+    users = User.objects.filter(perm, is_active=True).exclude(email="")
+    for group_id in approval.required_groups.values_list("pk", flat=True):
+        # One filter() per group: a member of every one of them.
+        users = users.filter(Q(groups=group_id) | Q(is_superuser=True))
+    if approval.run.requester_id and not approval.allow_self_approval:
+        users = users.exclude(pk=approval.run.requester_id)
+    voted = ApprovalVote.objects.filter(proposal_id=approval.proposal_id).values("reviewer_id")
+    return users.exclude(pk__in=voted).distinct().order_by("username")
+
+
+def timeout_may_approve(approval: ApprovalRequest) -> str | None:
+    """Why a timeout may not approve ``approval`` (its rule says approve), or None."""
+    spec = find_tool(approval.tool_call.tool_name)
+    if spec is not None and spec.is_irreversible:
+        return f"{spec.name} cannot be undone"
+    if approval.approvers_required > 1:
+        return f"it needs {approval.approvers_required} approvers"
+    if approval.is_edited:
+        return "what would run is a person's edit"
+    return None
+
+
+def input_changes(original, proposed) -> list[tuple[str, object, object]]:
+    """(argument, model's value, proposed value) for every argument that differs."""
+    original = original if isinstance(original, dict) else {}
+    proposed = proposed if isinstance(proposed, dict) else {}
+    keys = list(original) + [key for key in proposed if key not in original]
+    return [
+        (key, original.get(key), proposed.get(key))
+        for key in keys
+        if (key in original) != (key in proposed)
+        or canonical_json(original[key]) != canonical_json(proposed[key])
+    ]
+
+
+# --- the queue --------------------------------------------------------------------
 
 def approvals_visible_to(user):
     """Approvals ``user`` may see: all with ``runs.view_all_runs``; otherwise those of
@@ -34,7 +139,7 @@ def approvals_decidable_by(user, *, claimed: bool = False):
     not their own run (unless self-approval is allowed), not a proposal they already
     approved, and (unless ``claimed``) not claimed by someone else.
 
-    The query form of ``services.decide_refusal``; a test holds the two together.
+    The query form of ``decide_refusal``; a test holds the two together.
     """
     pending = ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING)
     if not user.is_active or not user.has_perm(DECIDE_PERMISSION):
@@ -48,6 +153,7 @@ def approvals_decidable_by(user, *, claimed: bool = False):
         pending = pending.exclude(Q(claimed_until__gt=timezone.now()) & ~Q(claimed_by=user)
                                   & Q(claimed_by__isnull=False))
     return pending
+
 
 def queue_pending(*, user, tool: str = "", agent: str = "", rule: GateRule | None = None,
                   mine: bool = False, unclaimed: bool = False):

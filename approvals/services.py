@@ -1,4 +1,4 @@
-"""Writes on approvals: deciding, proposing edits, claiming, and who may decide.
+"""Writes on approvals: opening, deciding, proposing edits, claiming.
 
 The gate's promise: nothing runs unless the rules allow it or enough of the right
 people approved exactly what will run.
@@ -14,27 +14,31 @@ people approved exactly what will run.
   proposal; earlier votes stay in history and do not count for it.
 - **Eligible** = active, has the decide permission, is in every required group
   (superusers pass), is not the run's requester unless self-approval is allowed, and
-  (to approve) has not approved this proposal yet. Only eligible people may claim;
-  the escalation group and superusers may break a claim. Claims never move expiry.
+  (to approve) has not approved this proposal yet (``selectors.decide_refusal``).
+  Only eligible people may claim; the escalation group and superusers may break a
+  claim. Claims never move expiry.
 
-Every decision runs in one transaction that first locks the approval row, so votes
-and edits are counted one at a time; the final pending -> decided step is one
-conditional UPDATE whose loser gets AlreadyDecided.
+A decision is one typed value (``Decision``: approve, decline or respond), checked
+when it is made. Every decision runs in one transaction that first locks the
+approval row, so votes and edits are counted one at a time; the final pending ->
+decided step is one conditional UPDATE whose loser gets AlreadyDecided. What a
+decision means for people is recorded in the same transaction: the requester's
+email of a decline or a timeout that declines (``notifications``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from enum import StrEnum
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from runs.gate import ALLOW, DENY, review_call
+from runs.gate import ALLOW, DENY, Verdict, review_call
 from runs.models import ToolCall
 from runs.services import (
     run_enqueue,
@@ -43,15 +47,20 @@ from runs.services import (
     tool_call_resolve_without_running,
 )
 from tools.inputs import UnsafeJSON, check_json
-from tools.registry import canonical_json, find_tool, idempotency_keys_so_far, input_hash
+from tools.registry import find_tool, idempotency_keys_so_far, input_hash
 
 from .models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule, Proposal
-
-DECIDE_PERMISSION = "approvals.decide_approvalrequest"
-# Escalation hands an approval to this group; its members (and superusers) may
-# also break another reviewer's claim.
-ESCALATION_GROUP = "senior-reviewers"
-DECISIONS = ("approve", "decline", "respond")
+from .notifications import Kind, notify_call_declined, notify_proposal, notify_reviewers
+from .selectors import (
+    ESCALATION_GROUP,
+    claimed_by_someone_else,
+    decide_refusal,
+    group_names,
+    has_approved_current,
+    input_changes,
+    may_break_claims,
+    timeout_may_approve,
+)
 
 
 class DecisionError(Exception):
@@ -78,7 +87,71 @@ class AlreadyClaimed(DecisionError):
     pass
 
 
-# --- who may decide ---------------------------------------------------------------
+# --- what a decision is -------------------------------------------------------------
+class DecisionKind(StrEnum):
+    APPROVE = "approve"  # let the current proposal (or ``edit``) run
+    DECLINE = "decline"  # nothing runs; the model is told the reason
+    RESPOND = "respond"  # nothing runs; the text is the tool's result
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One reviewer's decision on one approval, checked once, here, when it is made.
+
+    ``comment``: the reason of a decline, the text of a response (both required),
+    an optional note on an approval. ``args_hash``: the hash of the arguments the
+    decider was shown; a decision on any others is refused as stale (None: the
+    decider pins none; the CLI without ``--args-hash``, which refuses that once
+    the arguments were edited). ``edit``: approve these whole arguments instead (a
+    new proposal). ``confirm_irreversible``: the decider confirmed that the call
+    cannot be undone. Build one with ``Decision.approve`` / ``decline`` /
+    ``respond``.
+    """
+
+    Kind = DecisionKind
+
+    kind: DecisionKind
+    comment: str = ""
+    args_hash: str | None = None
+    edit: dict | None = None
+    confirm_irreversible: bool = False
+
+    def __post_init__(self) -> None:
+        try:
+            kind = DecisionKind(self.kind)
+        except ValueError:
+            raise DecisionError(f"Unknown decision {self.kind!r}: approve, decline or respond.") from None
+        comment = self.comment.strip()
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "comment", comment)
+        if kind == DecisionKind.DECLINE and not comment:
+            raise DecisionError("A decline needs a reason: the model is told it.")
+        if kind == DecisionKind.RESPOND and not comment:
+            raise DecisionError("A response needs text: it becomes the tool's result.")
+        if kind != DecisionKind.APPROVE and self.edit is not None:
+            raise DecisionError(f"Edited arguments go with an approval: a {kind} runs nothing.")
+        if kind != DecisionKind.APPROVE and self.confirm_irreversible:
+            raise DecisionError(
+                f"Confirming an irreversible call goes with an approval: a {kind} runs nothing."
+            )
+
+    @classmethod
+    def approve(
+        cls, *, comment: str = "", args_hash: str | None = None, edit: dict | None = None,
+        confirm_irreversible: bool = False,
+    ) -> Decision:
+        return cls(DecisionKind.APPROVE, comment, args_hash, edit, confirm_irreversible)
+
+    @classmethod
+    def decline(cls, reason: str, *, args_hash: str | None = None) -> Decision:
+        return cls(DecisionKind.DECLINE, reason, args_hash)
+
+    @classmethod
+    def respond(cls, text: str, *, args_hash: str | None = None) -> Decision:
+        return cls(DecisionKind.RESPOND, text, args_hash)
+
+
+# --- what approving takes -----------------------------------------------------------
 @dataclass(frozen=True)
 class Requirement:
     """What approving a proposal takes."""
@@ -95,6 +168,19 @@ class Requirement:
             allow_self_approval=proposal.allow_self_approval,
         )
 
+    @classmethod
+    def of_verdict(cls, effect: str, rule: GateRule | None) -> Requirement:
+        """What the gate's verdict on a set of arguments asks of whoever approves them."""
+        if effect == ALLOW:
+            return cls()  # the rules alone would let these arguments run
+        if rule is None:
+            return cls(allow_self_approval=False)  # a write with no rule: anyone but the requester
+        return cls(
+            groups=frozenset({rule.required_group_id} - {None}),
+            approvers=max(1, rule.approvers_required),
+            allow_self_approval=rule.allow_self_approval,
+        )
+
     def stricter(self, other: Requirement) -> Requirement:
         return Requirement(
             groups=self.groups | other.groups,
@@ -103,72 +189,59 @@ class Requirement:
         )
 
 
-def _requirement_of_verdict(effect: str, rule: GateRule | None) -> Requirement:
-    if effect == ALLOW:
-        return Requirement()  # the rules alone would let these arguments run
-    if rule is None:
-        return Requirement(allow_self_approval=False)  # a write with no rule: anyone but the requester
-    return Requirement(
-        groups=frozenset({rule.required_group_id} - {None}),
-        approvers=max(1, rule.approvers_required),
-        allow_self_approval=rule.allow_self_approval,
+# --- opening ------------------------------------------------------------------------
+def approval_open(*, run, call: ToolCall, verdict: Verdict) -> ApprovalRequest:
+    """Open the approval of a gated call (saved, in the transaction that saves it):
+    the model's arguments are proposal 1; the reviewers who may decide are emailed
+    once it commits."""
+    rule = GateRule.objects.filter(pk=verdict.rule_id).first() if verdict.rule_id else None
+    needed = Requirement.of_verdict(verdict.effect, rule)
+    approval = ApprovalRequest.objects.create(
+        tool_call=call,
+        run=run,
+        rule=rule,
+        rule_version=rule.version if rule else None,
+        rule_snapshot=rule.snapshot() if rule else None,
+        reason=verdict.reason,
+        approvers_required=needed.approvers,
+        allow_self_approval=needed.allow_self_approval,
+        args_hash=call.input_hash,
+        expires_at=timezone.now() + timedelta(minutes=rule.ttl_minutes)
+        if rule and rule.ttl_minutes
+        else None,
     )
-
-
-def _group_ids(user) -> set[int]:
-    cached = getattr(user, "_desk_group_ids", None)
-    if cached is None:
-        cached = set(user.groups.values_list("pk", flat=True))
-        user._desk_group_ids = cached
-    return cached
-
-
-def group_names(approval: ApprovalRequest) -> str:
-    """ "reviewers and senior-reviewers": who may decide, for people."""
-    names = sorted(g.name for g in approval.required_groups.all())
-    if not names:
-        return "any reviewer"
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-
-
-def decide_refusal(*, user, approval: ApprovalRequest) -> str | None:
-    """Why ``user`` may not decide ``approval`` (as it stands now), or None if they may."""
-    if not user.is_active or not user.has_perm(DECIDE_PERMISSION):
-        return "You do not have permission to decide approvals."
-    if not user.is_superuser:
-        required = {g.pk: g.name for g in approval.required_groups.all()}
-        missing = set(required) - _group_ids(user)
-        if missing:
-            return f"Only members of {group_names(approval)} may decide this approval."
-    if approval.run.requester_id == user.pk and not approval.allow_self_approval:
-        return "You requested this run; someone else must decide it."
-    return None
-
-
-def has_approved_current(user, approval: ApprovalRequest) -> bool:
-    return ApprovalVote.objects.filter(proposal_id=approval.proposal_id, reviewer=user).exists()
-
-
-def may_break_claims(user) -> bool:
-    return user.is_active and (user.is_superuser or user.groups.filter(name=ESCALATION_GROUP).exists())
-
-
-def eligible_reviewers(approval: ApprovalRequest):
-    """Active users who may approve ``approval`` now and have an email address."""
-    User = get_user_model()
-    perm = (
-        Q(groups__permissions__codename="decide_approvalrequest")
-        | Q(user_permissions__codename="decide_approvalrequest")
-        | Q(is_superuser=True)
+    if needed.groups:
+        approval.required_groups.add(*needed.groups)
+    approval.proposal = _proposal_record(
+        approval, number=1, tool_input=call.input, tool_input_hash=call.input_hash, proposed_by=None,
+        verdict=verdict, rule=rule, needed=needed,
     )
-    users = User.objects.filter(perm, is_active=True).exclude(email="")
-    for group_id in approval.required_groups.values_list("pk", flat=True):
-        # One filter() per group: a member of every one of them.
-        users = users.filter(Q(groups=group_id) | Q(is_superuser=True))
-    if approval.run.requester_id and not approval.allow_self_approval:
-        users = users.exclude(pk=approval.run.requester_id)
-    voted = ApprovalVote.objects.filter(proposal_id=approval.proposal_id).values("reviewer_id")
-    return users.exclude(pk__in=voted).distinct().order_by("username")
+    ApprovalRequest.objects.filter(pk=approval.pk).update(proposal=approval.proposal)
+    notify_reviewers(approval=approval, kind=Kind.APPROVAL_OPENED)
+    return approval
+
+
+def _proposal_record(
+    approval: ApprovalRequest, *, number: int, tool_input, tool_input_hash: str, proposed_by,
+    verdict: Verdict, rule: GateRule | None, needed: Requirement,
+) -> Proposal:
+    """A proposal with the gate's review of its arguments and what approving them
+    alone takes (``needed``)."""
+    return Proposal.objects.create(
+        approval=approval,
+        number=number,
+        input=tool_input,
+        input_hash=tool_input_hash,
+        proposed_by=proposed_by,
+        verdict=verdict.effect,
+        rule=rule,
+        rule_label=verdict.rule,
+        reason=verdict.reason,
+        detail=verdict.detail,
+        required_group_id=next(iter(needed.groups), None),
+        approvers_required=needed.approvers,
+        allow_self_approval=needed.allow_self_approval,
+    )
 
 
 # --- deciding ---------------------------------------------------------------------
@@ -219,72 +292,28 @@ def _load_locked(approval_id: int) -> ApprovalRequest:
 
 
 def approval_decide(
-    *,
-    approval_id: int,
-    reviewer,
-    approve: bool | None = None,
-    decision: str | None = None,
-    comment: str = "",
-    args_hash: str | None = None,
-    edited_input: dict | None = None,
-    confirm_irreversible: bool = False,
-    enqueue: bool = True,
+    *, approval_id: int, reviewer, decision: Decision, enqueue: bool = True
 ) -> DecisionResult:
-    """Approve (possibly with edited arguments), decline or respond to one approval.
-
-    ``args_hash`` is the hash of the arguments the decider was shown (the current
-    proposal); if it changed since, the decision is refused as stale.
-    ``edited_input`` is the whole argument object the decider wants run instead:
-    a new proposal, reviewed by the gate (see the module docstring).
-    """
-    decision = decision or ("approve" if approve else "decline")
-    if decision not in DECISIONS:
-        raise DecisionError(f"Unknown decision {decision!r}.")
-    comment = comment.strip()
+    """Take ``reviewer``'s ``decision`` on one approval: approve (the current
+    proposal, or an edit of it: a new proposal, reviewed by the gate; see the module
+    docstring), decline or respond. ``enqueue``: nudge a worker to continue the run
+    once it commits (a command running the run itself passes False)."""
+    if not isinstance(decision, Decision):
+        raise TypeError(f"approval_decide takes a Decision, not {type(decision).__name__}")
     with transaction.atomic():
         approval = _load_locked(approval_id)
-        if approval.status != ApprovalRequest.Status.PENDING:
-            raise AlreadyDecided(approval)
-        refusal = decide_refusal(user=reviewer, approval=approval)
-        if refusal:
-            raise NotAllowed(refusal)
         now = timezone.now()
-        if (
-            approval.claimed_by_id
-            and approval.claimed_by_id != reviewer.pk
-            and approval.claimed_until
-            and approval.claimed_until > now
-        ):
-            raise NotAllowed(
-                f"{approval.claimed_by.get_username()} is working on this approval "
-                f"until {approval.claimed_until:%H:%M:%S} UTC."
-            )
-        if args_hash is not None and args_hash != approval.args_hash:
-            raise StaleDecision("The arguments changed since this page was loaded; reload and decide again.")
-        if decision in ("decline", "respond") and has_approved_current(reviewer, approval):
-            # Eligible means not having approved these arguments: one person's vote and
-            # their own answer in the tool's place would settle a two-person rule alone.
-            raise NotAllowed("You approved these arguments; someone else decides now.")
-        if decision in ("decline", "respond") and not comment:
-            raise DecisionError(
-                "A decline needs a reason: the model is told it."
-                if decision == "decline"
-                else "A response needs text: it becomes the tool's result."
-            )
-        if decision != "approve":
-            status = (
-                ApprovalRequest.Status.DECLINED if decision == "decline" else ApprovalRequest.Status.RESPONDED
-            )
-            woken = _close(approval, reviewer, status, comment, now)
+        _check_may_decide(approval, reviewer, decision, now=now)
+        if decision.kind != DecisionKind.APPROVE:
+            status = {
+                DecisionKind.DECLINE: ApprovalRequest.Status.DECLINED,
+                DecisionKind.RESPOND: ApprovalRequest.Status.RESPONDED,
+            }[decision.kind]
+            woken = _close(approval, reviewer, status, decision.comment, now)
             return _result(approval, woken, enqueue)
-        spec = find_tool(approval.tool_call.tool_name)
-        if spec is not None and spec.is_irreversible and not confirm_irreversible:
-            raise DecisionError(
-                f"{spec.name} cannot be undone: confirm that you understand before approving it."
-            )
         proposal = approval.proposal
-        if edited_input is not None and input_hash(edited_input) != approval.args_hash:
-            proposal = _propose(approval, reviewer, edited_input, comment)
+        if decision.edit is not None and input_hash(decision.edit) != approval.args_hash:
+            proposal = _propose(approval, reviewer, decision.edit, decision.comment)
             refusal = decide_refusal(user=reviewer, approval=approval)
             if refusal:
                 # The edit stands as a proposal for those who may approve it.
@@ -295,13 +324,34 @@ def approval_decide(
                     waits_for=group_names(approval),
                     approvals_missing=approval.approvers_required,
                 )
-        missing = _vote(approval, proposal, reviewer, comment)
+        missing = _vote(approval, proposal, reviewer, decision.comment)
         if missing:
             return DecisionResult(
                 approval=approval, run_woken=False, approvals_missing=missing, proposal=proposal
             )
-        woken = _close(approval, reviewer, ApprovalRequest.Status.APPROVED, comment, now)
+        woken = _close(approval, reviewer, ApprovalRequest.Status.APPROVED, decision.comment, now)
         return _result(approval, woken, enqueue, proposal=proposal)
+
+
+def _check_may_decide(approval: ApprovalRequest, reviewer, decision: Decision, *, now) -> None:
+    """Refuse (a DecisionError saying why) what ``reviewer`` may not decide now."""
+    if approval.status != ApprovalRequest.Status.PENDING:
+        raise AlreadyDecided(approval)
+    refusal = decide_refusal(user=reviewer, approval=approval)
+    if refusal:
+        raise NotAllowed(refusal)
+    if claimed_by_someone_else(approval, reviewer, now=now):
+        raise NotAllowed(_claim_held(approval))
+    if decision.args_hash is not None and decision.args_hash != approval.args_hash:
+        raise StaleDecision("The arguments changed since this page was loaded; reload and decide again.")
+    if decision.kind != DecisionKind.APPROVE and has_approved_current(reviewer, approval):
+        # Eligible means not having approved these arguments: one person's vote and
+        # their own answer in the tool's place would settle a two-person rule alone.
+        raise NotAllowed("You approved these arguments; someone else decides now.")
+    spec = find_tool(approval.tool_call.tool_name)
+    if (decision.kind == DecisionKind.APPROVE and spec is not None and spec.is_irreversible
+            and not decision.confirm_irreversible):
+        raise DecisionError(f"{spec.name} cannot be undone: confirm that you understand before approving it.")
 
 
 def _result(approval: ApprovalRequest, woken: bool, enqueue: bool, **extra) -> DecisionResult:
@@ -367,28 +417,17 @@ def _propose(approval: ApprovalRequest, editor, edited_input: dict, comment: str
         rule = f" ({verdict.rule})" if verdict.rule else ""
         raise NotAllowed(f"The edit is refused by policy{rule}: {verdict.reason}. Nothing was changed.")
     rule = GateRule.objects.filter(pk=verdict.rule_id).first() if verdict.rule_id else None
-    own = _requirement_of_verdict(verdict.effect, rule)
+    edit_alone = Requirement.of_verdict(verdict.effect, rule)
     first = approval.proposals.get(number=1)
-    needed = Requirement.of(first).stricter(own)
+    needed = Requirement.of(first).stricter(edit_alone)
     groups = set(needed.groups)
     if approval.escalated_at:
         # Escalation added the escalation group; an edit does not take it away.
         groups |= set(Group.objects.filter(name=ESCALATION_GROUP).values_list("pk", flat=True))
     number = approval.proposals.count() + 1
-    proposal = Proposal.objects.create(
-        approval=approval,
-        number=number,
-        input=edited_input,
-        input_hash=candidate.input_hash,
-        proposed_by=editor,
-        verdict=verdict.effect,
-        rule=rule,
-        rule_label=verdict.rule,
-        reason=verdict.reason,
-        detail=verdict.detail,
-        required_group_id=rule.required_group_id if rule and verdict.effect != ALLOW else None,
-        approvers_required=own.approvers,
-        allow_self_approval=own.allow_self_approval,
+    proposal = _proposal_record(
+        approval, number=number, tool_input=edited_input, tool_input_hash=candidate.input_hash,
+        proposed_by=editor, verdict=verdict, rule=rule, needed=edit_alone,
     )
     ApprovalRequest.objects.filter(pk=approval.pk).update(
         proposal=proposal,
@@ -417,23 +456,8 @@ def _propose(approval: ApprovalRequest, editor, edited_input: dict, comment: str
         + (f"; comment: {comment}" if comment else "")
         + f"; args {proposal.input_hash}",
     )
-    from .notifications import notify_proposal
-
     notify_proposal(approval=approval, proposal=proposal)
     return proposal
-
-
-def input_changes(original, proposed) -> list[tuple[str, object, object]]:
-    """(argument, model's value, proposed value) for every argument that differs."""
-    original = original if isinstance(original, dict) else {}
-    proposed = proposed if isinstance(proposed, dict) else {}
-    keys = list(original) + [key for key in proposed if key not in original]
-    return [
-        (key, original.get(key), proposed.get(key))
-        for key in keys
-        if (key in original) != (key in proposed)
-        or canonical_json(original[key]) != canonical_json(proposed[key])
-    ]
 
 
 def _vote(approval: ApprovalRequest, proposal: Proposal, reviewer, comment: str) -> int:
@@ -467,7 +491,8 @@ def _vote(approval: ApprovalRequest, proposal: Proposal, reviewer, comment: str)
 def _close(
     approval: ApprovalRequest, actor, status: str, comment: str, now, *, by_policy: bool = False
 ) -> bool:
-    """Move a pending approval to its final status and apply it to the call."""
+    """Move a pending approval to its final status, apply it to the call and record
+    who hears about it; True if the run was woken (nothing else pending)."""
     won = ApprovalRequest.objects.filter(pk=approval.pk, status=ApprovalRequest.Status.PENDING).update(
         status=status,
         decided_by=actor,
@@ -480,7 +505,6 @@ def _close(
         approval.refresh_from_db()
         raise AlreadyDecided(approval)
     call = approval.tool_call
-    who = _display_name(actor) if actor else "nobody"
     if status == ApprovalRequest.Status.APPROVED:
         proposal = approval.proposal
         edited = proposal is not None and proposal.number > 1
@@ -492,30 +516,19 @@ def _close(
             verdict_reason=proposal.reason if edited else None,
             reason="approved by policy (timeout)" if by_policy else None,
         )
-    elif status == ApprovalRequest.Status.DECLINED:
-        tool_call_resolve_without_running(
-            call=call,
-            actor=actor,
-            status=ToolCall.Status.DECLINED,
-            text=f"Declined by {who}: {comment}. Do not retry.",
-            is_error=True,
-        )
-    elif status == ApprovalRequest.Status.RESPONDED:
-        tool_call_resolve_without_running(
-            call=call,
-            actor=actor,
-            status=ToolCall.Status.RESPONDED,
-            text=f"{who} answered instead of running {call.tool_name}: {comment}",
-            is_error=False,
-        )
-    elif status == ApprovalRequest.Status.EXPIRED:
-        tool_call_resolve_without_running(
-            call=call,
-            actor=None,
-            status=ToolCall.Status.DECLINED,
-            text=comment,
-            is_error=True,
-        )
+    else:
+        # Nothing runs: the call is resolved with what the model is told instead.
+        who = _display_name(actor) if actor else "nobody"
+        call_status, text, is_error = {
+            ApprovalRequest.Status.DECLINED: (
+                ToolCall.Status.DECLINED, f"Declined by {who}: {comment}. Do not retry.", True),
+            ApprovalRequest.Status.RESPONDED: (
+                ToolCall.Status.RESPONDED, f"{who} answered instead of running {call.tool_name}: {comment}",
+                False),
+            ApprovalRequest.Status.EXPIRED: (ToolCall.Status.DECLINED, comment, True),
+        }[status]
+        tool_call_resolve_without_running(call=call, actor=actor, status=call_status, text=text,
+                                          is_error=is_error)
     AuditEvent.objects.create(
         actor=actor,
         action=f"approval.{status}",
@@ -526,23 +539,14 @@ def _close(
         after=status,
         detail=("by policy (timeout): " if by_policy else "") + comment,
     )
+    if status in (ApprovalRequest.Status.DECLINED, ApprovalRequest.Status.EXPIRED):
+        # The requester hears that their run goes on without the call.
+        notify_call_declined(approval=approval, timed_out=status == ApprovalRequest.Status.EXPIRED)
     return run_wake_if_ready(run_id=approval.run_id, actor=actor)
 
 
 def _display_name(user) -> str:
     return user.get_full_name() or user.get_username()
-
-
-def timeout_may_approve(approval: ApprovalRequest) -> str | None:
-    """Why a timeout may not approve ``approval`` (its rule says approve), or None."""
-    spec = find_tool(approval.tool_call.tool_name)
-    if spec is not None and spec.is_irreversible:
-        return f"{spec.name} cannot be undone"
-    if approval.approvers_required > 1:
-        return f"it needs {approval.approvers_required} approvers"
-    if approval.is_edited:
-        return "what would run is a person's edit"
-    return None
 
 
 def approval_expire(*, approval_id: int, enqueue: bool = True) -> bool:
@@ -563,7 +567,8 @@ def approval_expire(*, approval_id: int, enqueue: bool = True) -> bool:
             return False
         minutes = approval.rule.ttl_minutes if approval.rule else None
         waited = f" after {minutes} minutes" if minutes else ""
-        wants_approve = approval.rule is not None and approval.rule.timeout_effect == "approve"
+        timeout_effect = approval.rule.timeout_effect if approval.rule else GateRule.TimeoutEffect.DECLINE
+        wants_approve = timeout_effect == GateRule.TimeoutEffect.APPROVE
         refused = timeout_may_approve(approval) if wants_approve else None
         if wants_approve and refused is None:
             woken = _close(
@@ -615,10 +620,7 @@ def approval_claim(*, approval_id: int, reviewer, seconds: int | None = None) ->
             claimed_by=reviewer, claimed_until=until
         )
         if not taken:
-            raise AlreadyClaimed(
-                f"{approval.claimed_by.get_username()} is working on this approval "
-                f"until {approval.claimed_until:%H:%M:%S} UTC."
-            )
+            raise AlreadyClaimed(_claim_held(approval))
         AuditEvent.objects.create(
             actor=reviewer,
             action="approval.claimed",
@@ -628,6 +630,11 @@ def approval_claim(*, approval_id: int, reviewer, seconds: int | None = None) ->
         )
     approval.refresh_from_db()
     return approval
+
+
+def _claim_held(approval: ApprovalRequest) -> str:
+    return (f"{approval.claimed_by.get_username()} is working on this approval "
+            f"until {approval.claimed_until:%H:%M:%S} UTC.")
 
 
 def release_claim_if_ineligible(approval: ApprovalRequest) -> None:

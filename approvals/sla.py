@@ -32,13 +32,8 @@ from django.utils import timezone
 
 from .models import ApprovalRequest, AuditEvent, GateRule
 from .notifications import Kind, notifications_renudge, notify_reviewers
-from .services import (
-    ESCALATION_GROUP,
-    AlreadyDecided,
-    approval_expire,
-    group_names,
-    release_claim_if_ineligible,
-)
+from .selectors import ESCALATION_GROUP, group_names
+from .services import AlreadyDecided, approval_expire, release_claim_if_ineligible
 
 log = logging.getLogger(__name__)
 

@@ -17,19 +17,27 @@ from tools.registry import input_hash
 from .audit import verify_run
 from .forms import QueueFilterForm
 from .models import ApprovalRequest, GateRule
-from .selectors import approval_context, approvals_visible_to, neighbours, queue_pending, schema_fields
-from .services import (
+from .selectors import (
     DECIDE_PERMISSION,
+    approval_context,
+    approvals_visible_to,
+    claimed_by_someone_else,
+    decide_refusal,
+    has_approved_current,
+    may_break_claims,
+    neighbours,
+    queue_pending,
+    schema_fields,
+)
+from .services import (
     AlreadyDecided,
+    Decision,
     DecisionError,
     NotAllowed,
     approval_break_claim,
     approval_claim,
     approval_decide,
     approval_release,
-    decide_refusal,
-    has_approved_current,
-    may_break_claims,
 )
 
 PAGE_SIZE = 50
@@ -98,13 +106,11 @@ def _page_context(request, approval: ApprovalRequest) -> dict:
     refusal = decide_refusal(user=request.user, approval=approval)
     if refusal is None and has_approved_current(request.user, approval):
         refusal = "You approved these arguments; they need another reviewer's approval."
-    claimed_by_other = (approval.claimed_by_id and approval.claimed_by_id != request.user.pk
-                        and approval.claimed_until and approval.claimed_until > timezone.now())
     return {
         "ctx": approval_context(approval),
         "approval": approval,
         "refusal": refusal,
-        "may_break_claim": bool(claimed_by_other) and may_break_claims(request.user),
+        "may_break_claim": claimed_by_someone_else(approval, request.user) and may_break_claims(request.user),
         "prev_id": prev_id,
         "next_id": next_id,
         "nav_section": "queue",
@@ -152,24 +158,35 @@ def _edited_input(request, approval: ApprovalRequest) -> dict | None:
     return None if input_hash(edited) == input_hash(shown) else edited
 
 
+def _decision(request, approval: ApprovalRequest) -> Decision:
+    """The decision the form posted (its button, comment and the hash of what it showed)."""
+    button = request.POST.get("decision")
+    comment = request.POST.get("comment", "")
+    # Always checked: a form that does not say what it showed decides nothing.
+    args_hash = request.POST.get("args_hash") or ""
+    if button in ("approve", "approve_edited"):
+        return Decision.approve(
+            comment=comment, args_hash=args_hash,
+            # Only "Approve these arguments" reads the argument fields: a plain Approve
+            # approves what was shown, whatever the fields say (a browser may have
+            # altered them: an <input> drops newlines).
+            edit=_edited_input(request, approval) if button == "approve_edited" else None,
+            confirm_irreversible=request.POST.get("confirm_irreversible") == approval.tool_call.tool_name,
+        )
+    if button == "decline":
+        return Decision.decline(comment, args_hash=args_hash)
+    if button == "respond":
+        return Decision.respond(comment, args_hash=args_hash)
+    raise DecisionError("Choose approve, decline or respond.")
+
+
 @require_POST
 def approval_decide_view(request, approval_id: int):
     approval = _approval(request, approval_id)
-    decision = request.POST.get("decision")
     status = 200
     try:
-        if decision not in ("approve", "approve_edited", "decline", "respond"):
-            raise DecisionError("Choose approve, decline or respond.")
-        # Only "Approve these arguments" reads the argument fields: a plain Approve
-        # approves what was shown, whatever the fields say (a browser may have altered
-        # them: an <input> drops newlines).
-        edited = _edited_input(request, approval) if decision == "approve_edited" else None
         result = approval_decide(
-            approval_id=approval.pk, reviewer=request.user,
-            decision="approve" if decision == "approve_edited" else decision,
-            comment=request.POST.get("comment", ""), args_hash=request.POST.get("args_hash") or "",
-            edited_input=edited,
-            confirm_irreversible=request.POST.get("confirm_irreversible") == approval.tool_call.tool_name,
+            approval_id=approval.pk, reviewer=request.user, decision=_decision(request, approval)
         )
         messages.success(request, result.summary)
     except NotAllowed as exc:
@@ -237,7 +254,6 @@ def _after_claim(request, approval_id: int, *, error: str = "", status: int = 20
         context = _page_context(request, approval)
         return render(request, "approvals/approval_detail.html", context, status=status)
     return redirect("approval-detail", approval_id=approval.pk)
-
 
 
 @require_GET

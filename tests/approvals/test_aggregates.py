@@ -14,7 +14,7 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, GateRule
-from approvals.services import approval_decide
+from approvals.services import Decision, approval_decide
 from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
 from runs.saga import run_rollback
@@ -86,21 +86,16 @@ def test_a_declined_or_compensated_refund_no_longer_counts(users):
     assert second.status == Run.Status.DONE  # 0 so far + 450: under the limit again
     third = start(script(turn(refund(300)), {"text": "Done."}), requester=users["requester"])
     approval = ApprovalRequest.objects.get(run=third)
-    approval_decide(
-        approval_id=approval.pk, reviewer=users["reviewer"], approve=False, comment="No", enqueue=False
-    )
+    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"], decision=Decision.decline("No"),
+                    enqueue=False)
     fourth = start(script(turn(refund(40)), {"text": "Done."}), requester=users["requester"])
     assert fourth.status == Run.Status.DONE  # 450 + 40: the declined 300 does not count
 
 
 def test_an_approved_refund_counts_before_it_has_run(users):
     first = start(script(turn(refund(600)), {"text": "Done."}), requester=users["requester"])
-    approval_decide(
-        approval_id=ApprovalRequest.objects.get(run=first).pk,
-        reviewer=users["reviewer"],
-        approve=True,
-        enqueue=False,
-    )  # approved; its worker has not run it yet
+    approval_decide(approval_id=ApprovalRequest.objects.get(run=first).pk, reviewer=users["reviewer"],
+                    decision=Decision.approve(), enqueue=False)  # approved; its worker has not run it yet
     second = start(script(turn(refund(10)), {"text": "Done."}), requester=users["requester"])
     assert "600 so far on order_id A-1001 + 10 = 610" in ApprovalRequest.objects.get(run=second).reason
 
@@ -234,7 +229,8 @@ def test_a_window_counts_a_refund_from_when_it_ran_not_when_it_was_asked_for(use
     first = start(script(turn(refund(600)), {"text": "Done."}), requester=users["requester"])
     approval = ApprovalRequest.objects.get(run=first)
     ToolCall.objects.filter(run=first).update(created_at=timezone.now() - timedelta(hours=2))
-    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"], approve=True, enqueue=False)
+    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"], decision=Decision.approve(),
+                    enqueue=False)
     run_advance_until_settled(first.pk)  # asked for two hours ago, ran just now
     second = start(script(turn(refund(100)), {"text": "Done."}), requester=users["requester"])
     assert "600 so far on order_id A-1001 + 100 = 700" in ApprovalRequest.objects.get(run=second).reason

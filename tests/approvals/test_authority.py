@@ -11,8 +11,8 @@ import pytest
 from django.core.management.base import CommandError
 
 from approvals.models import ApprovalRequest, AuditEvent, GateRule, Notification, Proposal
-from approvals.selectors import approvals_decidable_by
-from approvals.services import approval_decide, approval_expire, decide_refusal
+from approvals.selectors import approvals_decidable_by, decide_refusal
+from approvals.services import Decision, approval_decide, approval_expire
 from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
 from runs.saga import run_rewind
@@ -245,13 +245,9 @@ def test_a_timeout_never_approves_an_edit_a_multi_approver_rule_or_an_irreversib
     run = start(REFUND_600, requester=users["requester"])
     approval = pending(run)
     post_edit(users["requester"], approval)  # refused: not theirs to decide
-    approval_decide(
-        approval_id=approval.pk,
-        reviewer=users["reviewer"],
-        approve=True,
-        edited_input={**approval.proposal.input, "amount": 6000},
-        enqueue=False,
-    )
+    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"],
+                    decision=Decision.approve(edit={**approval.proposal.input, "amount": 6000}),
+                    enqueue=False)
     approval.refresh_from_db()
     assert approval.status == ApprovalRequest.Status.PENDING and approval.is_edited
     ApprovalRequest.objects.filter(pk=approval.pk).update(expires_at=approval.created_at)
@@ -290,9 +286,8 @@ def test_the_queue_count_and_the_decide_check_agree_for_every_person(users):
     ]
     GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2)
     two_person = start(REFUND_600, requester=users["senior"])
-    approval_decide(
-        approval_id=pending(two_person).pk, reviewer=users["reviewer"], approve=True, enqueue=False
-    )
+    approval_decide(approval_id=pending(two_person).pk, reviewer=users["reviewer"],
+                    decision=Decision.approve(), enqueue=False)
     approvals = [pending(run) for run in [*runs, two_person]]
     for user in users.values():
         decidable = set(approvals_decidable_by(user).values_list("pk", flat=True))
@@ -432,25 +427,17 @@ def test_rewind_then_edit_then_approve_makes_a_new_refund(users):
         {"text": "Refunded."},
     )
     run = start(refund_then_report, requester=users["requester"])
-    approval_decide(
-        approval_id=pending(run).pk,
-        reviewer=users["reviewer"],
-        approve=True,
-        enqueue=False,
-        edited_input={"order_id": "A-1001", "amount": 600, "reason": "Scratched case"},
-    )
+    approval_decide(approval_id=pending(run).pk, reviewer=users["reviewer"], enqueue=False,
+                    decision=Decision.approve(edit={"order_id": "A-1001", "amount": 600,
+                                                    "reason": "Scratched case"}))
     run_advance_until_settled(run.pk)
     first = ToolCall.objects.get(run=run, tool_name="refund_item")
     assert [p.amount for p in Payment.objects.filter(kind="refund")] == [600]
     run_rewind(run=Run.objects.get(pk=run.pk), to_step=0, by=users["admin"], enqueue=False)
     run_advance_until_settled(run.pk)
-    approval_decide(
-        approval_id=pending(run).pk,
-        reviewer=users["reviewer"],
-        approve=True,
-        enqueue=False,
-        edited_input={"order_id": "A-1001", "amount": 600, "reason": "Scratched case"},
-    )
+    approval_decide(approval_id=pending(run).pk, reviewer=users["reviewer"], enqueue=False,
+                    decision=Decision.approve(edit={"order_id": "A-1001", "amount": 600,
+                                                    "reason": "Scratched case"}))
     run_advance_until_settled(run.pk)
     second = ToolCall.objects.live().get(run=run, tool_name="refund_item")
     assert second.idempotency_key != first.idempotency_key
@@ -495,15 +482,18 @@ def test_a_vote_stops_counting_when_its_voter_may_no_longer_decide(users):
     GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2, sla_minutes=30)
     run = start(REFUND_600, requester=users["requester"])
     approval = pending(run)
-    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"], approve=True, enqueue=False)
+    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"], decision=Decision.approve(),
+                    enqueue=False)
     approvals_sweep_sla(now=approval.created_at + timedelta(minutes=61))
     approval.refresh_from_db()
     assert sorted(g.name for g in approval.required_groups.all()) == ["reviewers", "senior-reviewers"]
     # The plain reviewer's vote was for an item only seniors may decide now.
-    approval_decide(approval_id=approval.pk, reviewer=users["senior"], approve=True, enqueue=False)
+    approval_decide(approval_id=approval.pk, reviewer=users["senior"], decision=Decision.approve(),
+                    enqueue=False)
     approval.refresh_from_db()
     assert approval.status == ApprovalRequest.Status.PENDING
-    approval_decide(approval_id=approval.pk, reviewer=users["admin"], approve=True, enqueue=False)
+    approval_decide(approval_id=approval.pk, reviewer=users["admin"], decision=Decision.approve(),
+                    enqueue=False)
     approval.refresh_from_db()
     assert approval.status == ApprovalRequest.Status.APPROVED
 
@@ -522,13 +512,9 @@ def test_an_edit_after_escalation_keeps_the_rules_group(users):
     approval = pending(run)
     approvals_sweep_sla(now=approval.created_at + timedelta(minutes=61))
     # A senior who is not in finance edits the refund into finance's territory.
-    approval_decide(
-        approval_id=approval.pk,
-        reviewer=users["senior"],
-        approve=True,
-        enqueue=False,
-        edited_input={**approval.proposal.input, "amount": 6000, "order_id": "A-1003"},
-    )
+    approval_decide(approval_id=approval.pk, reviewer=users["senior"], enqueue=False,
+                    decision=Decision.approve(edit={**approval.proposal.input, "amount": 6000,
+                                                    "order_id": "A-1003"}))
     approval.refresh_from_db()
     assert approval.status == ApprovalRequest.Status.PENDING
     assert {g.name for g in approval.required_groups.all()} == {"reviewers", "finance", "senior-reviewers"}

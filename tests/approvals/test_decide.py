@@ -5,6 +5,7 @@ import pytest
 from approvals.models import ApprovalRequest, AuditEvent, GateRule
 from approvals.services import (
     AlreadyDecided,
+    Decision,
     DecisionError,
     NotAllowed,
     StaleDecision,
@@ -27,9 +28,10 @@ def the_approval(run) -> ApprovalRequest:
     return ApprovalRequest.objects.select_related("tool_call").get(run=run)
 
 
-def decide(approval, user, **kwargs):
-    kwargs.setdefault("approve", True)
-    return approval_decide(approval_id=approval.pk, reviewer=user, enqueue=False, **kwargs)
+def decide(approval, user, decision: Decision | None = None):
+    """``user`` decides ``approval`` (by default: approves what is shown)."""
+    return approval_decide(approval_id=approval.pk, reviewer=user, decision=decision or Decision.approve(),
+                           enqueue=False)
 
 
 def test_the_requester_cannot_approve_their_own_run(users):
@@ -68,7 +70,7 @@ def test_the_second_decision_is_told_who_decided_first(users):
     approval = the_approval(run)
     decide(approval, users["reviewer"])
     with pytest.raises(AlreadyDecided, match=r"already approved by reviewer at \d{4}-"):
-        decide(approval, users["senior"], approve=False, comment="no")
+        decide(approval, users["senior"], Decision.decline("no"))
     approval.refresh_from_db()
     assert approval.status == ApprovalRequest.Status.APPROVED
     assert approval.decided_by == users["reviewer"]
@@ -77,14 +79,14 @@ def test_the_second_decision_is_told_who_decided_first(users):
 def test_a_decision_on_stale_arguments_is_refused(users):
     run = start(requester=users["requester"])
     with pytest.raises(StaleDecision):
-        decide(the_approval(run), users["reviewer"], args_hash="0" * 64)
+        decide(the_approval(run), users["reviewer"], Decision.approve(args_hash="0" * 64))
     assert the_approval(run).status == ApprovalRequest.Status.PENDING
 
 
 def test_a_decline_needs_a_reason(users):
     run = start(requester=users["requester"])
     with pytest.raises(DecisionError, match="needs a reason"):
-        decide(the_approval(run), users["reviewer"], approve=False, comment="   ")
+        decide(the_approval(run), users["reviewer"], Decision.decline("   "))
     assert the_approval(run).status == ApprovalRequest.Status.PENDING
 
 
@@ -92,7 +94,7 @@ def test_an_approval_with_edited_arguments_executes_the_edit(users):
     run = start(requester=users["requester"])
     approval = the_approval(run)
     edited = dict(approval.tool_call.input, amount=1500)
-    decide(approval, users["reviewer"], edited_input=edited)
+    decide(approval, users["reviewer"], Decision.approve(edit=edited))
     from runs.engine import run_advance_until_settled
 
     run_advance_until_settled(run.pk)
@@ -105,7 +107,7 @@ def test_edited_arguments_must_fit_the_tool_schema(users):
     run = start(requester=users["requester"])
     approval = the_approval(run)
     with pytest.raises(DecisionError, match="not valid"):
-        decide(approval, users["reviewer"], edited_input={"order_id": "A-1001", "amount": "x"})
+        decide(approval, users["reviewer"], Decision.approve(edit={"order_id": "A-1001", "amount": "x"}))
     assert the_approval(run).status == ApprovalRequest.Status.PENDING
 
 
@@ -178,7 +180,7 @@ def test_approving_an_irreversible_call_needs_an_explicit_confirmation(users):
     with pytest.raises(DecisionError, match="cannot be undone: confirm"):
         decide(approval, users["reviewer"])
     assert the_approval(run).status == ApprovalRequest.Status.PENDING
-    decide(approval, users["reviewer"], confirm_irreversible=True)
+    decide(approval, users["reviewer"], Decision.approve(confirm_irreversible=True))
     assert the_approval(run).status == ApprovalRequest.Status.APPROVED
 
 
@@ -187,3 +189,75 @@ def test_a_deny_rule_still_denies_an_irreversible_call(users):
     run = start(IRREVERSIBLE, agent="onboarding", requester=users["requester"])
     assert run.status == Run.Status.DONE
     assert not ApprovalRequest.objects.filter(run=run).exists()
+
+
+# --- a decision is one typed value, checked once ------------------------------------
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Decision.decline(""), "A decline needs a reason"),
+        (lambda: Decision.respond(" \n "), "A response needs text"),
+        (lambda: Decision("maybe"), "Unknown decision 'maybe'"),
+        (lambda: Decision("decline", "no", edit={"amount": 1}), "Edited arguments go with an approval"),
+        (lambda: Decision("respond", "done by phone", edit={"amount": 1}),
+         "Edited arguments go with an approval"),
+        (lambda: Decision("decline", "no", confirm_irreversible=True),
+         "Confirming an irreversible call goes with an approval"),
+    ],
+)
+def test_a_decision_that_means_nothing_is_refused_before_it_reaches_an_approval(make, message):
+    with pytest.raises(DecisionError, match=message):
+        make()
+
+
+def test_a_decision_keeps_its_text_without_the_surrounding_blanks():
+    assert Decision.decline("  Ask for a photo first \n").comment == "Ask for a photo first"
+    assert Decision("respond", "Done by phone").kind == Decision.Kind.RESPOND
+
+
+def test_deciding_takes_a_decision_not_loose_flags(users):
+    run = start(requester=users["requester"])
+    with pytest.raises(TypeError, match="takes a Decision"):
+        approval_decide(approval_id=the_approval(run).pk, reviewer=users["reviewer"], decision="approve")
+    assert the_approval(run).status == ApprovalRequest.Status.PENDING
+
+
+def test_a_response_is_the_tools_result_and_nothing_runs(users):
+    run = start(requester=users["requester"])
+    decide(the_approval(run), users["reviewer"], Decision.respond("Refunded by phone already."))
+    approval = the_approval(run)
+    assert approval.status == ApprovalRequest.Status.RESPONDED
+    call = ToolCall.objects.get(pk=approval.tool_call_id)
+    assert call.status == ToolCall.Status.RESPONDED and not call.is_error
+    assert call.result == "Reviewer answered instead of running refund_item: Refunded by phone already."
+    assert not Payment.objects.exists()
+
+
+def test_someone_who_approved_may_not_then_decline_alone(users):
+    GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2)
+    run = start(requester=users["requester"])
+    decide(the_approval(run), users["reviewer"])
+    with pytest.raises(NotAllowed, match="You approved these arguments"):
+        decide(the_approval(run), users["reviewer"], Decision.decline("changed my mind"))
+    assert the_approval(run).status == ApprovalRequest.Status.PENDING
+
+
+def test_the_gate_reads_exactly_the_rule_terms_it_needs(users):
+    """The gate's rules come from plain SQL: each term is the stored value, and a
+    field the gate does not read cannot be read (it would be a model's default)."""
+    from approvals.gate import RuleTerms, enabled_rules
+
+    rule = GateRule.objects.create(
+        name="Refunds per order", tool="refund_item", field="amount", operator="gte", value="750",
+        effect="deny", aggregate="sum", scope="fact", scope_fact="order_id", window_minutes=90,
+        priority=99, approvers_required=3, allow_self_approval=True,
+    )
+    GateRule.objects.filter(pk=rule.pk).update(version=7)
+    terms = enabled_rules("refund_item")[0]
+    assert terms == RuleTerms(
+        id=rule.pk, name="Refunds per order", field="amount", operator="gte", value="750", effect="deny",
+        version=7, aggregate="sum", scope="fact", scope_fact="order_id", window_minutes=90,
+    )
+    assert terms.label == "Refunds per order (v7)"
+    with pytest.raises(AttributeError):
+        terms.approvers_required  # noqa: B018 (what approving takes is read from the rule row itself)

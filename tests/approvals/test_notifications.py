@@ -15,7 +15,7 @@ from django.core import mail
 from django.core.mail.backends.locmem import EmailBackend
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest, Notification
+from approvals.models import ApprovalRequest, AuditEvent, Notification
 from approvals.notifications import (
     MAX_ATTEMPTS,
     Kind,
@@ -23,8 +23,12 @@ from approvals.notifications import (
     notifications_record,
     notifications_renudge,
 )
-from approvals.services import approval_decide
+from approvals.services import Decision, approval_decide
 from approvals.tasks import send_notification
+from runs.engine import run_advance_until_settled
+from runs.models import Run
+from runs.saga import run_rewind
+from runs.services import run_cancel
 from tests.runs.helpers import script, start, turn
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
@@ -235,8 +239,8 @@ def test_a_worker_that_dies_mid_send_never_resends(users, monkeypatch, django_ca
 def test_the_requester_hears_when_a_reviewer_declines_a_call(users):
     run = start(requester=users["requester"])
     approval = the_approval(run)
-    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"], approve=False,
-                    comment="Ask for a photo first", enqueue=False)
+    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"],
+                    decision=Decision.decline("Ask for a photo first"), enqueue=False)
     [note] = Notification.objects.filter(recipient="requester@countersign.local")
     assert note.event == f"approval:{approval.pk}:declined" and note.kind == "approval_declined"
     deliver()
@@ -249,7 +253,7 @@ def test_the_requester_hears_when_a_reviewer_declines_a_call(users):
 
 def test_an_approval_is_not_news_to_the_requester(users):
     run = start(requester=users["requester"])
-    approval_decide(approval_id=the_approval(run).pk, reviewer=users["reviewer"], approve=True,
+    approval_decide(approval_id=the_approval(run).pk, reviewer=users["reviewer"], decision=Decision.approve(),
                     enqueue=False)
     assert not Notification.objects.filter(recipient="requester@countersign.local").exists()
 
@@ -258,7 +262,7 @@ def test_the_requester_hears_when_their_run_finishes(users):
     run = start(READS_ONLY, requester=users["requester"])
     assert run.status == "done"
     [note] = Notification.objects.filter(recipient="requester@countersign.local")
-    assert note.event == f"run:{run.pk}:done"
+    assert note.event == f"run:{run.pk}:g0:done"
     deliver()
     [email] = inbox("requester@countersign.local")
     assert email.subject.startswith(f"[Countersign] Run {run.pk} finished")
@@ -296,3 +300,72 @@ def test_an_email_that_cannot_be_rendered_fails_once_and_is_not_retried(users, m
     assert notification_send(notification_id=note.pk) == "failed"
     note.refresh_from_db()
     assert note.status == "failed" and note.last_error == "not rendered: KeyError: 'facts'"
+
+
+def test_a_decline_records_one_email_to_the_requester_and_nothing_else(users):
+    run = start(requester=users["requester"])
+    approval = the_approval(run)
+    before = set(Notification.objects.values_list("pk", flat=True))
+    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"],
+                    decision=Decision.decline("Ask for a photo first"), enqueue=False)
+    made = Notification.objects.exclude(pk__in=before)
+    assert [(n.event, n.recipient) for n in made] == [
+        (f"approval:{approval.pk}:declined", "requester@countersign.local")]
+
+
+def test_an_audit_row_that_says_declined_is_a_record_not_a_trigger(users):
+    """Only the decline itself tells the requester: an AuditEvent with the same
+    action (a migration, an admin's note, a bug) sends nothing."""
+    run = start(requester=users["requester"])
+    approval = the_approval(run)
+    AuditEvent.objects.create(action="approval.declined", run=run, approval=approval,
+                              tool_call=approval.tool_call, before="pending", after="declined")
+    AuditEvent.objects.create(action="approval.expired", run=run, approval=approval)
+    AuditEvent.objects.create(action="run.done", run=run, before="waiting_approval", after="done")
+    assert not Notification.objects.filter(recipient="requester@countersign.local").exists()
+
+
+def test_a_cancelled_run_closes_its_approvals_and_tells_the_requester_nothing(users):
+    run = start(requester=users["requester"])
+    run_cancel(run=run, actor=users["admin"])
+    assert the_approval(run).status == ApprovalRequest.Status.CANCELLED
+    assert not Notification.objects.filter(recipient="requester@countersign.local").exists()
+
+
+def rewind_and_finish_with(run: Run, final_text: str, *, by) -> Run:
+    """Rewind ``run`` to its first step; this time the model ends with ``final_text``."""
+    run_rewind(run=Run.objects.get(pk=run.pk), to_step=0, by=by, enqueue=False)
+    Run.objects.filter(pk=run.pk).update(
+        script=script(turn(("get_order", {"order_id": "A-1001"})), {"text": final_text}))
+    run_advance_until_settled(run.pk)
+    run.refresh_from_db()
+    return run
+
+
+def test_a_rewound_run_that_finishes_again_emails_its_new_final_reply(users):
+    run = start(READS_ONLY, requester=users["requester"])
+    deliver()
+    [first] = inbox("requester@countersign.local")
+    assert "Order A-1001 is fine." in first.body
+
+    run = rewind_and_finish_with(run, "Order A-1001 was never shipped.", by=users["admin"])
+    assert run.status == Run.Status.DONE and run.generation == 1
+    deliver()
+    [_, second] = inbox("requester@countersign.local")
+    assert second.extra_headers["X-Countersign-Event"] == f"run:{run.pk}:g1:done"
+    for part in (second.body, html_of(second)):
+        assert "Order A-1001 was never shipped." in part
+        assert "Order A-1001 is fine." not in part  # the abandoned branch's reply
+
+
+def test_an_email_sent_after_a_rewind_reports_the_branch_it_was_about(users):
+    """The worker renders late (an SMTP outage, a lost nudge): each email still shows
+    the final reply of the run as it ended then, not the branch that replaced it."""
+    run = start(READS_ONLY, requester=users["requester"])
+    run = rewind_and_finish_with(run, "Order A-1001 was never shipped.", by=users["admin"])
+    deliver()
+    emails = {m.extra_headers["X-Countersign-Event"]: m.body for m in inbox("requester@countersign.local")}
+    assert set(emails) == {f"run:{run.pk}:g0:done", f"run:{run.pk}:g1:done"}
+    assert "Order A-1001 is fine." in emails[f"run:{run.pk}:g0:done"]
+    assert "never shipped" not in emails[f"run:{run.pk}:g0:done"]
+    assert "Order A-1001 was never shipped." in emails[f"run:{run.pk}:g1:done"]

@@ -12,7 +12,7 @@ from django.core import mail
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, AuditEvent, GateRule, Notification
-from approvals.services import NotAllowed, approval_decide
+from approvals.services import Decision, NotAllowed, approval_decide
 from approvals.sla import approval_remind, approvals_sweep_sla
 from approvals.tasks import send_notification, sweep_sla
 from runs.engine import run_advance_until_settled
@@ -99,8 +99,10 @@ def test_once_escalated_only_senior_reviewers_may_decide(users, sla_30):
     approval = the_approval(start(requester=users["requester"]))
     approvals_sweep_sla(now=minutes_after(approval, 61))
     with pytest.raises(NotAllowed, match="Only members of reviewers and senior-reviewers"):
-        approval_decide(approval_id=approval.pk, reviewer=users["reviewer"], approve=True, enqueue=False)
-    approval_decide(approval_id=approval.pk, reviewer=users["senior"], approve=True, enqueue=False)
+        approval_decide(approval_id=approval.pk, reviewer=users["reviewer"], decision=Decision.approve(),
+                        enqueue=False)
+    approval_decide(approval_id=approval.pk, reviewer=users["senior"], decision=Decision.approve(),
+                    enqueue=False)
     assert the_approval(approval.run).status == ApprovalRequest.Status.APPROVED
 
 
@@ -121,7 +123,8 @@ def test_rules_without_an_sla_never_remind(users):
 
 def test_a_decided_approval_is_not_reminded(users, sla_30):
     approval = the_approval(start(requester=users["requester"]))
-    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"], approve=True, enqueue=False)
+    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"], decision=Decision.approve(),
+                    enqueue=False)
     assert approvals_sweep_sla(now=minutes_after(approval, 100)).reminded == 0
     assert not Notification.objects.filter(kind__in=["approval_reminder", "approval_escalated"])
 

@@ -16,7 +16,7 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 
 from approvals.audit import drop_append_only_triggers, install_append_only_triggers, verify_run
 from approvals.models import ApprovalRequest, AuditChain, AuditEvent
-from approvals.services import approval_decide
+from approvals.services import Decision, approval_decide
 from runs.engine import run_advance_until_settled
 from runs.models import Message, Run, Step, ToolCall
 from runs.saga import run_rewind
@@ -36,7 +36,8 @@ def finished(users) -> Run:
     run = start(requester=users["requester"])
     for reviewer in ("reviewer", "senior"):
         approval = ApprovalRequest.objects.get(run=run, status="pending")
-        approval_decide(approval_id=approval.pk, reviewer=users[reviewer], approve=True, enqueue=False)
+        approval_decide(approval_id=approval.pk, reviewer=users[reviewer], decision=Decision.approve(),
+                        enqueue=False)
         run_advance_until_settled(run.pk)
     run.refresh_from_db()
     assert run.status == Run.Status.DONE
@@ -270,18 +271,16 @@ def test_what_the_desk_shows_from_plain_rows_is_held_against_the_history(users, 
     GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2)
     run = start(requester=users["requester"])
     refund = ApprovalRequest.objects.get(run=run)
-    approval_decide(approval_id=refund.pk, reviewer=users["reviewer"], approve=True, enqueue=False)
-    approval_decide(
-        approval_id=refund.pk,
-        reviewer=users["senior"],
-        approve=True,
-        enqueue=False,
-        edited_input={**refund.tool_call.input, "amount": 2000},
-    )
-    approval_decide(approval_id=refund.pk, reviewer=users["admin"], approve=True, comment="ok", enqueue=False)
+    approval_decide(approval_id=refund.pk, reviewer=users["reviewer"], decision=Decision.approve(),
+                    enqueue=False)
+    approval_decide(approval_id=refund.pk, reviewer=users["senior"],
+                    decision=Decision.approve(edit={**refund.tool_call.input, "amount": 2000}), enqueue=False)
+    approval_decide(approval_id=refund.pk, reviewer=users["admin"], decision=Decision.approve(comment="ok"),
+                    enqueue=False)
     run_advance_until_settled(run.pk)
     email = ApprovalRequest.objects.get(run=run, status="pending")
-    approval_decide(approval_id=email.pk, reviewer=users["reviewer"], approve=True, enqueue=False)
+    approval_decide(approval_id=email.pk, reviewer=users["reviewer"], decision=Decision.approve(),
+                    enqueue=False)
     run_advance_until_settled(run.pk)
     run.refresh_from_db()
     assert run.status == Run.Status.DONE and broken_links(run) == []

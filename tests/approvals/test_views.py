@@ -335,3 +335,38 @@ def test_the_page_asks_to_type_the_tool_name_before_approving_what_cannot_be_und
                       "confirm_irreversible": "delete_file_permanently"})
     approval.refresh_from_db()
     assert approval.status == "approved"
+
+
+def test_a_decline_with_the_tool_name_typed_is_still_a_decline(users):
+    """The confirmation field is on the one form: it means something to Approve only."""
+    run = start(script(turn(("delete_file_permanently", {"path": "home/marie/old.txt"}))),
+                agent="onboarding", requester=users["requester"])
+    approval = ApprovalRequest.objects.get(run=run)
+    response = client_for(users["reviewer"]).post(
+        f"/desk/approvals/{approval.pk}/decide",
+        {"decision": "decline", "args_hash": approval.args_hash, "comment": "Keep the file",
+         "confirm_irreversible": "delete_file_permanently"})
+    assert response.status_code == 302
+    approval.refresh_from_db()
+    assert approval.status == "declined" and approval.comment == "Keep the file"
+
+
+def test_a_response_without_text_is_refused_and_changes_nothing(users):
+    run = start(requester=users["requester"])
+    approval = ApprovalRequest.objects.get(run=run)
+    response = client_for(users["reviewer"]).post(
+        f"/desk/approvals/{approval.pk}/decide",
+        {"decision": "respond", "args_hash": approval.args_hash, "comment": "   "})
+    assert response.status_code == 400 and b"A response needs text" in response.content
+    approval.refresh_from_db()
+    assert approval.status == "pending"
+
+
+def test_an_unknown_button_decides_nothing(users):
+    run = start(requester=users["requester"])
+    approval = ApprovalRequest.objects.get(run=run)
+    response = client_for(users["reviewer"]).post(
+        f"/desk/approvals/{approval.pk}/decide", {"decision": "approve_all", "args_hash": approval.args_hash})
+    assert response.status_code == 400 and b"Choose approve, decline or respond" in response.content
+    approval.refresh_from_db()
+    assert approval.status == "pending"

@@ -5,7 +5,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from approvals.models import ApprovalRequest
-from approvals.services import DecisionError, approval_decide
+from approvals.services import Decision, DecisionError, approval_decide
 from runs.engine import run_advance_until_settled
 from runs.management.commands._common import is_id, text_argument, user_by_name
 from tools.inputs import UnsafeJSON, parse_json
@@ -68,15 +68,13 @@ class Command(BaseCommand):
         elif approve and not args_hash:
             self._require_hash_if_edited(int(approval_id))
         try:
+            if approve:
+                decision = Decision.approve(comment=comment, args_hash=args_hash, edit=edited,
+                                            confirm_irreversible=confirm_irreversible)
+            else:
+                decision = Decision.decline(comment, args_hash=args_hash)
             result = approval_decide(
-                approval_id=int(approval_id),
-                reviewer=reviewer,
-                approve=approve,
-                comment=comment,
-                confirm_irreversible=confirm_irreversible,
-                enqueue=not sync,
-                edited_input=edited,
-                args_hash=args_hash,
+                approval_id=int(approval_id), reviewer=reviewer, decision=decision, enqueue=not sync
             )
         except DecisionError as exc:
             raise CommandError(str(exc)) from None

@@ -5,7 +5,7 @@ import json
 from django.core.management.base import BaseCommand
 
 from approvals.models import ApprovalRequest
-from approvals.services import group_names
+from approvals.selectors import group_names
 from runs.management.commands._common import run_by_id
 
 
@@ -35,23 +35,7 @@ class Command(BaseCommand):
             "lease": {"owner": run.lease_owner,
                       "until": run.lease_until.isoformat() if run.lease_until else None},
             "error": run.error,
-            "pending_approvals": [
-                {
-                    "id": a.pk,
-                    "tool": a.tool_call.tool_name,
-                    # What would run: the current proposal (the model's call or an edit).
-                    "input": a.proposal.input if a.proposal else a.tool_call.input,
-                    "rule": a.proposal.rule_label if a.proposal else (a.rule.label if a.rule else None),
-                    "reason": a.proposal.reason if a.proposal else a.reason,
-                    "args_hash": a.args_hash,
-                    "proposal": a.proposal.number if a.proposal else 1,
-                    "proposed_by": a.proposal.proposed_by.get_username() if a.is_edited else None,
-                    "model_input": a.tool_call.input if a.is_edited else None,
-                    "who_may_decide": group_names(a),
-                    "approvers_required": a.approvers_required,
-                }
-                for a in pending
-            ],
+            "pending_approvals": [_pending(approval) for approval in pending],
         }
         if as_json:
             self.stdout.write(json.dumps(data, indent=2, ensure_ascii=False))
@@ -66,3 +50,21 @@ class Command(BaseCommand):
         for item in data["pending_approvals"]:
             args = json.dumps(item["input"], ensure_ascii=False)
             self.stdout.write(f"  pending approval {item['id']}: {item['tool']} {args} ({item['reason']})")
+
+
+def _pending(approval: ApprovalRequest) -> dict:
+    # What would run: the current proposal (the model's call or an edit).
+    proposal = approval.proposal
+    return {
+        "id": approval.pk,
+        "tool": approval.tool_call.tool_name,
+        "input": proposal.input if proposal else approval.tool_call.input,
+        "rule": proposal.rule_label if proposal else (approval.rule.label if approval.rule else None),
+        "reason": proposal.reason if proposal else approval.reason,
+        "args_hash": approval.args_hash,
+        "proposal": proposal.number if proposal else 1,
+        "proposed_by": proposal.proposed_by.get_username() if approval.is_edited else None,
+        "model_input": approval.tool_call.input if approval.is_edited else None,
+        "who_may_decide": group_names(approval),
+        "approvers_required": approval.approvers_required,
+    }

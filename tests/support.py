@@ -1,7 +1,7 @@
 """Cross-process helpers: a real Celery worker (and beat) on a real broker, and the
 command line in subprocesses, all sharing the file-backed test databases.
 
-Used by tests/integration and tests/e2e through their `desk` fixtures."""
+Used by tests/integration and tests/e2e through the `desk` fixture (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from django.conf import settings
 from django.db import connections
+
+from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -84,11 +85,44 @@ class Desk:
         if connection.vendor == "sqlite":
             drop_append_only_triggers(connection)
 
+    def scenario(self, scenario: dict) -> Path:
+        """A scenario file for ``startrun --script`` (see tests.helpers.script)."""
+        path = self.tmp_path / f"scenario-{len(list(self.tmp_path.glob('scenario-*.json')))}.json"
+        path.write_text(json.dumps(scenario))
+        return path
+
+    def start_run(self, task: str, *, agent: str = "refund-desk", user: str | None = "requester",
+                  script: dict | None = None, sync: bool = False) -> int:
+        """`manage.py startrun` in its own process, as an operator types it; the new run's id
+        (its first line). ``user=None``: a run nobody requested. ``sync``: advanced by that
+        process until it pauses or ends, no worker needed."""
+        args = ["startrun", "--agent", agent, "--task", task]
+        if script is not None:
+            args += ["--script", str(self.scenario(script))]
+        if user is not None:
+            args += ["--user", user]
+        if sync:
+            args.append("--sync")
+        return int(self.manage(*args).stdout.split()[0])
+
     def status(self, run_id: int) -> dict:
         return json.loads(self.manage("runstatus", str(run_id), "--json").stdout)
 
     def world(self) -> dict:
         return json.loads(self.manage("world", "--json").stdout)
+
+    @property
+    def sandbox(self) -> Path:
+        """The sandbox folder every process of this test writes its files in."""
+        return Path(self.env["DESK_SANDBOX_DIR"])
+
+    def logs(self) -> str:
+        return "\n".join(w.log() for w in self.workers)
+
+    def eventually(self, check, *, what: str, timeout: float = 15):
+        """Poll ``check`` until it returns something truthy (returned); on timeout, fail
+        saying ``what`` was awaited, with every worker's log."""
+        return wait_until(check, timeout=timeout, message=lambda: f"{what}:\n{self.logs()}")
 
     def start_worker(self, *, failpoints: str = "", name: str = "", env: dict | None = None) -> Worker:
         worker = Worker(self, failpoints=failpoints, name=name or f"w{len(self.workers)}", env=env)
@@ -110,15 +144,15 @@ class Desk:
         return beat
 
     def wait_for(self, run_id: int, *statuses: str, timeout: float = 30) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            data = self.status(run_id)
-            if data["status"] in statuses:
-                return data
-            if time.monotonic() > deadline:
-                logs = "\n".join(w.log() for w in self.workers)
-                raise AssertionError(f"run {run_id} is {data['status']}, not {statuses}:\n{logs}")
-            time.sleep(0.2)
+        """The run's `runstatus --json` once it is in one of ``statuses``."""
+        seen = {}
+
+        def arrived():
+            seen.update(self.status(run_id))
+            return seen if seen["status"] in statuses else None
+
+        return wait_until(arrived, timeout=timeout, interval=0.2, message=lambda: (
+            f"run {run_id} to be {' or '.join(statuses)} (it is {seen.get('status')}):\n{self.logs()}"))
 
 
 class Worker:
@@ -146,11 +180,15 @@ class Worker:
                 [PYTHON, *command],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
-        deadline = time.monotonic() + 30
-        while ready not in self.log():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"worker did not start:\n{self.log()}")
-            time.sleep(0.1)
+        try:
+            wait_until(lambda: ready in self.log() or self.process.poll() is not None, timeout=30,
+                       message=lambda: f"{name} to start:\n{self.log()}")
+        except AssertionError:
+            self.stop()  # not yet in desk.workers: nobody else would
+            raise
+        if ready not in self.log():
+            raise AssertionError(f"{name} exited ({self.process.returncode}) before it started:\n"
+                                 f"{self.log()}")
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""

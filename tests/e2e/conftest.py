@@ -1,6 +1,6 @@
 """Real-browser fixtures: Playwright driving Debian's Chromium against a real web
 process (runserver) on the file-backed test databases, beside Celery workers and
-CLI subprocesses (tests.support.Desk)."""
+CLI subprocesses (the `desk` fixture, tests/support.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
-
-from tests.support import Desk
 
 # Playwright's sync API runs an event loop in this thread; the ORM calls the
 # tests make between browser steps are ordinary blocking calls.
@@ -35,26 +33,31 @@ document.addEventListener("securitypolicyviolation", (event) => {
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 
+def in_ci() -> bool:
+    """Whether this is CI (`.ci/run` exports CI=true, as CI services do)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def require_chromium(path: str = CHROMIUM) -> None:
+    """No browser: skip the browser tests on a developer's machine, but fail them in CI,
+    which installs Chromium: there a missing browser is a broken CI, not a skip."""
+    if Path(path).exists():
+        return
+    message = f"{path} is not installed (apt-get install chromium)"
+    if in_ci():
+        pytest.fail(f"{message}; CI must run the browser tests", pytrace=False)
+    pytest.skip(message)
+
+
 @pytest.fixture(scope="session")
 def browser():
-    if not Path(CHROMIUM).exists():
-        message = f"{CHROMIUM} is not installed (apt-get install chromium)"
-        if os.environ.get("CI"):
-            pytest.fail(message)  # CI installs it: a missing browser is a broken CI, not a skip
-        pytest.skip(message)
+    require_chromium()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser
         browser.close()
-
-
-@pytest.fixture
-def desk(transactional_db, tmp_path, demo):
-    desk = Desk(tmp_path)
-    yield desk
-    desk.stop()
 
 
 @pytest.fixture

@@ -3,11 +3,10 @@ senior, who sees what changed and approves it; one refund of the edited amount."
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from approvals.models import ApprovalRequest
+from tests.helpers import script, turn, wait_until
 from tools.models import Payment
 
 from .conftest import screenshot, sign_in
@@ -15,35 +14,13 @@ from .conftest import screenshot, sign_in
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(databases=["default", "world"], transaction=True)]
 
 
-def wait_until(predicate, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting")
-        time.sleep(0.2)
-    return value
-
-
 def test_an_edit_above_the_reviewers_authority_waits_for_a_senior(page, desk, tmp_path, browser):
     desk.start_worker()
-    scenario = tmp_path / "refund-600.json"
-    scenario.write_text("""{"turns": [
-      {"text": "Refunding the scratched case.", "tool_calls": [{"name": "refund_item",
-        "input": {"order_id": "A-1001", "amount": 600, "reason": "Scratched case"}}]},
-      {"text": "Refunded."}]}""")
-    run_id = int(
-        desk.manage(
-            "startrun",
-            "--agent",
-            "refund-desk",
-            "--task",
-            "Refund A-1003 in part",
-            "--script",
-            str(scenario),
-            "--user",
-            "requester",
-        ).stdout.split()[0]
-    )
+    run_id = desk.start_run("Refund A-1003 in part", script=script(
+        turn(("refund_item", {"order_id": "A-1001", "amount": 600, "reason": "Scratched case"}),
+             text="Refunding the scratched case."),
+        turn(text="Refunded."),
+    ))
     desk.wait_for(run_id, "waiting_approval")
     approval = ApprovalRequest.objects.get(run_id=run_id)
 
@@ -73,7 +50,8 @@ def test_an_edit_above_the_reviewers_authority_waits_for_a_senior(page, desk, tm
         other.get_by_text("Approved by senior").wait_for()
     finally:
         senior.close()
-    wait_until(lambda: Payment.objects.filter(kind="refund").exists())
+    wait_until(lambda: Payment.objects.filter(kind="refund").exists(), timeout=30,
+               message=lambda: f"the worker to refund the edited amount:\n{desk.logs()}")
     desk.wait_for(run_id, "done")
     [refund] = Payment.objects.all()
     assert (refund.order.order_id, refund.amount) == ("A-1003", 6000)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from approvals.models import ApprovalRequest
 from runs.models import Run
-from tests.runs.helpers import script, start, turn
+from tests.helpers import pending, script, start, turn, wait_until
 from tools.models import Payment
 
 from .conftest import screenshot, sign_in
@@ -16,30 +14,10 @@ from .conftest import screenshot, sign_in
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(databases=["default", "world"], transaction=True)]
 
 
-def requester():
-    from django.contrib.auth import get_user_model
-
-    return get_user_model().objects.get(username="requester")
-
-
-def pending(run: Run) -> ApprovalRequest:
-    return ApprovalRequest.objects.get(run=run, status="pending")
-
-
-def wait_until(predicate, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting")
-        time.sleep(0.2)
-    return value
-
-
 def test_a_reviewer_takes_the_demo_run_to_the_end_from_the_browser(page, desk, tmp_path):
     desk.start_worker()
     task = "Customer Ada Lovelace (ticket T-1): order A-1001 arrived broken, please refund."
-    run_id = int(desk.manage("startrun", "--agent", "refund-desk", "--task", task,
-                             "--user", "requester").stdout.split()[0])
+    run_id = desk.start_run(task)
     desk.wait_for(run_id, "waiting_approval")
 
     sign_in(page, "reviewer")
@@ -58,7 +36,8 @@ def test_a_reviewer_takes_the_demo_run_to_the_end_from_the_browser(page, desk, t
 
     # The worker refunds, then the run waits for the email to the customer.
     wait_until(lambda: ApprovalRequest.objects.filter(run_id=run_id, status="pending",
-                                                      tool_call__tool_name="send_email").exists())
+                                                      tool_call__tool_name="send_email").exists(),
+               message=lambda: f"the refund, then the email's approval:\n{desk.logs()}")
     page.goto("/desk/")
     page.get_by_test_id("queue-row").first.click()
     assert "ada@example.com" in page.inner_text("[data-testid=call-args]")
@@ -68,7 +47,8 @@ def test_a_reviewer_takes_the_demo_run_to_the_end_from_the_browser(page, desk, t
     # The run page polls its status while the run is live: watch it finish.
     page.goto(f"/runs/{run_id}/")
     page.get_by_text("Refunded ₹2,900.00 for order A-1001, emailed", exact=False).wait_for(timeout=30_000)
-    wait_until(lambda: Run.objects.get(pk=run_id).status == "done")
+    wait_until(lambda: Run.objects.get(pk=run_id).status == "done",
+               message=lambda: f"run {run_id} to be done:\n{desk.logs()}")
     page.get_by_text("Done", exact=True).first.wait_for(timeout=10_000)
     assert Payment.objects.count() == 1
     # The record check follows the run: all six checkpoints, as written.
@@ -77,8 +57,8 @@ def test_a_reviewer_takes_the_demo_run_to_the_end_from_the_browser(page, desk, t
     screenshot(page, "run", tmp_path)
 
 
-def test_a_decline_needs_a_reason_and_the_model_is_told(page, desk):
-    run = start(requester=requester())
+def test_a_decline_needs_a_reason_and_the_model_is_told(page, desk, users):
+    run = start(requester=users["requester"])
     sign_in(page, "reviewer")
     page.goto(f"/desk/approvals/{pending(run).pk}/")
     page.get_by_role("button", name="Decline").click()
@@ -93,8 +73,8 @@ def test_a_decline_needs_a_reason_and_the_model_is_told(page, desk):
     assert told["content"] == "Declined by Reviewer: Please attach a photo of the damage first. Do not retry."
 
 
-def test_a_reviewer_edits_the_amount_and_approves(page, desk):
-    run = start(requester=requester())
+def test_a_reviewer_edits_the_amount_and_approves(page, desk, users):
+    run = start(requester=users["requester"])
     sign_in(page, "reviewer")
     page.goto(f"/desk/approvals/{pending(run).pk}/")
     page.get_by_text("Edit the arguments before approving").click()
@@ -107,8 +87,8 @@ def test_a_reviewer_edits_the_amount_and_approves(page, desk):
     assert "amount: 2900.0 -> 1500" in result
 
 
-def test_the_requester_cannot_decide_their_own_run(page, desk):
-    run = start(requester=requester())
+def test_the_requester_cannot_decide_their_own_run(page, desk, users):
+    run = start(requester=users["requester"])
     sign_in(page, "requester")
     page.goto(f"/desk/approvals/{pending(run).pk}/")
     assert "You do not have permission to decide approvals." in page.get_by_test_id("refusal").inner_text()
@@ -116,10 +96,10 @@ def test_the_requester_cannot_decide_their_own_run(page, desk):
     assert pending(run).status == "pending"
 
 
-def test_a_script_in_model_text_or_arguments_shows_as_text(page, desk):
+def test_a_script_in_model_text_or_arguments_shows_as_text(page, desk, users):
     evil = "<script>alert('pwned')</script><img src=x onerror=alert(2)>"
     run = start(script(turn(("send_email", {"to": "ada@example.com", "subject": evil, "body": evil}),
-                            text=evil)), requester=requester())
+                            text=evil)), requester=users["requester"])
     sign_in(page, "reviewer")
     for url in ["/desk/", f"/desk/approvals/{pending(run).pk}/", f"/runs/{run.pk}/"]:
         page.goto(url)
@@ -128,10 +108,10 @@ def test_a_script_in_model_text_or_arguments_shows_as_text(page, desk):
     assert page.evaluate("document.querySelectorAll('main script, main img').length") == 0
 
 
-def test_the_keyboard_path(page, desk):
-    first = start(requester=requester())
+def test_the_keyboard_path(page, desk, users):
+    first = start(requester=users["requester"])
     second = start(script(turn(("refund_item", {"order_id": "A-1003", "amount": 800, "reason": "Late"}))),
-                   requester=requester())
+                   requester=users["requester"])
     sign_in(page, "senior")
     page.goto("/desk/")
     page.keyboard.press("j")

@@ -6,11 +6,8 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from approvals.models import ApprovalRequest
-from approvals.services import approval_decide
-from runs.engine import run_advance_until_settled
-from runs.models import Run, ToolCall
-from tests.runs.helpers import start
+from runs.models import ToolCall
+from tests.helpers import finished_demo
 from tools.models import OutboxEmail, Payment, Ticket
 
 from .conftest import screenshot, sign_in
@@ -18,23 +15,8 @@ from .conftest import screenshot, sign_in
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(databases=["default", "world"], transaction=True)]
 
 
-def finished_demo_run() -> Run:
-    """The refund-desk demo, every gated call approved: refund, email, ticket closed."""
-    from django.contrib.auth import get_user_model
-
-    User = get_user_model()
-    run = start(requester=User.objects.get(username="requester"))
-    senior = User.objects.get(username="senior")
-    while (approval := ApprovalRequest.objects.filter(run=run, status="pending").first()) is not None:
-        approval_decide(approval_id=approval.pk, reviewer=senior, approve=True, enqueue=False)
-        run_advance_until_settled(run.pk)
-    run.refresh_from_db()
-    assert run.status == Run.Status.DONE
-    return run
-
-
-def test_an_admin_rolls_back_a_finished_run_from_its_timeline(page, desk, tmp_path):
-    run = finished_demo_run()
+def test_an_admin_rolls_back_a_finished_run_from_its_timeline(page, desk, tmp_path, users):
+    run = finished_demo(users)
     desk.start_worker()
     sign_in(page, "admin")
     page.goto(f"/runs/{run.pk}/")

@@ -8,15 +8,14 @@ import pytest
 
 from approvals.models import AuditEvent
 from runs.models import Message, Step, ToolCall
+from tests.helpers import script, turn
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(databases=["default", "world"],
                                                               transaction=True)]
 
 
 def start_demo(desk) -> int:
-    out = desk.manage("startrun", "--agent", "refund-desk", "--task", "Refund A-1001, it broke",
-                      "--user", "requester").stdout
-    return int(out.split()[0])
+    return desk.start_run("Refund A-1001, it broke")
 
 
 def test_the_demo_round_trip_through_a_worker(desk):
@@ -86,15 +85,11 @@ def test_concurrent_decisions_one_wins_and_the_refund_runs_once(desk):
         assert desk.world()["payments"] == []
 
 
-def test_two_workers_nudged_for_one_run_one_advances_it(desk, tmp_path):
-    turns = [{"text": f"Step {i}.", "tool_calls": [{"name": "get_order", "input": {"order_id": "A-1001"}}]}
-             for i in range(40)]
-    scenario = tmp_path / "long.json"
-    scenario.write_text(json.dumps({"turns": [*turns, {"text": "Done."}]}))
+def test_two_workers_nudged_for_one_run_one_advances_it(desk):
+    reads = [turn(("get_order", {"order_id": "A-1001"}), text=f"Step {i}.") for i in range(40)]
     desk.start_worker(name="a")
     desk.start_worker(name="b")
-    run_id = int(desk.manage("startrun", "--agent", "refund-desk", "--task", "Look twice",
-                             "--script", str(scenario)).stdout.split()[0])
+    run_id = desk.start_run("Look twice", user=None, script=script(*reads, turn(text="Done.")))
     # A second nudge for the same run, as a redelivered message would be.
     desk.manage("shell", "-c", f"from runs.tasks import advance_run; advance_run.delay({run_id})")
     done = desk.wait_for(run_id, "done")

@@ -7,13 +7,13 @@ from __future__ import annotations
 import email
 import email.policy
 import socket
-import time
 from collections import Counter
 
 import pytest
 from aiosmtpd.controller import Controller
 
 from approvals.models import ApprovalRequest, Notification
+from tests.helpers import holds_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(databases=["default", "world"],
                                                               transaction=True)]
@@ -70,30 +70,20 @@ def smtp():
     server.stop()
 
 
-def eventually(check, *, desk, what: str, timeout: float = 15):
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        if time.monotonic() > deadline:
-            logs = "\n".join(w.log() for w in desk.workers)
-            raise AssertionError(f"timed out waiting for {what}:\n{logs}")
-        time.sleep(0.1)
-    return result
-
-
 def test_reviewers_get_the_email_over_smtp_once_and_an_outage_is_retried(desk, smtp):
     desk.env.update(EMAIL_URL=f"smtp://127.0.0.1:{smtp.port}", DESK_BASE_URL=BASE_URL,
                     DESK_EMAIL_RETRY_SECONDS="1")
     worker = desk.start_worker()
-    out = desk.manage("startrun", "--agent", "refund-desk", "--task", "Refund A-1001, it broke",
-                      "--user", "requester").stdout
-    run_id = int(out.split()[0])
+    run_id = desk.start_run("Refund A-1001, it broke")
 
     # The worker gates the refund, commits, and sends the reviewers' emails.
-    refund = eventually(lambda: ApprovalRequest.objects.filter(run_id=run_id).first(), desk=desk,
-                        what="the refund's approval")
+    refund = desk.eventually(lambda: ApprovalRequest.objects.filter(run_id=run_id).first(),
+                             what="the refund's approval")
     opened = f"approval:{refund.pk}:opened"
-    eventually(lambda: len(smtp.inbox.messages) >= 3, desk=desk, what="three emails")
-    time.sleep(0.5)  # room for a duplicate to show up, if there were one
+    desk.eventually(lambda: len(smtp.inbox.messages) >= 3, what="three emails")
+    # A duplicate would come right after: none does while the worker runs on.
+    holds_for(lambda: len(smtp.inbox.messages) == 3, seconds=0.5,
+              message=f"a fourth email arrived: {smtp.inbox.delivered()}")
     assert smtp.inbox.delivered() == {(opened, to): 1 for to in REVIEWERS}
     message = smtp.inbox.one(opened, "reviewer@countersign.local")
     link = f"{BASE_URL}/desk/approvals/{refund.pk}/"
@@ -111,20 +101,21 @@ def test_reviewers_get_the_email_over_smtp_once_and_an_outage_is_retried(desk, s
     desk.manage("decide", str(refund.pk), "--decline", "--user", "reviewer",
                 "--comment", "Ask for a photo first")
     declined = f"approval:{refund.pk}:declined"
-    failed_once = eventually(
+    failed_once = desk.eventually(
         lambda: Notification.objects.filter(event=declined, attempts__gte=1, status="pending").first(),
-        desk=desk, what="a failed first attempt")
+        what="a failed first attempt")
     assert "ConnectionRefusedError" in failed_once.last_error
     assert "will retry" in worker.log()
 
     # ...and is retried until the server is back: delivered exactly once.
     smtp.start()
-    note = eventually(lambda: Notification.objects.filter(event=declined, status="sent").first(),
-                      desk=desk, what="the retried email")
+    note = desk.eventually(lambda: Notification.objects.filter(event=declined, status="sent").first(),
+                           what="the retried email")
     assert note.attempts >= 2 and note.last_error == ""
-    eventually(lambda: not Notification.objects.exclude(status="sent").exists(), desk=desk,
-               what="every email sent")
-    time.sleep(0.5)
+    desk.eventually(lambda: not Notification.objects.exclude(status="sent").exists(), what="every email sent")
+    sent = Notification.objects.count()
+    holds_for(lambda: len(smtp.inbox.messages) == sent, seconds=0.5,
+              message=f"{sent} notifications, but the inbox got {len(smtp.inbox.messages)} emails")
     delivered = smtp.inbox.delivered()
     assert delivered[(declined, "requester@countersign.local")] == 1
     assert all(count == 1 for count in delivered.values()), delivered

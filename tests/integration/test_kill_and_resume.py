@@ -26,12 +26,9 @@ SCENARIO = {"turns": [
 
 @pytest.mark.parametrize("point", ["after_model_reply", "before_tool_effect", "after_tool_effect",
                                    "after_step_commit"])
-def test_a_killed_worker_resumes_from_the_step_it_died_in(desk, tmp_path, point):
-    scenario = tmp_path / "scenario.json"
-    scenario.write_text(json.dumps(SCENARIO))
+def test_a_killed_worker_resumes_from_the_step_it_died_in(desk, point):
     doomed = desk.start_worker(failpoints=f"{point}@3")
-    run_id = int(desk.manage("startrun", "--agent", "refund-desk", "--task", "Refund A-1002",
-                             "--script", str(scenario), "--user", "requester").stdout.split()[0])
+    run_id = desk.start_run("Refund A-1002", script=SCENARIO)
 
     assert doomed.wait_exit() == 137, doomed.log()
     crashed = desk.status(run_id)
@@ -70,12 +67,9 @@ def test_a_killed_worker_resumes_from_the_step_it_died_in(desk, tmp_path, point)
         assert data["reply"][0]["text"] == SCENARIO["turns"][number]["text"]
 
 
-def test_the_beat_sweeper_renudges_a_run_whose_worker_died(desk, tmp_path):
-    scenario = tmp_path / "scenario.json"
-    scenario.write_text(json.dumps(SCENARIO))
+def test_the_beat_sweeper_renudges_a_run_whose_worker_died(desk):
     doomed = desk.start_worker(failpoints="after_tool_effect@3")
-    run_id = int(desk.manage("startrun", "--agent", "refund-desk", "--task", "Refund A-1002",
-                             "--script", str(scenario)).stdout.split()[0])
+    run_id = desk.start_run("Refund A-1002", user=None, script=SCENARIO)
     assert doomed.wait_exit() == 137
     desk.start_worker()
     desk.start_beat()  # sweeps every second; nobody runs `resume`

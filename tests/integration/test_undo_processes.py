@@ -2,32 +2,26 @@
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-
 import pytest
+from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from runs.models import Run, ToolCall
+from tests.helpers import finished_demo, wait_until
 from tools.models import OutboxEmail, Payment, Ticket, WorldUser
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(databases=["default", "world"],
                                                               transaction=True)]
 
 
-def sandbox(desk) -> Path:
-    return Path(desk.env["DESK_SANDBOX_DIR"])
-
-
 def test_the_onboarding_demo_killed_before_its_email_is_rolled_back_in_the_world(desk):
     doomed = desk.start_worker(failpoints="before_tool_effect@4")
-    run_id = int(desk.manage("startrun", "--agent", "onboarding", "--task", "Onboard Marie",
-                             "--user", "requester").stdout.split()[0])
+    run_id = desk.start_run("Onboard Marie", agent="onboarding")
     [email] = desk.wait_for(run_id, "waiting_approval")["pending_approvals"]
     assert email["tool"] == "send_email"
     # Everything before the email happened, in the world itself.
     assert WorldUser.objects.filter(username="marie").exists()
-    assert (sandbox(desk) / "home/marie/welcome.txt").is_file()
+    assert (desk.sandbox / "home/marie/welcome.txt").is_file()
     assert [p.kind for p in Payment.objects.all()] == ["charge"]
 
     desk.manage("decide", str(email["id"]), "--approve", "--user", "reviewer")
@@ -36,15 +30,18 @@ def test_the_onboarding_demo_killed_before_its_email_is_rolled_back_in_the_world
 
     refused = desk.manage("rollback", str(run_id), "--user", "admin", check=False)
     assert refused.returncode == 1 and "is running" in refused.stderr  # its lease is still live
-    time.sleep(float(desk.env["DESK_LEASE_SECONDS"]))
+    # The dead worker's lease runs out (DESK_LEASE_SECONDS); then nothing holds the run.
+    lease = float(desk.env["DESK_LEASE_SECONDS"])
+    wait_until(lambda: Run.objects.get(pk=run_id).lease_until < timezone.now(), timeout=lease + 5,
+               message=f"the dead worker's lease on run {run_id} to expire")
     out = desk.manage("rollback", str(run_id), "--user", "admin").stdout
     assert f"run {run_id}: rolled_back" in out
 
     # The world, not a status field: the user row and the file are gone, the
     # charge is refunded (both on the ledger), and the email never went out.
     assert not WorldUser.objects.filter(username="marie").exists()
-    assert not (sandbox(desk) / "home/marie/welcome.txt").exists()
-    assert not (sandbox(desk) / "home/marie/welcome.draft.txt").exists()
+    assert not (desk.sandbox / "home/marie/welcome.txt").exists()
+    assert not (desk.sandbox / "home/marie/welcome.draft.txt").exists()
     assert sorted(p.kind for p in Payment.objects.all()) == ["charge", "refund"]
     assert OutboxEmail.objects.count() == 0
     assert ToolCall.objects.get(run_id=run_id, step=4).status == "failed"
@@ -52,8 +49,7 @@ def test_the_onboarding_demo_killed_before_its_email_is_rolled_back_in_the_world
 
 
 def test_a_rollback_killed_midway_resumes_without_compensating_twice(desk):
-    run_id = int(desk.manage("startrun", "--agent", "refund-desk", "--task", "Refund A-1001",
-                             "--user", "requester", "--sync").stdout.split()[0])
+    run_id = desk.start_run("Refund A-1001", sync=True)
     for _ in range(2):  # the refund, then the email
         approval = ApprovalRequest.objects.get(run_id=run_id, status="pending")
         desk.manage("decide", str(approval.pk), "--approve", "--user", "reviewer", "--sync")
@@ -76,3 +72,37 @@ def test_a_rollback_killed_midway_resumes_without_compensating_twice(desk):
     assert Run.objects.get(pk=run_id).status == "rolled_back"
     again = desk.manage("rollback", str(run_id), "--user", "admin").stdout
     assert "nothing to undo" in again
+
+
+def test_rewind_and_fork_from_the_command_line(desk, users):
+    """As an operator types them: a refusal is exit status 1 (2 for a malformed argument)
+    and one line on stderr, never a traceback; what was done goes to stdout."""
+    run_id = finished_demo(users).pk  # committed: the commands' processes see it
+
+    for args, status, said in [
+        (["fork", str(run_id), "--step", "2", "--user", "reviewer"], 1,
+         "CommandError: reviewer may not roll back, rewind or fork runs."),
+        (["rewind", str(run_id), "--to-step", "9", "--user", "admin"], 1,
+         f"CommandError: Run {run_id} has no checkpoint for step 9."),
+        (["rewind", str(run_id), "--to-step", "two", "--user", "admin"], 2,
+         "manage.py rewind: error: argument --to-step: 'two' is not a step number (0, 1, 2, ...)"),
+    ]:
+        refused = desk.manage(*args, check=False)
+        assert (refused.returncode, refused.stderr.strip().splitlines()[-1]) == (status, said), refused
+        assert "Traceback" not in refused.stderr and refused.stdout == ""
+    assert Run.objects.count() == 1
+    assert (OutboxEmail.objects.count(), Ticket.objects.get(ticket_id="T-1").status) == (1, "closed")
+
+    fork_id, stopped = desk.manage("fork", str(run_id), "--step", "2", "--user", "admin",
+                                   "--sync").stdout.splitlines()
+    assert stopped == f"run {fork_id}: done at step 6"  # its parent's record, replayed
+    assert Payment.objects.count() == 1 and OutboxEmail.objects.count() == 1
+
+    email = ToolCall.objects.get(run_id=run_id, tool_name="send_email")
+    ticket = ToolCall.objects.get(run_id=run_id, tool_name="close_ticket")
+    out = desk.manage("rewind", str(run_id), "--to-step", "2", "--user", "admin", "--sync").stdout
+    assert out.splitlines() == [f"compensated #{ticket.pk} close_ticket (step 4)",
+                                f"compensated #{email.pk} send_email (step 3)",
+                                f"run {run_id}: waiting_approval at step 3"]
+    assert (OutboxEmail.objects.count(), Ticket.objects.get(ticket_id="T-1").status) == (2, "open")
+    assert [p.kind for p in Payment.objects.all()] == ["refund"]  # the refund at step 2 stands

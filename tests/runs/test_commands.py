@@ -1,22 +1,29 @@
+"""The command line, in-process (as `manage.py` runs it): what each command prints,
+and a clear error, never a traceback, for what it refuses. The same commands in
+subprocesses, with exit codes and stderr, are in tests/integration."""
+
 from __future__ import annotations
 
-import io
 import json
 import re
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 
 from approvals.models import ApprovalRequest
-from runs.models import Run
+from runs.models import Run, ToolCall
+from tests.helpers import (
+    finished_demo,
+    hold_lease,
+    onboarding_with_a_permanent_delete,
+    pending,
+    run_command,
+    start,
+)
+from tools import counters
+from tools.models import OutboxEmail, Payment, Ticket, WorldUser
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
-
-
-def run_command(*args) -> str:
-    out = io.StringIO()
-    call_command(*args, stdout=out)
-    return out.getvalue()
 
 
 def test_startrun_prints_the_run_id_first_and_sync_pauses_at_the_gate(demo):
@@ -54,6 +61,13 @@ def test_decide_and_showcheckpoint_from_the_command_line(demo):
     assert "the model had seen 1 messages" in text
 
 
+def startrun_with_scenario(tmp_path, content: bytes) -> str:
+    """`startrun --script` with a scenario file holding exactly ``content``."""
+    path = tmp_path / "scenario.json"
+    path.write_bytes(content)
+    return run_command("startrun", "--agent", "refund-desk", "--task", "t", "--script", str(path))
+
+
 @pytest.mark.parametrize("content, message", [
     ("{not json", "is not valid JSON"),
     ('{"turns": "x"}', 'a "turns" list'),
@@ -62,10 +76,8 @@ def test_decide_and_showcheckpoint_from_the_command_line(demo):
     ('{"turns": [{"text": "hi", "extra": 1}]}', "turns[0]: unknown keys extra"),
 ])
 def test_a_malformed_scenario_is_refused_and_no_run_is_created(demo, tmp_path, content, message):
-    path = tmp_path / "scenario.json"
-    path.write_text(content)
     with pytest.raises(CommandError, match=re.escape(message)):
-        run_command("startrun", "--agent", "refund-desk", "--task", "t", "--script", str(path))
+        startrun_with_scenario(tmp_path, content.encode())
     assert not Run.objects.exists()
 
 
@@ -139,10 +151,8 @@ def with_input(amount: str) -> bytes:
     (b'{"turns": [{"text": "\\ud800"}]}', "text contains an unpaired surrogate"),
 ])
 def test_a_scenario_that_is_not_plain_json_is_refused_with_the_reason(demo, tmp_path, content, message):
-    path = tmp_path / "scenario.json"
-    path.write_bytes(content)
     with pytest.raises(CommandError, match=re.escape(message)):
-        run_command("startrun", "--agent", "refund-desk", "--task", "t", "--script", str(path))
+        startrun_with_scenario(tmp_path, content)
     assert not Run.objects.exists()
 
 
@@ -182,8 +192,8 @@ def test_a_scenario_given_to_run_create_is_checked_the_same_way(demo):
     (["rollback", "99999999999999999999999", "--user", "admin"], "No run 99999999999999999999999"),
     (["rollback", "RUN", "--user", "a\x00b"], "The user name contains a NUL character"),
     (["rewind", "RUN", "--to-step", "1e3", "--user", "admin"], "'1e3' is not a step number"),
-    (["fork", "RUN", "--step", "99999999999999999999999"], "is not a step number"),
-    (["fork", "²", "--step", "0"], "No run ²"),
+    (["fork", "RUN", "--step", "99999999999999999999999", "--user", "admin"], "is not a step number"),
+    (["fork", "²", "--step", "0", "--user", "admin"], "No run ²"),
     (["startrun", "--agent", "refund-desk", "--task", "t", "--user", "\udcff"],
      "The user name is not valid UTF-8 text"),
     (["startrun", "--agent", "refund-desk", "--task", "\udcff"], "The task is not valid UTF-8 text"),
@@ -191,8 +201,6 @@ def test_a_scenario_given_to_run_create_is_checked_the_same_way(demo):
     (["decide", "99999999999999999999999", "--approve", "--user", "reviewer"], "No approval"),
 ])
 def test_garbage_ids_numbers_and_text_get_a_clear_error(demo, args, message):
-    from tests.runs.helpers import start
-
     run = start()
     args = [str(run.pk) if arg == "RUN" else arg for arg in args]
     with pytest.raises(CommandError, match=re.escape(message)):
@@ -200,3 +208,140 @@ def test_garbage_ids_numbers_and_text_get_a_clear_error(demo, args, message):
     assert Run.objects.count() == 1
     run.refresh_from_db()
     assert run.status == Run.Status.WAITING_APPROVAL
+
+
+# --- fork and rewind ------------------------------------------------------------------
+def the_world() -> dict:
+    """What a rollback, rewind or fork could have changed in the world."""
+    return {"payments": sorted(Payment.objects.values_list("kind", flat=True)),
+            "emails": OutboxEmail.objects.count(),
+            "T-1": Ticket.objects.get(ticket_id="T-1").status,
+            "marie": WorldUser.objects.filter(username="marie").exists()}
+
+
+DEMO_DONE = {"payments": ["refund"], "emails": 1, "T-1": "closed", "marie": False}
+
+
+def test_fork_prints_the_new_run_and_queues_it_for_a_worker(users):
+    parent = finished_demo(users)
+    out = run_command("fork", str(parent.pk), "--step", "2", "--user", "admin")
+    [line] = out.splitlines()  # the new run's id, and nothing else
+    fork = Run.objects.get(pk=int(line))
+    assert (fork.parent, fork.fork_step, fork.requester) == (parent, 2, users["admin"])
+    assert fork.status == Run.Status.QUEUED
+    assert the_world() == DEMO_DONE
+    parent.refresh_from_db()
+    assert parent.status == Run.Status.DONE
+
+
+def test_fork_sync_replays_its_parents_record_and_leaves_the_world_alone(users):
+    parent = finished_demo(users)
+    world_before = counters.snapshot()
+    first, last = run_command("fork", str(parent.pk), "--step", "2", "--user", "admin", "--sync").splitlines()
+    fork = Run.objects.get(pk=int(first))
+    assert last == f"run {fork.pk}: done at step 6"
+    # The refund, the email and the ticket came from the parent's record: nothing ran again.
+    assert counters.snapshot() == world_before
+    assert the_world() == DEMO_DONE
+    assert set(ToolCall.objects.filter(run=fork).values_list("verdict_reason", flat=True)) == {
+        f"reused from run {parent.pk} step {n}" for n in (2, 3, 4)}
+
+
+def test_rewind_undoes_what_came_after_the_step_and_queues_the_run(users):
+    run = finished_demo(users)
+    email = ToolCall.objects.get(run=run, tool_name="send_email")
+    ticket = ToolCall.objects.get(run=run, tool_name="close_ticket")
+    out = run_command("rewind", str(run.pk), "--to-step", "2", "--user", "admin")
+    assert out.splitlines() == [
+        f"compensated #{ticket.pk} close_ticket (step 4)",
+        f"compensated #{email.pk} send_email (step 3)",
+        f"run {run.pk}: queued at step 3",
+    ]
+    # The ticket is open again and a correction followed the email; the refund at step 2 stands.
+    assert the_world() == {**DEMO_DONE, "emails": 2, "T-1": "open"}
+    run.refresh_from_db()
+    assert run.generation == 1
+
+
+def test_rewind_sync_continues_the_run_to_its_next_decision(users):
+    run = finished_demo(users)
+    out = run_command("rewind", str(run.pk), "--to-step", "2", "--user", "admin", "--sync")
+    assert out.splitlines()[-1] == f"run {run.pk}: waiting_approval at step 3"
+    # The model asks to email the customer again: a new call, a new decision.
+    email = pending(run).tool_call
+    assert email.tool_name == "send_email" and email.attempts == 0
+    assert the_world() == {**DEMO_DONE, "emails": 2, "T-1": "open"}
+
+
+def test_rewinding_a_waiting_run_withdraws_the_call_it_waited_on(users):
+    run = start(requester=users["requester"])  # waits for the refund at step 2
+    out = run_command("rewind", str(run.pk), "--to-step", "1", "--user", "admin")
+    assert out.splitlines() == [f"run {run.pk}: queued at step 2"]  # nothing had taken effect
+    assert not ApprovalRequest.objects.filter(run=run, status="pending").exists()
+    refund = ToolCall.objects.get(run=run, tool_name="refund_item")
+    assert (refund.status, refund.result) == (ToolCall.Status.DENIED, "Withdrawn: the run was rewound.")
+    assert Payment.objects.count() == 0
+
+
+def test_a_rewind_across_a_call_that_cannot_be_undone_is_refused_and_changes_nothing(users, sandbox):
+    run = onboarding_with_a_permanent_delete(users)
+    delete = ToolCall.objects.get(run=run, tool_name="delete_file_permanently")
+    refusal = (f"Cannot rewind run {run.pk} to step 0: #{delete.pk} delete_file_permanently (step 1) "
+               "cannot be undone. Nothing was changed.")
+    with pytest.raises(CommandError, match=f"^{re.escape(refusal)}$"):
+        run_command("rewind", str(run.pk), "--to-step", "0", "--user", "admin")
+    assert WorldUser.objects.filter(username="marie").exists()
+    assert not ToolCall.objects.filter(run=run, status="compensated").exists()
+    run.refresh_from_db()
+    assert (run.status, run.generation) == (Run.Status.DONE, 0)
+
+    # To the delete's own step: the delete stays, what came after it is undone.
+    user = ToolCall.objects.get(run=run, tool_name="create_user")
+    out = run_command("rewind", str(run.pk), "--to-step", "1", "--user", "admin")
+    assert out.splitlines() == [f"compensated #{user.pk} create_user (step 2)",
+                                f"run {run.pk}: queued at step 2"]
+    assert not WorldUser.objects.filter(username="marie").exists()
+
+
+def test_rewind_refuses_a_run_a_worker_holds(users):
+    run = finished_demo(users)
+    hold_lease(run, "worker-1", seconds=60, status=Run.Status.RUNNING)
+    with pytest.raises(CommandError, match=rf"^Run {run.pk} is running \(worker-1\): cancel it or wait"):
+        run_command("rewind", str(run.pk), "--to-step", "2", "--user", "admin")
+    assert the_world() == DEMO_DONE
+
+
+@pytest.mark.parametrize("command, step", [("fork", "--step"), ("rewind", "--to-step")])
+def test_fork_and_rewind_need_the_permission(users, command, step):
+    run = finished_demo(users)
+    with pytest.raises(CommandError, match=r"^reviewer may not roll back, rewind or fork runs\.$"):
+        run_command(command, str(run.pk), step, "2", "--user", "reviewer")
+    assert Run.objects.count() == 1
+    run.refresh_from_db()
+    assert (run.status, run.generation) == (Run.Status.DONE, 0)
+    assert the_world() == DEMO_DONE
+
+
+@pytest.mark.parametrize("command, step", [("fork", "--step"), ("rewind", "--to-step")])
+@pytest.mark.parametrize("args, message", [
+    (["RUN", "9", "--user", "admin"], "Run RUN has no checkpoint for step 9."),
+    (["999999", "2", "--user", "admin"], "No run 999999."),
+    (["RUN", "2", "--user", "ghost"], "No user 'ghost'."),
+])
+def test_fork_and_rewind_name_what_they_cannot_find(users, command, step, args, message):
+    run = finished_demo(users)
+    run_id, step_number, *rest = [str(run.pk) if arg == "RUN" else arg for arg in args]
+    with pytest.raises(CommandError, match=f"^{re.escape(message.replace('RUN', str(run.pk)))}$"):
+        run_command(command, run_id, step, step_number, *rest)
+    assert Run.objects.count() == 1
+    assert the_world() == DEMO_DONE
+
+
+@pytest.mark.parametrize("command, step", [("fork", "--step"), ("rewind", "--to-step")])
+def test_fork_and_rewind_need_to_know_who_asks(users, command, step):
+    # Without a user there is nobody to check the permission for.
+    run = finished_demo(users)
+    with pytest.raises(CommandError, match="the following arguments are required: --user"):
+        run_command(command, str(run.pk), step, "2")
+    assert Run.objects.count() == 1
+    assert the_world() == DEMO_DONE

@@ -4,40 +4,29 @@ outcomes, repeats and bad input. Cross-process behaviour is in tests/integration
 from __future__ import annotations
 
 from decimal import Decimal
+from unittest import mock
 
 import pytest
 
 from approvals.models import ApprovalRequest, AuditEvent
-from approvals.services import approval_decide
-from runs.engine import Outcome, run_advance, run_advance_until_settled
+from approvals.services import Decision
+from runs.engine import Outcome, lease_claim, run_advance, run_advance_until_settled
 from runs.gate import ReadsOnlyGate
+from runs.llm import ScriptedLLM
 from runs.models import Message, Run, Step, ToolCall
 from runs.selectors import checkpoint
-from tools.models import Note, OutboxEmail, Payment, ProviderFault, Ticket
-
-from .helpers import script, start, turn
+from runs.services import run_create
+from tests.helpers import decide, decide_and_advance, pending, script, start, tool_results, turn
+from tools import counters, payments
+from tools.models import FileOperation, Note, OutboxEmail, Payment, ProviderFault, Ticket
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
 
-
-def pending(run: Run) -> ApprovalRequest:
-    return ApprovalRequest.objects.get(run=run, status=ApprovalRequest.Status.PENDING)
-
-
-def decide(run: Run, reviewer, *, approve=True, comment=""):
-    result = approval_decide(approval_id=pending(run).pk, reviewer=reviewer, approve=approve,
-                             comment=comment, enqueue=False)
-    run_advance_until_settled(run.pk)
-    run.refresh_from_db()
-    return result
-
-
-def results(run: Run) -> list[dict]:
-    """Every tool_result block in the transcript, in order."""
-    blocks = []
-    for message in Message.objects.filter(run=run, role="user").order_by("seq"):
-        blocks += [b for b in message.content if b.get("type") == "tool_result"]
-    return blocks
+# A refund under the ₹500 threshold: allowed, it runs without a decision.
+REFUND_250 = script(
+    turn(("refund_item", {"order_id": "A-1002", "amount": 250, "reason": "Late"})),
+    {"text": "Refunded."},
+)
 
 
 def test_the_demo_pauses_at_the_refund_and_finishes_after_two_approvals(users):
@@ -50,17 +39,17 @@ def test_the_demo_pauses_at_the_refund_and_finishes_after_two_approvals(users):
     assert approval.reason == "amount 2900.0 > 500"
     assert Payment.objects.count() == 0
 
-    decide(run, users["reviewer"])
+    decide_and_advance(run, users["reviewer"])
     assert run.status == Run.Status.WAITING_APPROVAL
     assert pending(run).tool_call.tool_name == "send_email"
     assert Payment.objects.get().amount == Decimal("2900.00")
 
-    decide(run, users["reviewer"])
+    decide_and_advance(run, users["reviewer"])
     assert run.status == Run.Status.DONE
     assert Payment.objects.count() == 1
     assert OutboxEmail.objects.get().to == "ada@example.com"
     assert Ticket.objects.get(ticket_id="T-1").status == "closed"
-    refund_result = results(run)[2]
+    refund_result = tool_results(run)[2]
     assert '"refunded"' in refund_result["content"] and not refund_result.get("is_error")
     assert run.step == 6
     assert list(Step.objects.filter(run=run).values_list("number", flat=True)) == [0, 1, 2, 3, 4, 5]
@@ -68,9 +57,9 @@ def test_the_demo_pauses_at_the_refund_and_finishes_after_two_approvals(users):
 
 def test_a_decline_leaves_the_ledger_untouched_and_tells_the_model_why(users):
     run = start(requester=users["requester"])
-    decide(run, users["reviewer"], approve=False, comment="Needs a photo of the damage")
+    decide_and_advance(run, users["reviewer"], Decision.decline("Needs a photo of the damage"))
     assert Payment.objects.count() == 0
-    refund_result = results(run)[2]
+    refund_result = tool_results(run)[2]
     assert refund_result["is_error"] is True
     assert refund_result["content"] == "Declined by Reviewer: Needs a photo of the damage. Do not retry."
     call = ToolCall.objects.get(run=run, tool_name="refund_item")
@@ -88,7 +77,7 @@ def test_parallel_calls_wait_together_and_report_in_tool_use_order(users):
     assert Note.objects.count() == 1  # the allowed call ran before the pause
     assert Message.objects.filter(run=run).count() == 2  # no results yet
 
-    decide(run, users["reviewer"])
+    decide_and_advance(run, users["reviewer"])
     assert run.status == Run.Status.DONE
     assert Note.objects.count() == 1  # ...and only once
     assert Payment.objects.count() == 1
@@ -100,10 +89,7 @@ def test_parallel_calls_wait_together_and_report_in_tool_use_order(users):
 
 def test_an_unknown_outcome_is_reconciled_by_key_and_never_retried_blind(users):
     ProviderFault.objects.create(kind=ProviderFault.Kind.TIMEOUT_AFTER_APPLY)
-    run = start(script(
-        turn(("refund_item", {"order_id": "A-1002", "amount": 250, "reason": "Late"})),
-        {"text": "Refunded."},
-    ))
+    run = start(REFUND_250)
     assert run.status == Run.Status.DONE
     assert Payment.objects.count() == 1
     call = ToolCall.objects.get(run=run)
@@ -114,10 +100,7 @@ def test_an_unknown_outcome_is_reconciled_by_key_and_never_retried_blind(users):
 
 def test_a_timeout_before_the_effect_is_retried_with_the_same_key(users):
     ProviderFault.objects.create(kind=ProviderFault.Kind.TIMEOUT_BEFORE_APPLY)
-    run = start(script(
-        turn(("refund_item", {"order_id": "A-1002", "amount": 250, "reason": "Late"})),
-        {"text": "Refunded."},
-    ))
+    run = start(REFUND_250)
     assert run.status == Run.Status.DONE
     payment = Payment.objects.get()
     call = ToolCall.objects.get(run=run)
@@ -137,7 +120,7 @@ def test_a_repeated_refund_is_not_refunded_twice(users):
     assert Payment.objects.count() == 1
     repeat = ToolCall.objects.get(run=run, step=2)
     assert repeat.status == ToolCall.Status.COMMITTED
-    assert "already ran at step 0" in results(run)[2]["content"]
+    assert "already ran at step 0" in tool_results(run)[2]["content"]
     assert repeat.result["earlier_result"]["amount"] == "100.00"
 
 
@@ -146,7 +129,7 @@ def test_two_identical_calls_in_one_reply_run_once(users):
     run = start(script(turn(refund, refund), {"text": "Done."}))
     assert run.status == Run.Status.DONE
     assert Payment.objects.count() == 1
-    second = results(run)[1]
+    second = tool_results(run)[1]
     assert second["is_error"] and "Duplicate" in second["content"]
 
 
@@ -158,7 +141,7 @@ def test_an_unknown_tool_and_bad_arguments_become_error_results(users):
         {"text": "I could not do it."},
     ))
     assert run.status == Run.Status.DONE
-    unknown, wrong_type, wrong_id = results(run)
+    unknown, wrong_type, wrong_id = tool_results(run)
     assert unknown["is_error"] and "Unknown tool 'delete_everything'" in unknown["content"]
     assert "Available tools: get_order" in unknown["content"]
     assert wrong_type["is_error"] and "amount: 'lots' is not of type 'number'" in wrong_type["content"]
@@ -172,7 +155,7 @@ def test_a_tool_that_refuses_tells_the_model(users):
         turn(("refund_item", {"order_id": "A-1002", "amount": 400, "reason": "x"})),
         {"text": "ok"},
     ))
-    [refused] = results(run)
+    [refused] = tool_results(run)
     assert refused["is_error"] and "exceeds the refundable 250.00" in refused["content"]
     assert ToolCall.objects.get(run=run).status == ToolCall.Status.FAILED
 
@@ -192,7 +175,7 @@ def test_a_deny_rule_resolves_the_call_with_an_error(users):
     GateRule.objects.create(name="No notes", tool="add_note", effect="deny", priority=100)
     run = start(script(turn(("add_note", {"order_id": "A-1001", "text": "hi"})), {"text": "ok"}))
     assert run.status == Run.Status.DONE
-    [denied] = results(run)
+    [denied] = tool_results(run)
     assert denied["is_error"] and "Denied by policy (No notes (v1))" in denied["content"]
     assert Note.objects.count() == 0
 
@@ -213,9 +196,6 @@ def test_the_checkpoint_of_every_step_shows_what_the_model_had_seen(users):
 
 
 def test_a_second_claim_on_a_leased_run_stops_quietly(users):
-    from runs.engine import lease_claim
-    from runs.services import run_create
-
     run = run_create(agent_name="refund-desk", task="t", enqueue=False)
     assert lease_claim(run.pk, "worker-a")
     assert not lease_claim(run.pk, "worker-b")
@@ -224,18 +204,27 @@ def test_a_second_claim_on_a_leased_run_stops_quietly(users):
     assert run.lease_owner == "worker-a" and run.step == 0
 
 
-def test_a_run_that_loses_its_lease_stops_before_the_next_effect(users):
-    from runs.engine import LeaseLost, _Loop, lease_claim
-    from runs.services import run_create
+class LeaseThief:
+    """A model that takes so long that the lease expires while it thinks and another
+    worker claims the run: the thief holds it when the reply comes back."""
 
-    run = run_create(agent_name="refund-desk", task="t", enqueue=False, script=script(
-        turn(("add_note", {"order_id": "A-1001", "text": "x"})), {"text": "ok"}))
-    assert lease_claim(run.pk, "old")
-    Run.objects.filter(pk=run.pk).update(lease_owner="thief")
-    with pytest.raises(LeaseLost):
-        _Loop(Run.objects.get(pk=run.pk), "old", None).step()
+    def __init__(self, run: Run, scenario: dict) -> None:
+        self.run, self.scripted = run, ScriptedLLM(scenario)
+
+    def reply(self, **kwargs):
+        Run.objects.filter(pk=self.run.pk).update(lease_owner="thief")
+        return self.scripted.reply(**kwargs)
+
+
+def test_a_run_that_loses_its_lease_while_the_model_thinks_saves_nothing_and_does_nothing(users):
+    scenario = script(turn(("add_note", {"order_id": "A-1001", "text": "x"})), {"text": "ok"})
+    run = run_create(agent_name="refund-desk", task="t", enqueue=False, script=scenario)
+    assert run_advance(run.pk, llm=LeaseThief(run, scenario)).outcome == Outcome.LOST
+    run.refresh_from_db()
+    assert run.lease_owner == "thief" and run.step == 0
     assert Note.objects.count() == 0
     assert not Message.objects.filter(run=run, role="assistant").exists()
+    assert not ToolCall.objects.filter(run=run).exists()
 
 
 def test_the_step_budget_stops_a_looping_agent(users):
@@ -248,7 +237,6 @@ def test_the_step_budget_stops_a_looping_agent(users):
 
 def test_a_malformed_model_reply_fails_the_run_and_saves_nothing(users):
     from runs.llm import Reply
-    from runs.services import run_create
 
     class BrokenLLM:
         def reply(self, **kwargs):
@@ -266,10 +254,7 @@ def test_a_malformed_model_reply_fails_the_run_and_saves_nothing(users):
 
 def test_a_write_whose_outcome_stays_unknown_stops_the_run_for_a_human(users):
     ProviderFault.objects.create(kind=ProviderFault.Kind.TIMEOUT_BEFORE_APPLY, remaining=5)
-    run = start(script(
-        turn(("refund_item", {"order_id": "A-1002", "amount": 250, "reason": "Late"})),
-        {"text": "Refunded."},
-    ))
+    run = start(REFUND_250)
     assert run.status == Run.Status.FAILED
     assert "outcome still unknown after 3 attempts" in run.error
     assert ToolCall.objects.get(run=run).status == ToolCall.Status.EXECUTING
@@ -284,8 +269,6 @@ class ExplodingGate(ReadsOnlyGate):
 def test_an_unexpected_error_is_retried_a_bounded_number_of_times(users, settings):
     settings.DESK_GATE = "tests.runs.test_engine.ExplodingGate"
     settings.DESK_LLM_MAX_ATTEMPTS = 2
-    from runs.services import run_create
-
     run = run_create(agent_name="refund-desk", task="t", enqueue=False)
     first = run_advance(run.pk)
     assert first.outcome == Outcome.RETRY and first.retry_after == 2
@@ -298,3 +281,104 @@ def test_an_unexpected_error_is_retried_a_bounded_number_of_times(users, setting
     run.refresh_from_db()
     assert run.status == Run.Status.FAILED
     assert run.error == "gave up after 2 attempts: RuntimeError: rules table is unreadable"
+
+
+# --- what runs is what was approved, and nothing half-done ----------------------------
+def test_arguments_changed_after_the_approval_are_not_executed(users):
+    """Someone with database access raises an approved refund before a worker runs it:
+    the worker checks the arguments against what was approved and runs nothing."""
+    run = start(requester=users["requester"])
+    decide(pending(run), users["reviewer"])  # ₹2,900 on A-1001 approved; not run yet
+    refund = ToolCall.objects.get(run=run, tool_name="refund_item")
+    raised = {**refund.input, "order_id": "A-1003", "amount": 12000}
+    ToolCall.objects.filter(pk=refund.pk).update(input=raised)
+
+    run_advance_until_settled(run.pk)
+
+    assert Payment.objects.count() == 0
+    refund.refresh_from_db()
+    assert refund.status == ToolCall.Status.FAILED and refund.attempts == 0
+    told = tool_results(run)[2]
+    assert told["is_error"] is True
+    assert told["content"] == "The arguments differ from the ones approved; not executed."
+    # The run goes on: the model's next call (the email) waits for its own decision.
+    run.refresh_from_db()
+    assert run.status == Run.Status.WAITING_APPROVAL
+    assert pending(run).tool_call.tool_name == "send_email"
+
+
+def test_a_write_whose_capture_fails_fails_cleanly_before_its_effect(users, sandbox):
+    """create_file records what its undo will need before it writes anything; a path
+    that leaves the sandbox is refused there, so the file tool itself never runs."""
+    run = start(script(
+        turn(("create_file", {"path": "../outside.txt", "content": "escaped"}), text="Writing it."),
+        turn(text="I could not write it."),
+    ), agent="onboarding", task="Write a file", requester=users["requester"])
+
+    assert run.status == Run.Status.DONE
+    call = ToolCall.objects.get(run=run)
+    assert call.status == ToolCall.Status.FAILED and call.attempts == 0
+    [told] = tool_results(run)
+    assert told["is_error"] is True
+    assert told["content"] == "create_file failed: path '../outside.txt' leaves the sandbox folder."
+    # The world: no file in or beside the sandbox, nothing journalled, the effect never called.
+    assert not (sandbox.parent / "outside.txt").exists()
+    assert not FileOperation.objects.exists()
+    reached = counters.snapshot()
+    assert reached.get("create_file:capture") == 1 and "create_file" not in reached
+    assert not AuditEvent.objects.filter(tool_call=call, action="call.executing").exists()
+
+
+def the_one_refund(run: Run) -> tuple[ToolCall, Payment]:
+    """The run ended, and the world holds one refund: its one call's, under its key."""
+    assert run.status == Run.Status.DONE
+    payment = Payment.objects.get()
+    call = ToolCall.objects.get(run=run)
+    assert call.status == ToolCall.Status.COMMITTED and payment.idempotency_key == call.idempotency_key
+    return call, payment
+
+
+def test_a_write_that_crashes_after_its_effect_is_reconciled_not_repeated(users):
+    """The provider takes the refund, then the connection drops with an error nobody
+    planned for: the outcome is unknown, so the engine looks the refund up by its key
+    and finds it, instead of refunding again or telling the model it failed."""
+    take_the_refund = payments.refund
+
+    def refund_then_drop_the_connection(**kwargs):
+        take_the_refund(**kwargs)
+        raise ConnectionResetError("Connection reset by peer")
+
+    with mock.patch.object(payments, "refund", refund_then_drop_the_connection):
+        call, payment = the_one_refund(start(REFUND_250))
+
+    assert call.attempts == 1
+    assert call.result == {"refund_id": f"RF-{payment.pk}", "order_id": "A-1002", "amount": "250.00",
+                           "status": "refunded"}
+    [told] = tool_results(call.run)
+    assert not told.get("is_error") and '"refunded"' in told["content"]
+    # Asked the world once, looked it up once: never run again blind.
+    reached = counters.snapshot()
+    assert (reached["refund_item"], reached["refund_item:reconcile"]) == (1, 1)
+    assert AuditEvent.objects.filter(tool_call=call, detail__contains="reconciled").exists()
+
+
+def test_a_write_that_crashes_before_its_effect_runs_again_with_the_same_key(users):
+    """The connection drops before the provider took the refund: looked up by key it is
+    not there, and the provider deduplicates on the key, so it is safe to run it again
+    with the same key, once."""
+    take_the_refund = payments.refund
+    keys_that_crashed = []
+
+    def drop_the_connection_once(**kwargs):
+        if not keys_that_crashed:
+            keys_that_crashed.append(kwargs["idempotency_key"])
+            raise ConnectionResetError("Connection reset by peer")
+        return take_the_refund(**kwargs)
+
+    with mock.patch.object(payments, "refund", drop_the_connection_once):
+        call, _ = the_one_refund(start(REFUND_250))
+
+    assert call.attempts == 2
+    assert keys_that_crashed == [call.idempotency_key]
+    reached = counters.snapshot()
+    assert (reached["refund_item"], reached["refund_item:reconcile"]) == (2, 1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from approvals.models import ApprovalRequest
-from tests.runs.helpers import client_for, start
+from tests.helpers import client_for, get_html, start
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
 
@@ -41,10 +41,10 @@ def test_a_requester_cannot_see_someone_elses_run_or_request(users, bob):
     for url in run_pages(theirs):
         assert client.get(url).status_code == 404, url
     assert client.post(f"/runs/{theirs.pk}/cancel").status_code == 404
-    listing = client.get("/runs/").content.decode()
+    listing = get_html(client, "/runs/")
     assert f'href="/runs/{theirs.pk}/"' not in listing
     mine = start(requester=bob)
-    listing = client.get("/runs/").content.decode()
+    listing = get_html(client, "/runs/")
     assert f'href="/runs/{mine.pk}/"' in listing and f'href="/runs/{theirs.pk}/"' not in listing
 
 
@@ -66,7 +66,7 @@ def test_a_requester_with_no_role_has_nothing_to_decide_in_the_count(users, bob)
 
 def test_a_requester_is_not_shown_who_else_has_runs(users, bob):
     start(requester=users["requester"])
-    page = client_for(bob).get("/runs/").content.decode()
+    page = get_html(client_for(bob), "/runs/")
     requester_filter = page.split('name="requester"', 1)[1].split("</select>", 1)[0]
     assert ">bob<" in requester_filter
     assert ">requester<" not in requester_filter and ">admin<" not in requester_filter

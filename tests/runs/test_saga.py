@@ -9,32 +9,17 @@ import pytest
 from django.db.models import Sum
 
 from approvals.models import ApprovalRequest, AuditEvent
-from approvals.services import approval_decide
+from approvals.services import Decision
 from runs.engine import run_advance_until_settled
 from runs.history import transcript_messages
 from runs.models import Message, Run, ToolCall
 from runs.saga import RollbackHalted, SagaError, run_fork, run_rewind, run_rollback
 from runs.selectors import checkpoint
-from tools.models import OutboxEmail, Payment, Ticket
-
-from .helpers import start
+from tests.helpers import decide, finished_demo, hold_lease, pending, start, the_approval
+from tools import counters
+from tools.models import OutboxEmail, Payment, Ticket, WorldFault
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
-
-
-def approve_all(run: Run, reviewer) -> Run:
-    """Approve whatever the run waits for until it ends."""
-    while (approval := ApprovalRequest.objects.filter(run=run, status="pending").first()) is not None:
-        approval_decide(approval_id=approval.pk, reviewer=reviewer, approve=True, enqueue=False)
-        run_advance_until_settled(run.pk)
-    run.refresh_from_db()
-    return run
-
-
-def finished_demo(users) -> Run:
-    run = approve_all(start(requester=users["requester"]), users["reviewer"])
-    assert run.status == Run.Status.DONE
-    return run
 
 
 def balance(order_id: str) -> Decimal:
@@ -81,8 +66,6 @@ def test_a_partial_rollback_undoes_only_what_came_after_the_step(users):
 
 
 def test_a_failing_compensation_halts_and_a_second_rollback_finishes(users):
-    from tools.models import WorldFault
-
     run = finished_demo(users)
     WorldFault.objects.create(tool="send_email", kind="compensation_fails", remaining=1)
     with pytest.raises(RollbackHalted, match=r"Compensating #\d+ send_email \(step 3\) failed"):
@@ -108,26 +91,16 @@ def test_rollback_needs_the_permission(users):
 
 
 def test_a_run_a_worker_holds_is_never_rolled_back_under_it(users):
-    from datetime import timedelta
-
-    from django.utils import timezone
-
     run = finished_demo(users)
-    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, lease_owner="worker-1",
-                                         lease_until=timezone.now() + timedelta(minutes=1))
+    hold_lease(run, "worker-1", seconds=60, status=Run.Status.RUNNING)
     with pytest.raises(SagaError, match="is running \\(worker-1\\)"):
         run_rollback(run=run, by=users["admin"])
     assert Payment.objects.count() == 1
 
 
 def test_a_run_whose_worker_died_can_be_rolled_back_entirely_but_not_in_part(users):
-    from datetime import timedelta
-
-    from django.utils import timezone
-
     run = finished_demo(users)
-    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, lease_owner="dead-worker",
-                                         lease_until=timezone.now() - timedelta(seconds=1))
+    hold_lease(run, "dead-worker", seconds=-1, status=Run.Status.RUNNING)
     with pytest.raises(SagaError, match="roll it back entirely"):
         run_rollback(run=run, to_step=3, by=users["admin"])
     assert run_rollback(run=run, by=users["admin"]).run_status == Run.Status.ROLLED_BACK
@@ -143,10 +116,9 @@ def test_rewind_then_continue_to_a_different_decision(users):
     assert run.status == Run.Status.QUEUED and run.step == 3 and run.generation == 1
 
     run_advance_until_settled(run.pk)  # the model asks to email again: a new request
-    approval = ApprovalRequest.objects.get(run=run, status="pending")
+    approval = pending(run)
     assert approval.tool_call.tool_name == "send_email"
-    approval_decide(approval_id=approval.pk, reviewer=users["senior"], approve=False,
-                    comment="We call this customer instead", enqueue=False)
+    decide(approval, users["senior"], Decision.decline("We call this customer instead"))
     run_advance_until_settled(run.pk)
     run.refresh_from_db()
     assert run.status == Run.Status.DONE
@@ -160,20 +132,17 @@ def test_rewind_then_continue_to_a_different_decision(users):
 
 
 def test_a_fork_reuses_its_parent_results_until_it_goes_past_its_history(users):
-    from tools.models import Counter
-
     parent = start(requester=users["requester"])  # waits at the refund (step 2)
-    approval_decide(approval_id=ApprovalRequest.objects.get(run=parent).pk, reviewer=users["reviewer"],
-                    approve=True, enqueue=False)
+    decide(the_approval(parent), users["reviewer"])
     run_advance_until_settled(parent.pk)  # refunded; now waits at the email (step 3)
-    counters = dict(Counter.objects.values_list("name", "value"))
+    world_before = counters.snapshot()
 
     fork = run_fork(run=parent, step=1, by=users["admin"], enqueue=False)
     assert fork.parent == parent and fork.shared_messages == 3
     run_advance_until_settled(fork.pk)
     fork.refresh_from_db()
     # Steps 1 and 2 came from the parent's record: the world did not move.
-    assert dict(Counter.objects.values_list("name", "value")) == counters
+    assert counters.snapshot() == world_before
     assert Payment.objects.count() == 1
     reused = ToolCall.objects.get(run=fork, step=2)
     assert reused.status == "committed" and reused.verdict_reason == f"reused from run {parent.pk} step 2"

@@ -6,70 +6,28 @@ nowhere); the tests run the task function themselves, as a worker would.
 
 from __future__ import annotations
 
-import inspect
 import re
 from unittest import mock
 
 import pytest
 from django.contrib.auth.models import Group
-from django.test import Client
 
-from approvals.models import ApprovalRequest
-from approvals.services import approval_decide
 from runs import tasks
-from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
 from runs.tasks import rollback_run
-from tests.runs.helpers import script, start, turn
+from tests.helpers import (
+    client_for,
+    finished_demo,
+    get_html,
+    hold_lease,
+    onboarding_with_a_permanent_delete,
+    start,
+)
 from tools.models import OutboxEmail, Payment, Ticket, WorldFault, WorldUser
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
 
 HTMX = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "run-status"}
-
-
-def client_for(user, **kwargs) -> Client:
-    client = Client(**kwargs)
-    client.force_login(user)
-    return client
-
-
-def approve(approval: ApprovalRequest, reviewer) -> None:
-    kwargs = {}
-    # An irreversible call may need the reviewer's explicit "this cannot be undone".
-    if "confirm_irreversible" in inspect.signature(approval_decide).parameters:
-        kwargs["confirm_irreversible"] = True
-    approval_decide(approval_id=approval.pk, reviewer=reviewer, approve=True, enqueue=False, **kwargs)
-
-
-def approve_all(run: Run, reviewer) -> Run:
-    while (approval := ApprovalRequest.objects.filter(run=run, status="pending").first()) is not None:
-        approve(approval, reviewer)
-        run_advance_until_settled(run.pk)
-    run.refresh_from_db()
-    return run
-
-
-def finished_demo(users) -> Run:
-    """The refund-desk demo to the end, everything approved: refund, email, ticket closed."""
-    run = approve_all(start(requester=users["requester"]), users["senior"])
-    assert run.status == Run.Status.DONE
-    return run
-
-
-def onboarding_with_a_permanent_delete(users) -> Run:
-    """Onboarding that creates a scratch file, deletes it for good (approved), then creates a user."""
-    run = start(script(
-        turn(("create_file", {"path": "tmp/scratch.txt", "content": "draft"}), text="A scratch file."),
-        turn(("delete_file_permanently", {"path": "tmp/scratch.txt"}), text="Removing it for good."),
-        turn(("create_user", {"username": "marie", "email": "marie@example.com"}), text="The account."),
-        turn(text="Done."),
-    ), agent="onboarding", task="Onboard marie", requester=users["requester"])
-    run = approve_all(run, users["admin"])
-    assert run.status == Run.Status.DONE
-    delete = ToolCall.objects.get(run=run, tool_name="delete_file_permanently")
-    assert delete.status == ToolCall.Status.COMMITTED
-    return run
 
 
 def rows(content: str, testid: str = "undo-row") -> list[tuple[str, str, str]]:
@@ -94,7 +52,8 @@ def enqueued():
 def test_a_reviewer_sees_no_undo_buttons_and_gets_403_from_every_endpoint(users, enqueued):
     run = finished_demo(users)
     client = client_for(users["reviewer"])
-    content = client.get(f"/runs/{run.pk}/").content.decode()
+    content = get_html(client, f"/runs/{run.pk}/")
+    assert 'data-testid="run-status">Done<' in content  # the run, as a reviewer sees it
     for label in ["Roll back to here", "Rewind to here", "Fork from here", "Roll back entire run"]:
         assert label not in content
     for url in [f"/runs/{run.pk}/rollback", f"/runs/{run.pk}/rollback?to_step=2",
@@ -188,18 +147,14 @@ def test_a_range_with_an_irreversible_call_is_refused_up_front_and_names_it(user
 
 
 def test_a_run_a_worker_holds_or_an_empty_range_offers_no_confirm_button(users):
-    from datetime import timedelta
-
-    from django.utils import timezone
-
     client = client_for(users["admin"])
     run = finished_demo(users)
-    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, lease_owner="worker-1",
-                                         lease_until=timezone.now() + timedelta(minutes=1))
+    hold_lease(run, "worker-1", seconds=60, status=Run.Status.RUNNING)
     content = client.get(f"/runs/{run.pk}/rollback").content.decode()
     assert f"Run {run.pk} is running and a worker holds it: cancel it" in content
     assert 'data-testid="undo-confirm"' not in content
-    assert "Roll back entire run" not in client.get(f"/runs/{run.pk}/").content.decode()
+    page = get_html(client, f"/runs/{run.pk}/")
+    assert "Rewind to here" not in page and "Roll back entire run" not in page
 
     # Queued with nobody holding it (its worker died): only a full rollback, which ends it.
     Run.objects.filter(pk=run.pk).update(status=Run.Status.QUEUED, lease_owner="", lease_until=None)
@@ -314,7 +269,7 @@ def test_a_halted_rollback_is_recorded_on_the_run_and_a_second_one_finishes(
     assert run.undo_note == ""
     assert rollback_run(*enqueued.call_args.args) == Run.Status.ROLLED_BACK
     assert sorted(Payment.objects.values_list("kind", flat=True)) == ["refund", "reversal"]
-    assert 'data-testid="undo-note"' not in client.get(f"/runs/{run.pk}/").content.decode()
+    assert 'data-testid="undo-note"' not in get_html(client, f"/runs/{run.pk}/")
 
 
 def test_a_stopped_rollback_keeps_the_runs_own_error(users):
@@ -384,23 +339,19 @@ def test_fork_from_here_shows_the_checkpoint_then_redirects_to_the_new_run(users
     assert set(ToolCall.objects.filter(run=run).values_list("status", flat=True)) == {"committed"}
 
 
-def test_a_rollback_that_finds_another_holding_the_run_waits_then_says_so(users):
-    from datetime import timedelta
-
-    from django.utils import timezone
-
+def test_a_rollback_that_finds_another_holding_the_run_waits_then_says_so(users, settings):
     run = finished_demo(users)
-    # Another rollback (or a dead worker's) holds the run's lease.
-    Run.objects.filter(pk=run.pk).update(lease_owner="saga:elsewhere",
-                                         lease_until=timezone.now() + timedelta(minutes=5))
+    hold_lease(run, "saga:elsewhere", seconds=300)  # another rollback (or a dead one's) holds it
     with mock.patch.object(tasks.rollback_run, "retry", side_effect=tasks.rollback_run.retry) as retry:
         result = rollback_run.apply(args=[run.pk, None, users["admin"].pk, False])
-    assert result.get() == "stopped"
-    assert retry.call_count == tasks.ROLLBACK_BUSY_RETRIES
+    assert result.get() == "stopped"  # it gave up in the end...
+    # ...after waiting for the other's lock to expire (never longer than a lease) and trying again.
+    countdowns = [call.kwargs["countdown"] for call in retry.call_args_list]
+    assert countdowns and all(1 <= seconds <= settings.DESK_LEASE_SECONDS for seconds in countdowns)
     run.refresh_from_db()
     assert run.undo_note.startswith(f"Run {run.pk} is busy (saga:elsewhere)")
     assert Payment.objects.count() == 1
     # While it is held, the page shows a rollback in progress and offers none.
-    content = client_for(users["admin"]).get(f"/runs/{run.pk}/").content.decode()
+    content = get_html(client_for(users["admin"]), f"/runs/{run.pk}/")
     assert "Rolling back: 0 calls compensated so far." in content and "data-polling" in content
     assert "Roll back entire run" not in content

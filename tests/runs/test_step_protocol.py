@@ -12,9 +12,8 @@ from runs.engine import Outcome, run_advance
 from runs.llm import ScriptedLLM
 from runs.models import Message, Run, Step, ToolCall
 from runs.services import run_create
+from tests.helpers import script, turn
 from tools.models import Note
-
-from .helpers import script, turn
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
 
@@ -56,10 +55,14 @@ def kill_at(monkeypatch):
     return lambda name, step: armed.add((name, step))
 
 
-def crash_then_resume(run: Run, llm: CountingLLM) -> Run:
+def crash(run: Run, llm: CountingLLM) -> None:
     with pytest.raises(Killed):
         run_advance(run.pk, llm=llm)
-    Run.objects.filter(pk=run.pk).update(lease_until=None)  # the dead worker's lease expired
+
+
+def resume(run: Run, llm: CountingLLM) -> Run:
+    """The next worker, once the dead one's lease expired."""
+    Run.objects.filter(pk=run.pk).update(lease_until=None)
     assert run_advance(run.pk, llm=llm).outcome == Outcome.FINISHED
     run.refresh_from_db()
     return run
@@ -73,15 +76,12 @@ def test_a_reads_only_step_killed_after_the_reply_saved_nothing_and_asks_again(k
     run = run_create(agent_name="refund-desk", task="Refund A-1002", script=READS_THEN_NOTE, enqueue=False)
     llm = CountingLLM(READS_THEN_NOTE)
     kill_at("after_model_reply", 1)
-    with pytest.raises(Killed):
-        run_advance(run.pk, llm=llm)
+    crash(run, llm)
     # The reply is saved with its step, in one transaction: nothing of step 1 is.
     assert list(Step.objects.filter(run=run).values_list("number", flat=True)) == [0]
     assert replies(run) == ["Looking up the order."]
     assert not ToolCall.objects.filter(run=run, step=1).exists()
-    Run.objects.filter(pk=run.pk).update(lease_until=None)
-    assert run_advance(run.pk, llm=llm).outcome == Outcome.FINISHED
-    run.refresh_from_db()
+    run = resume(run, llm)
     assert run.status == Run.Status.DONE
     assert llm.asked == 5  # step 1's reply was asked for twice: it had not been saved
     assert replies(run) == ["Looking up the order.", "Reading the policy.", "Noting it.", "Noted."]
@@ -92,16 +92,13 @@ def test_a_write_step_killed_after_the_reply_never_asks_for_it_again(kill_at, us
     run = run_create(agent_name="refund-desk", task="Refund A-1002", script=READS_THEN_NOTE, enqueue=False)
     llm = CountingLLM(READS_THEN_NOTE)
     kill_at("after_model_reply", 2)
-    with pytest.raises(Killed):
-        run_advance(run.pk, llm=llm)
+    crash(run, llm)
     # The reply and its call are saved (the call gated: allowed), the effect not made.
     assert replies(run)[-1] == "Noting it."
     note = ToolCall.objects.get(run=run, step=2)
     assert note.status == ToolCall.Status.APPROVED and note.verdict == "allow"
     assert Note.objects.count() == 0
-    Run.objects.filter(pk=run.pk).update(lease_until=None)  # the dead worker's lease expired
-    assert run_advance(run.pk, llm=llm).outcome == Outcome.FINISHED
-    run.refresh_from_db()
+    run = resume(run, llm)
     assert run.status == Run.Status.DONE
     assert llm.asked == 4  # one reply per step: the saved one was not asked for again
     assert Note.objects.count() == 1
@@ -112,7 +109,8 @@ def test_killed_after_a_step_commit_the_next_worker_starts_the_next_step(kill_at
     run = run_create(agent_name="refund-desk", task="Refund A-1002", script=READS_THEN_NOTE, enqueue=False)
     llm = CountingLLM(READS_THEN_NOTE)
     kill_at("after_step_commit", 2)
-    run = crash_then_resume(run, llm)
+    crash(run, llm)
+    run = resume(run, llm)
     assert run.status == Run.Status.DONE and llm.asked == 4
     assert Note.objects.count() == 1
     assert [s.number for s in Step.objects.filter(run=run)] == [0, 1, 2, 3]
@@ -134,12 +132,9 @@ def test_a_final_reply_killed_before_it_was_saved_is_asked_for_again(kill_at, us
     run = run_create(agent_name="refund-desk", task="Refund A-1002", script=READS_THEN_NOTE, enqueue=False)
     llm = CountingLLM(READS_THEN_NOTE)
     kill_at("after_model_reply", 3)
-    with pytest.raises(Killed):
-        run_advance(run.pk, llm=llm)
+    crash(run, llm)
     run.refresh_from_db()
     assert run.status == Run.Status.RUNNING and run.step == 3
-    Run.objects.filter(pk=run.pk).update(lease_until=None)
-    assert run_advance(run.pk, llm=llm).outcome == Outcome.FINISHED
-    run.refresh_from_db()
+    run = resume(run, llm)
     assert run.status == Run.Status.DONE
     assert replies(run) == ["Looking up the order.", "Reading the policy.", "Noting it.", "Noted."]

@@ -13,11 +13,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, GateRule
-from approvals.services import approval_decide
+from approvals.services import Decision
 from runs.engine import run_advance_until_settled
 from runs.models import Run
 from runs.services import run_create
-from tests.runs.helpers import script, start, turn
+from tests.helpers import client_for, decide, decide_and_advance, get_html, script, start, turn
 from tools.demo import DEMO_SCRIPT, DEMO_TASK
 from tools.registry import all_agents
 
@@ -26,12 +26,6 @@ pytestmark = pytest.mark.django_db(databases=["default", "world"])
 EVIL = "<script>alert(1)</script>"
 ESCAPED = b"&lt;script&gt;alert(1)&lt;/script&gt;"
 HTMX = {"HTTP_HX_REQUEST": "true"}
-
-
-def client_for(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture
@@ -44,19 +38,11 @@ def queued(task: str = "Refund order A-1001", requester=None) -> Run:
     return run_create(agent_name="refund-desk", task=task, requester=requester, enqueue=False)
 
 
-def decide(run: Run, reviewer, *, approve: bool, comment: str = "") -> None:
-    approval = ApprovalRequest.objects.get(run=run, status="pending")
-    approval_decide(approval_id=approval.pk, reviewer=reviewer, approve=approve, comment=comment,
-                    enqueue=False)
-    run_advance_until_settled(run.pk)
-    run.refresh_from_db()
-
-
-def finished_demo_run(users) -> Run:
+def demo_with_the_email_declined(users) -> Run:
     """The demo script to the end: the refund approved, the email declined."""
     run = start(requester=users["requester"])
-    decide(run, users["reviewer"], approve=True, comment="Within policy, photo attached")
-    decide(run, users["reviewer"], approve=False, comment="Customer asked for phone contact only")
+    decide_and_advance(run, users["reviewer"], Decision.approve(comment="Within policy, photo attached"))
+    decide_and_advance(run, users["reviewer"], Decision.decline("Customer asked for phone contact only"))
     return run
 
 
@@ -167,7 +153,7 @@ def test_the_filter_form_pushes_its_url_and_keeps_working_without_javascript(use
 
 # --- one run: the timeline -------------------------------------------------------
 def test_the_timeline_shows_texts_calls_badges_and_decisions(users):
-    run = finished_demo_run(users)
+    run = demo_with_the_email_declined(users)
     assert run.status == Run.Status.DONE
     response = client_for(users["senior"]).get(f"/runs/{run.pk}/")
     assert response.status_code == 200
@@ -197,15 +183,12 @@ def test_the_timeline_shows_edited_arguments_and_every_vote_of_a_two_person_rule
     GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2)
     run = start(requester=users["requester"])
     approval = ApprovalRequest.objects.get(run=run)
-    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"], approve=True,
-                    comment="Fine by me", enqueue=False)
-    approval_decide(approval_id=approval.pk, reviewer=users["senior"], approve=True,
-                    comment="Partial refund only", enqueue=False,
-                    edited_input={"order_id": "A-1001", "amount": 1500, "reason": "Item arrived broken"})
+    decide(approval, users["reviewer"], Decision.approve(comment="Fine by me"))
+    decide(approval, users["senior"], Decision.approve(comment="Partial refund only", edit={
+        "order_id": "A-1001", "amount": 1500, "reason": "Item arrived broken"}))
     # The edit is a new proposal: the reviewer's vote was for ₹2,900, so a second
     # person must approve ₹1,500.
-    approval_decide(approval_id=approval.pk, reviewer=users["admin"], approve=True,
-                    comment="Agreed", enqueue=False)
+    decide(approval, users["admin"], Decision.approve(comment="Agreed"))
     run_advance_until_settled(run.pk)
     content = client_for(users["requester"]).get(f"/runs/{run.pk}/").content.decode()
     refund = content.split('<code class="tool">refund_item</code>', 1)[1].split("</li>", 1)[0]
@@ -217,7 +200,7 @@ def test_the_timeline_shows_edited_arguments_and_every_vote_of_a_two_person_rule
 
 
 def test_each_step_shows_the_usage_it_added(users):
-    run = finished_demo_run(users)
+    run = demo_with_the_email_declined(users)
     steps = list(run.steps.order_by("number"))
     content = client_for(users["reviewer"]).get(f"/runs/{run.pk}/").content.decode()
     added = [int(n) for n in re.findall(r"\+(\d+) in · ", content)]
@@ -242,9 +225,9 @@ def test_a_long_run_renders_in_a_constant_number_of_queries(users, django_assert
         *reads, turn(text="All done."),
     )
     long_run = start(long_script, requester=users["requester"], max_steps=600)
-    decide(long_run, users["reviewer"], approve=True, comment="ok")
+    decide_and_advance(long_run, users["reviewer"], Decision.approve(comment="ok"))
     assert long_run.status == Run.Status.DONE and long_run.step == 502
-    short_run = finished_demo_run(users)
+    short_run = demo_with_the_email_declined(users)
     client = client_for(users["reviewer"])
     client.get(f"/runs/{short_run.pk}/")  # warm the session
 
@@ -268,7 +251,7 @@ def seen_seqs(content: bytes) -> list[int]:
 
 
 def test_what_the_model_saw_at_step_n_is_exactly_its_checkpoint(users):
-    run = finished_demo_run(users)
+    run = demo_with_the_email_declined(users)
     client = client_for(users["reviewer"])
     for step in run.steps.all():
         response = client.get(f"/runs/{run.pk}/steps/{step.number}/")
@@ -301,7 +284,7 @@ def test_the_step_a_cancelled_run_ended_inside_still_shows_what_the_model_saw(us
 
 
 def test_htmx_loads_the_seen_messages_into_the_step(users):
-    run = finished_demo_run(users)
+    run = demo_with_the_email_declined(users)
     response = client_for(users["reviewer"]).get(f"/runs/{run.pk}/steps/1/",
                                                  HTTP_HX_TARGET="seen-1", **HTMX)
     content = response.content.decode()
@@ -314,7 +297,7 @@ def test_script_in_model_text_and_tool_arguments_is_escaped(users):
     run = start(script(
         turn(("send_email", {"to": "ada@example.com", "subject": EVIL, "body": EVIL}), text=EVIL),
     ), task=f"Refund {EVIL}", requester=users["requester"])
-    decide(run, users["reviewer"], approve=False, comment=EVIL)
+    decide_and_advance(run, users["reviewer"], Decision.decline(EVIL))
     client = client_for(users["reviewer"])
     for url in ["/runs/", f"/runs/{run.pk}/", f"/runs/{run.pk}/steps/0/", f"/runs/{run.pk}/steps/1/"]:
         content = client.get(url).content
@@ -413,10 +396,11 @@ def test_an_outsider_cannot_cancel_and_changes_nothing(users, outsider):
 
 
 def test_cancelling_a_finished_run_is_refused_with_a_message(users):
-    run = finished_demo_run(users)
+    run = demo_with_the_email_declined(users)
     finished_at = run.finished_at
     client = client_for(users["requester"])
-    assert b"Cancel run" not in client.get(f"/runs/{run.pk}/").content
+    page = get_html(client, f"/runs/{run.pk}/")
+    assert 'data-testid="run-status">Done<' in page and "Cancel run" not in page
     response = client.post(f"/runs/{run.pk}/cancel", follow=True)
     assert response.status_code == 200
     assert f"Run {run.pk} is already done; there is nothing to cancel.".encode() in response.content
@@ -454,8 +438,8 @@ def test_the_status_polls_while_the_run_is_unfinished_and_stops_when_it_ends(use
     assert 'hx-trigger="every 2s"' in poll.content.decode()
     assert "HX-Trigger" not in poll  # nothing changed: the timeline stays as it is
 
-    decide(run, users["reviewer"], approve=True)  # the refund runs; the email waits
-    decide(run, users["reviewer"], approve=True)
+    decide_and_advance(run, users["reviewer"])  # the refund runs; the email waits
+    decide_and_advance(run, users["reviewer"])
     assert run.status == Run.Status.DONE
     poll = client.get(f"/runs/{run.pk}/", {"shown": marker}, HTTP_HX_TARGET="run-status", **HTMX)
     content = poll.content.decode()

@@ -1,0 +1,178 @@
+"""What the tests share, written once: start a run with a scripted model, decide its
+approvals, sign in, run a command, and wait for something with a deadline.
+
+Fixtures (the demo data, its users, the sandbox folder, a cross-process Desk) are in
+tests/conftest.py; the cross-process machinery itself is in tests/support.py.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.core.management import call_command
+from django.test import Client
+from django.utils import timezone
+
+from approvals.models import ApprovalRequest
+from approvals.services import Decision, DecisionResult, approval_decide
+from runs.engine import run_advance_until_settled
+from runs.models import Message, Run, ToolCall
+from runs.services import run_create
+
+
+# --- runs --------------------------------------------------------------------------
+def start(script: dict | None = None, *, task: str = "Refund order A-1001", requester=None,
+          agent: str = "refund-desk", **kwargs) -> Run:
+    """Create a run and advance it in-process until it pauses or ends."""
+    run = run_create(agent_name=agent, task=task, requester=requester, script=script,
+                     enqueue=False, **kwargs)
+    run_advance_until_settled(run.pk)
+    run.refresh_from_db()
+    return run
+
+
+def turn(*calls, text: str = "Working on it.") -> dict:
+    """One model reply: ``turn(("get_order", {"order_id": "A-1001"}), text="Looking.")``."""
+    return {"text": text, "tool_calls": [{"name": name, "input": args} for name, args in calls]}
+
+
+def script(*turns) -> dict:
+    """A scenario for the scripted model; a turn without tool calls ends the run."""
+    return {"turns": list(turns)}
+
+
+def hold_lease(run: Run, owner: str, *, seconds: float, status: str | None = None) -> None:
+    """``owner`` holds the run's lease for ``seconds`` from now (negative: it expired,
+    its holder died), as a worker or a rollback that claimed it would. ``status``: the
+    run's status meanwhile (a worker's run is running)."""
+    fields = {"lease_owner": owner, "lease_until": timezone.now() + timedelta(seconds=seconds)}
+    if status is not None:
+        fields["status"] = status
+    Run.objects.filter(pk=run.pk).update(**fields)
+
+
+def tool_results(run: Run) -> list[dict]:
+    """Every tool_result block the model was sent, in order."""
+    blocks = []
+    for message in Message.objects.filter(run=run, role="user").order_by("seq"):
+        blocks += [b for b in message.content if b.get("type") == "tool_result"]
+    return blocks
+
+
+# --- approvals ---------------------------------------------------------------------
+def the_approval(run: Run) -> ApprovalRequest:
+    """The run's one approval, whatever its status."""
+    return ApprovalRequest.objects.select_related("tool_call").get(run=run)
+
+
+def pending(run: Run) -> ApprovalRequest:
+    """The run's one pending approval."""
+    return ApprovalRequest.objects.select_related("tool_call", "proposal").get(
+        run=run, status=ApprovalRequest.Status.PENDING
+    )
+
+
+def decide(approval: ApprovalRequest, reviewer, decision: Decision | None = None) -> DecisionResult:
+    """``reviewer`` decides ``approval`` (by default: approves what is shown). Nothing
+    runs until the run is advanced: see ``decide_and_advance``."""
+    return approval_decide(approval_id=approval.pk, reviewer=reviewer,
+                           decision=decision or Decision.approve(), enqueue=False)
+
+
+def decide_and_advance(run: Run, reviewer, decision: Decision | None = None) -> DecisionResult:
+    """``reviewer`` decides the run's pending approval (by default: approves it), then
+    the run is advanced in-process until it pauses or ends; ``run`` is refreshed."""
+    result = decide(pending(run), reviewer, decision)
+    run_advance_until_settled(run.pk)
+    run.refresh_from_db()
+    return result
+
+
+def approve_all(run: Run, reviewer, *, confirm_irreversible: bool = False) -> Run:
+    """Approve whatever the run waits for, advancing it, until it waits for nothing.
+    ``confirm_irreversible``: the reviewer also confirms calls that cannot be undone."""
+    while (approval := ApprovalRequest.objects.filter(run=run, status="pending").first()) is not None:
+        decide(approval, reviewer, Decision.approve(confirm_irreversible=confirm_irreversible))
+        run_advance_until_settled(run.pk)
+    run.refresh_from_db()
+    return run
+
+
+def finished_demo(users) -> Run:
+    """The refund-desk demo to the end, every gated call approved by the reviewer: the
+    refund (step 2), the email (step 3) and the ticket closed (step 4); done at step 6."""
+    run = approve_all(start(requester=users["requester"]), users["reviewer"])
+    assert run.status == Run.Status.DONE
+    return run
+
+
+def onboarding_with_a_permanent_delete(users) -> Run:
+    """Onboarding that creates a scratch file (step 0), deletes it for good (step 1,
+    irreversible, approved by the admin), then creates a user (step 2); done."""
+    run = start(script(
+        turn(("create_file", {"path": "tmp/scratch.txt", "content": "draft"}), text="A scratch file."),
+        turn(("delete_file_permanently", {"path": "tmp/scratch.txt"}), text="Removing it for good."),
+        turn(("create_user", {"username": "marie", "email": "marie@example.com"}), text="The account."),
+        turn(text="Done."),
+    ), agent="onboarding", task="Onboard marie", requester=users["requester"])
+    run = approve_all(run, users["admin"], confirm_irreversible=True)
+    assert run.status == Run.Status.DONE
+    delete = ToolCall.objects.get(run=run, tool_name="delete_file_permanently")
+    assert delete.status == ToolCall.Status.COMMITTED
+    return run
+
+
+# --- the web and the command line --------------------------------------------------
+def client_for(user, **kwargs) -> Client:
+    """A test client signed in as ``user`` (CSRF is tested on its own:
+    ``client_for(user, enforce_csrf_checks=True)``)."""
+    client = Client(**kwargs)
+    client.force_login(user)
+    return client
+
+
+def get_html(client: Client, url: str, data: dict | None = None, **extra) -> str:
+    """The page at ``url``, which must be served (200): a test that checks what a page
+    does *not* show must not pass because the page was an error."""
+    response = client.get(url, data, **extra)
+    assert response.status_code == 200, f"GET {url}: {response.status_code}"
+    return response.content.decode()
+
+
+def run_command(*args) -> str:
+    """Run a management command in-process; its output."""
+    out = io.StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+# --- waiting -------------------------------------------------------------------------
+def wait_until(predicate: Callable[[], Any], *, timeout: float = 20.0, message: str | Callable[[], str] = "",
+               interval: float = 0.1, sleep: Callable[[float], None] = time.sleep) -> Any:
+    """Poll ``predicate`` until it returns something truthy, and return that; after
+    ``timeout`` seconds fail with ``message`` (a string, or a function that makes one,
+    e.g. with a worker's log). ``sleep``: how to pass the time between polls (a
+    browser test passes one that lets the page's events through)."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            said = message() if callable(message) else message
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {said or predicate}")
+        sleep(interval)
+    return value
+
+
+def holds_for(predicate: Callable[[], Any], *, seconds: float, message: str, interval: float = 0.05) -> None:
+    """Check that ``predicate`` stays true for ``seconds``, failing the moment it does
+    not: how a test says "and nothing more happens" (a duplicate email, a second
+    refund) about a system that is still running."""
+    deadline = time.monotonic() + seconds
+    while True:
+        assert predicate(), message
+        if time.monotonic() > deadline:
+            return
+        time.sleep(interval)

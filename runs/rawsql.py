@@ -21,7 +21,7 @@ from django.utils import timezone
 
 
 @cache
-def _insert_fields(model) -> tuple:
+def insert_fields(model) -> tuple:
     """What save() would insert: every concrete field but an automatic primary key."""
     return tuple(
         field for field in model._meta.concrete_fields
@@ -49,7 +49,7 @@ def insert_objects(objects: Sequence[models.Model]) -> None:
         return
     model = type(objects[0])
     connection = connections[router.db_for_write(model)]
-    fields = _insert_fields(model)
+    fields = insert_fields(model)
     quote = connection.ops.quote_name
     columns = ", ".join(quote(field.column) for field in fields)
     row_sql = "(" + ", ".join(["%s"] * len(fields)) + ")"

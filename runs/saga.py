@@ -452,6 +452,9 @@ def run_rewind(*, run: Run, to_step: int, by=None, enqueue: bool = True) -> Roll
     step = Step.objects.live().filter(run=run, number=to_step).first()
     if step is None:
         raise SagaError(f"Run {run.pk} has no checkpoint for step {to_step}.")
+    refusal = _refusal(run, to_step, rollback_plan(run, to_step=to_step), verb="rewind")
+    if refusal:  # said here so that it names what was asked for
+        raise RollbackRefused(refusal)
     result = run_rollback(run=run, to_step=to_step, by=by)
     head = step.message_count + 2  # what the model saw, its reply, the results
     now = timezone.now()

@@ -16,7 +16,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("run_id")
         parser.add_argument("--step", type=step_number, required=True)
-        parser.add_argument("--user", help="the requester of the fork (default: the parent's)")
+        # Required like rollback's and rewind's: a fork needs the permission, checked for this user.
+        parser.add_argument("--user", required=True, help="who forks it (the fork's requester)")
         parser.add_argument("--sync", action="store_true", help="advance here, without a worker")
 
     def handle(self, *args, run_id, step, user, sync, **options):

@@ -231,12 +231,15 @@ def time_phases(store: dict[str, list[float]]) -> None:
         (engine._Loop, name, f"_Loop.{name}")
         for name in (
             "_ask_model",
+            "_propose",
             "_new_call",
+            "_run_reads",
+            "_save_reply",
             "_work",
             "_execute",
             "_close_step",
-            "_own",
-            "_flush_dirty",
+            "_renew_lease",
+            "_save_read_results",
             "_pause",
         )
     ]
@@ -451,8 +454,9 @@ def cprofile_summary(profiler, steps: int, path: Path) -> dict:
         ("runs/engine.py", "_new_call"),
         ("runs/engine.py", "_execute"),
         ("runs/engine.py", "_close_step"),
-        ("runs/engine.py", "_own"),
-        ("runs/engine.py", "_flush_dirty"),
+        ("runs/engine.py", "_propose"),
+        ("runs/engine.py", "_renew_lease"),
+        ("runs/rawsql.py", "insert_objects"),
         ("runs/llm.py", "reply"),
         ("runs/llm.py", "_estimate_tokens"),
         ("tools/registry.py", "validation_errors"),

@@ -64,7 +64,7 @@ from .llm import (
     TransientLLMError,
 )
 from .models import RESOLVED_CALL_STATUSES, CallStatus, Message, Run, RunStatus, Step, ToolCall
-from .rawsql import insert_objects, update_rows
+from .rawsql import insert_objects, insert_rows, update_rows
 from .services import TransitionConflict, lease_deadline, run_transition
 from .signals import run_transitioned, tool_call_transitioned
 
@@ -335,7 +335,8 @@ class _Loop:
         seq = len(self.transcript)
         with transaction.atomic():
             self._renew_lease(message_count=seq + 1, llm_attempts=0, error="", **_usage_fields(run))
-            insert_objects([Message(run=run, seq=seq, role=Message.Role.ASSISTANT, content=reply.content)])
+            insert_rows(Message, [{"run_id": run.pk, "seq": seq, "role": Message.Role.ASSISTANT,
+                                   "content": reply.content}])
             for call in proposals.calls:
                 if call.status == CallStatus.PROPOSED:
                     proposals.verdicts[call.position] = self._review(call, find_tool(call.tool_name))
@@ -386,12 +387,12 @@ class _Loop:
             self._renew_lease(step=number + 1, message_count=message_count, llm_attempts=0, error="",
                               **_usage_fields(run))
             self._save_read_results()
-            insert_objects([Message(run=run, seq=first + i, role=message["role"], content=message["content"])
-                            for i, message in enumerate(closing)])
+            insert_rows(Message, [{"run_id": run.pk, "seq": first + i, "role": message["role"],
+                                   "content": message["content"]} for i, message in enumerate(closing)])
             if reply is not None:
                 self._insert_calls(calls)
-            insert_objects([Step(run=run, number=number, message_count=seen, status=status, digest=digest,
-                                 **_usage_fields(run))])
+            insert_rows(Step, [{"run_id": run.pk, "number": number, "message_count": seen, "status": status,
+                                "digest": digest, **_usage_fields(run)}])
             if final:
                 run_transition(run_id=run.pk, old=RunStatus.RUNNING, new=RunStatus.DONE, owner=self.owner,
                                reason="final reply")

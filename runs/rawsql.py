@@ -1,18 +1,19 @@
 """Two statements without the ORM's per-query compile cost, for the step's hot path.
 
 A read-only step writes a handful of rows; through the ORM, building and
-compiling those statements costs more than the database does (bench/step_overhead.py
+compiling those statements costs more than the database does (bench/rawsql.py
 measures both). These helpers write the same SQL directly, and nothing can be
-left out: ``insert_objects`` writes every concrete field of the instances it is
-given, each value prepared as ``save()`` would (defaults from the model's
-constructor, ``auto_now``/``auto_now_add`` through ``pre_save``, JSON, datetimes
-and decimals through ``get_db_prep_save``), on SQLite and PostgreSQL alike; and
-``update_rows`` sets every ``auto_now`` field it is not given.
+left out: ``insert_rows`` writes every concrete field of the model, a field the
+caller does not give gets what ``save()`` would give it (its default, now for
+``auto_now``/``auto_now_add``, NULL if nullable; a missing required field is an
+error), and every value is prepared by its field (``get_db_prep_save``: JSON,
+datetimes, decimals), on SQLite and PostgreSQL alike. ``update_rows`` sets every
+``auto_now`` field it is not given.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
 
 from django.db import connections, models, router
@@ -30,6 +31,59 @@ def insert_fields(model) -> tuple:
     )
 
 
+class _Missing:
+    """What a field the caller did not give gets: as save() would fill it in."""
+
+    def __init__(self, field) -> None:
+        self.field = field
+        self.now = getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False)
+        # save() stores "" for a text field with no default, NULL for a nullable one.
+        self.required = not (self.now or field.has_default() or field.null or field.empty_strings_allowed)
+
+    def value(self, model, now):
+        if self.now:
+            return now
+        if self.required:
+            raise ValueError(f"{model.__name__}.{self.field.name} is required and has no default")
+        return self.field.get_default()
+
+
+@cache
+def _insert_plan(model, connection_alias: str, count: int):
+    connection = connections[connection_alias]
+    fields = insert_fields(model)
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(field.column) for field in fields)
+    row_sql = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    sql = f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES " + ", ".join([row_sql] * count)
+    return sql, [(field, field.attname, _Missing(field)) for field in fields]
+
+
+def insert_rows(model, rows: Sequence[Mapping]) -> None:
+    """INSERT ``rows`` (dicts by attname: ``run_id``, ``seq``, ...) in one statement."""
+    if not rows:
+        return
+    alias = router.db_for_write(model)
+    connection = connections[alias]
+    sql, plan = _insert_plan(model, alias, len(rows))
+    now = timezone.now()
+    params = []
+    for row in rows:
+        for field, attname, missing in plan:
+            value = row[attname] if attname in row else missing.value(model, now)
+            params.append(None if value is None else field.get_db_prep_save(value, connection))
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def insert_objects(objects: Sequence[models.Model]) -> None:
+    """INSERT unsaved instances of one model in one statement (their primary keys
+    are not read back: use ``bulk_create`` where they are needed)."""
+    if objects:
+        fields = insert_fields(type(objects[0]))
+        insert_rows(type(objects[0]), [{f.attname: f.pre_save(obj, True) for f in fields} for obj in objects])
+
+
 @cache
 def _auto_now_fields(model) -> tuple[str, ...]:
     return tuple(f.name for f in model._meta.concrete_fields if getattr(f, "auto_now", False))
@@ -38,30 +92,6 @@ def _auto_now_fields(model) -> tuple[str, ...]:
 @cache
 def _fields(model, names: tuple[str, ...]):
     return [model._meta.get_field(name) for name in names]
-
-
-def insert_objects(objects: Sequence[models.Model]) -> None:
-    """INSERT ``objects`` (unsaved instances of one model) in one statement.
-
-    Their primary keys are not read back: use ``bulk_create`` where they are needed.
-    """
-    if not objects:
-        return
-    model = type(objects[0])
-    connection = connections[router.db_for_write(model)]
-    fields = insert_fields(model)
-    quote = connection.ops.quote_name
-    columns = ", ".join(quote(field.column) for field in fields)
-    row_sql = "(" + ", ".join(["%s"] * len(fields)) + ")"
-    sql = (f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES "
-           + ", ".join([row_sql] * len(objects)))
-    params = [
-        field.get_db_prep_save(field.pre_save(obj, True), connection)
-        for obj in objects
-        for field in fields
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
 
 
 def update_rows(model, where: dict, values: dict) -> int:

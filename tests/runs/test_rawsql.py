@@ -10,7 +10,7 @@ from django.db import models
 from django.utils import timezone
 
 from runs.models import Message, Run, Step, ToolCall
-from runs.rawsql import insert_fields, insert_objects, update_rows
+from runs.rawsql import insert_fields, insert_objects, insert_rows, update_rows
 from runs.services import run_create
 
 pytestmark = pytest.mark.django_db
@@ -93,3 +93,18 @@ def test_a_raw_update_moves_updated_at_like_save_would(run):
 def test_a_raw_update_that_matches_nothing_says_so(run):
     assert update_rows(Run, {"id": run.pk, "lease_owner": "someone else"}, {"step": 4}) == 0
     assert Run.objects.get(pk=run.pk).step == 0
+
+
+def test_a_row_without_a_field_gets_what_save_would_give_it(run):
+    insert_rows(Step, [{"run_id": run.pk, "number": 9, "message_count": 3, "status": "running"}])
+    step = Step.objects.get(run=run, number=9)
+    # Defaults (0, 0, 0, ""), auto_now_add (now) and NULL where nullable, as save() would store.
+    assert (step.input_tokens, step.output_tokens, step.cost, step.digest) == (0, 0, Decimal("0"), "")
+    assert step.superseded_at is None
+    assert timezone.now() - step.created_at < timedelta(minutes=1)
+
+
+def test_a_row_without_a_required_field_is_refused_before_it_reaches_the_database(run):
+    with pytest.raises(ValueError, match=r"^Step\.message_count is required and has no default$"):
+        insert_rows(Step, [{"run_id": run.pk, "number": 9, "status": "running"}])
+    assert not Step.objects.filter(run=run, number=9).exists()

@@ -1,5 +1,6 @@
 """What the tests share, written once: start a run with a scripted model, decide its
-approvals, sign in, run a command, and wait for something with a deadline.
+approvals (in-process or through the desk's form), send the emails they make, sign in,
+run a command, and wait for something with a deadline.
 
 Fixtures (the demo data, its users, the sandbox folder, a cross-process Desk) are in
 tests/conftest.py; the cross-process machinery itself is in tests/support.py.
@@ -17,7 +18,8 @@ from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, Notification
+from approvals.notifications import notification_send
 from approvals.services import Decision, DecisionResult, approval_decide
 from runs.engine import run_advance_until_settled
 from runs.models import Message, Run, ToolCall
@@ -102,9 +104,18 @@ def approve_all(run: Run, reviewer, *, confirm_irreversible: bool = False) -> Ru
     return run
 
 
+def deliver() -> list[str]:
+    """What the workers do with their nudges, done in-process (the test broker is
+    memory://, an enqueued task goes nowhere): send every pending notification; what
+    became of each ("sent", "skipped", "failed")."""
+    waiting = Notification.objects.filter(status=Notification.Status.PENDING).values_list("pk", flat=True)
+    return [notification_send(notification_id=pk) for pk in waiting]
+
+
 def finished_demo(users) -> Run:
     """The refund-desk demo to the end, every gated call approved by the reviewer: the
-    refund (step 2), the email (step 3) and the ticket closed (step 4); done at step 6."""
+    refund (step 2) and the email (step 3); the ticket is closed (step 4) without
+    asking; done at step 6."""
     run = approve_all(start(requester=users["requester"]), users["reviewer"])
     assert run.status == Run.Status.DONE
     return run
@@ -133,6 +144,16 @@ def client_for(user, **kwargs) -> Client:
     client = Client(**kwargs)
     client.force_login(user)
     return client
+
+
+def post_decision(client: Client, approval: ApprovalRequest, decision: str, *,
+                  headers: dict | None = None, **fields):
+    """The approval page's decision form as a browser posts it: the button pressed
+    (``"approve"``, ``"decline"``, ``"respond"``, ``"approve_edited"``), the hash of the
+    arguments the page showed, and any other fields (``comment="..."``; ``args_hash=``
+    to post a stale one)."""
+    form = {"decision": decision, "args_hash": approval.args_hash, **fields}
+    return client.post(f"/desk/approvals/{approval.pk}/decide", form, headers=headers or {})
 
 
 def get_html(client: Client, url: str, data: dict | None = None, **extra) -> str:

@@ -18,12 +18,10 @@ from html import unescape
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
-from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.resolvers import RoutePattern
 
-from approvals.models import ApprovalRequest
-from tests.runs.helpers import script, start, turn
+from tests.helpers import client_for, get_html, script, start, the_approval, turn
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
 
@@ -79,8 +77,7 @@ def fill(route: str, values: dict[str, str]) -> str:
 def demo_ids(users):
     """A demo run waiting for approval; real values for the ids in paths."""
     run = start(requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=run)
-    return {"run_id": str(run.pk), "approval_id": str(approval.pk), "number": "0"}
+    return {"run_id": str(run.pk), "approval_id": str(the_approval(run).pk), "number": "0"}
 
 
 def real_ids(route: str, demo_ids: dict) -> dict[str, str]:
@@ -102,8 +99,7 @@ class Probe:
     """Sends GETs and remembers every answer of 500 or more."""
 
     def __init__(self, user) -> None:
-        self.client = Client(raise_request_exception=False)
-        self.client.force_login(user)
+        self.client = client_for(user, raise_request_exception=False)
         self.failures: list[str] = []
 
     def get(self, path: str, query=None, headers: dict | None = None):
@@ -196,11 +192,8 @@ def test_an_invalid_queue_filter_is_named_and_the_others_still_apply(users, demo
         script(turn(("send_email", {"to": "grace@example.com", "subject": "Hi", "body": "Hello"}))),
         requester=users["requester"],
     )
-    client = Client()
-    client.force_login(users["reviewer"])
-    page = client.get("/desk/", {"rule": "²", "tool": "send_email", "agent": "x" * 101})
-    assert page.status_code == 200
-    text = page.content.decode()
+    filters = {"rule": "²", "tool": "send_email", "agent": "x" * 101}
+    text = get_html(client_for(users["reviewer"]), "/desk/", filters)
     assert "Rule filter ignored: there is no such gate rule." in text
     assert "Agent filter ignored: Ensure this value has at most 100 characters (it has 101)." in text
     assert text.count('data-testid="queue-row"') == 1  # the tool filter still narrowed the list
@@ -208,8 +201,7 @@ def test_an_invalid_queue_filter_is_named_and_the_others_still_apply(users, demo
 
 
 def test_the_queue_rows_alone_stay_rows_and_leave_no_message_for_later(users, demo_ids):
-    client = Client()
-    client.force_login(users["reviewer"])
+    client = client_for(users["reviewer"])
     rows = client.get(
         "/desk/",
         {"rule": "99999999999999999999999", "tool": "a\x00b"},
@@ -217,20 +209,18 @@ def test_the_queue_rows_alone_stay_rows_and_leave_no_message_for_later(users, de
     )
     assert rows.status_code == 200
     assert rows.content.decode().lstrip().startswith('<div id="queue-rows"')
-    assert "filter ignored" not in client.get("/desk/").content.decode()
+    assert "filter ignored" not in get_html(client, "/desk/")
 
 
 def test_the_queue_keeps_its_filters_in_its_links_encoded(users, demo_ids):
-    client = Client()
-    client.force_login(users["reviewer"])
-    text = client.get("/desk/", {"tool": "refund_item&mine=1", "unclaimed": "yes"}).content.decode()
+    filters = {"tool": "refund_item&mine=1", "unclaimed": "yes"}
+    text = get_html(client_for(users["reviewer"]), "/desk/", filters)
     assert "?tool=refund_item%26mine%3D1&amp;unclaimed=1" in text
 
 
 @pytest.mark.parametrize("step", ["²", "١٢", "-1", " 1", "1e3", "99999999999999999999999"])
 def test_a_step_that_is_not_a_step_number_is_a_bad_request(users, demo_ids, step):
-    client = Client()
-    client.force_login(users["admin"])
+    client = client_for(users["admin"])
     run_id = demo_ids["run_id"]
     assert client.get(f"/runs/{run_id}/rewind", {"to_step": step}).status_code == 400
     assert client.get(f"/runs/{run_id}/fork", {"step": step}).status_code == 400
@@ -244,8 +234,7 @@ def test_a_step_that_is_not_a_step_number_is_a_bad_request(users, demo_ids, step
 
 
 def test_an_id_longer_than_a_64_bit_column_is_no_page(users, demo_ids):
-    client = Client()
-    client.force_login(users["admin"])
+    client = client_for(users["admin"])
     for path in [
         "/runs/99999999999999999999999/",
         "/runs/9223372036854775808/",

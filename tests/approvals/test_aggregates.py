@@ -13,12 +13,12 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest, GateRule
-from approvals.services import Decision, approval_decide
+from approvals.models import GateRule
+from approvals.services import Decision
 from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
 from runs.saga import run_rollback
-from tests.runs.helpers import client_for, script, start, turn
+from tests.helpers import client_for, decide, get_html, script, start, the_approval, turn
 from tools.models import Payment
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
@@ -37,11 +37,11 @@ def test_a_model_splitting_a_refund_is_paused_when_the_order_total_passes_the_li
     )
     assert run.status == Run.Status.WAITING_APPROVAL
     assert [p.amount for p in Payment.objects.all()] == [490]
-    approval = ApprovalRequest.objects.get(run=run)
+    approval = the_approval(run)
     assert approval.rule.name == PER_ORDER
     assert approval.reason == "amount 490 so far on order_id A-1001 + 450 = 940 > 500"
     assert approval.proposal.detail["total"] == "940"
-    page = client_for(users["reviewer"]).get(f"/desk/approvals/{approval.pk}/").content.decode()
+    page = get_html(client_for(users["reviewer"]), f"/desk/approvals/{approval.pk}/")
     assert "₹490.00 so far on A-1001 + ₹450.00 = ₹940.00 &gt; ₹500.00" in page
 
 
@@ -76,7 +76,7 @@ def test_earlier_runs_count_toward_the_order_total(users):
     start(script(turn(refund(400)), {"text": "Done."}), requester=users["requester"])
     second = start(script(turn(refund(200)), {"text": "Done."}), requester=users["requester"])
     assert second.status == Run.Status.WAITING_APPROVAL
-    assert "400 so far on order_id A-1001 + 200 = 600" in ApprovalRequest.objects.get(run=second).reason
+    assert "400 so far on order_id A-1001 + 200 = 600" in the_approval(second).reason
 
 
 def test_a_declined_or_compensated_refund_no_longer_counts(users):
@@ -85,19 +85,16 @@ def test_a_declined_or_compensated_refund_no_longer_counts(users):
     second = start(script(turn(refund(450)), {"text": "Done."}), requester=users["requester"])
     assert second.status == Run.Status.DONE  # 0 so far + 450: under the limit again
     third = start(script(turn(refund(300)), {"text": "Done."}), requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=third)
-    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"], decision=Decision.decline("No"),
-                    enqueue=False)
+    decide(the_approval(third), users["reviewer"], Decision.decline("No"))
     fourth = start(script(turn(refund(40)), {"text": "Done."}), requester=users["requester"])
     assert fourth.status == Run.Status.DONE  # 450 + 40: the declined 300 does not count
 
 
 def test_an_approved_refund_counts_before_it_has_run(users):
     first = start(script(turn(refund(600)), {"text": "Done."}), requester=users["requester"])
-    approval_decide(approval_id=ApprovalRequest.objects.get(run=first).pk, reviewer=users["reviewer"],
-                    decision=Decision.approve(), enqueue=False)  # approved; its worker has not run it yet
+    decide(the_approval(first), users["reviewer"])  # approved; its worker has not run it yet
     second = start(script(turn(refund(10)), {"text": "Done."}), requester=users["requester"])
-    assert "600 so far on order_id A-1001 + 10 = 610" in ApprovalRequest.objects.get(run=second).reason
+    assert "600 so far on order_id A-1001 + 10 = 610" in the_approval(second).reason
 
 
 def test_a_window_counts_only_recent_calls(users):
@@ -217,7 +214,7 @@ def test_amounts_with_paise_add_up_exactly(users):
         script(turn(refund(0.01, reason="Rounding")), {"text": "Done."}), requester=users["requester"]
     )
     # 940.30 so far is not over 940.30; with the cent it is.
-    assert ApprovalRequest.objects.get(run=run).reason == (
+    assert the_approval(run).reason == (
         "amount 940.3 so far on order_id A-1001 + 0.01 = 940.31 > 940.30"
     )
 
@@ -227,10 +224,8 @@ def test_a_window_counts_a_refund_from_when_it_ran_not_when_it_was_asked_for(use
     rule.window_minutes = 60
     rule.save()
     first = start(script(turn(refund(600)), {"text": "Done."}), requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=first)
     ToolCall.objects.filter(run=first).update(created_at=timezone.now() - timedelta(hours=2))
-    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"], decision=Decision.approve(),
-                    enqueue=False)
+    decide(the_approval(first), users["reviewer"])
     run_advance_until_settled(first.pk)  # asked for two hours ago, ran just now
     second = start(script(turn(refund(100)), {"text": "Done."}), requester=users["requester"])
-    assert "600 so far on order_id A-1001 + 100 = 700" in ApprovalRequest.objects.get(run=second).reason
+    assert "600 so far on order_id A-1001 + 100 = 700" in the_approval(second).reason

@@ -12,11 +12,22 @@ from django.core.management.base import CommandError
 
 from approvals.models import ApprovalRequest, AuditEvent, GateRule, Notification, Proposal
 from approvals.selectors import approvals_decidable_by, decide_refusal
-from approvals.services import Decision, approval_decide, approval_expire
+from approvals.services import Decision, approval_expire
 from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
 from runs.saga import run_rewind
-from tests.runs.helpers import client_for, run_command, script, start, turn
+from tests.helpers import (
+    client_for,
+    decide,
+    decide_and_advance,
+    get_html,
+    pending,
+    post_decision,
+    run_command,
+    script,
+    start,
+    turn,
+)
 from tools.models import Payment
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
@@ -27,25 +38,12 @@ REFUND_600 = script(
 )
 
 
-def pending(run) -> ApprovalRequest:
-    return ApprovalRequest.objects.select_related("tool_call", "proposal").get(
-        run=run, status=ApprovalRequest.Status.PENDING
-    )
-
-
-def post_edit(user, approval, *, client=None, **arguments):
-    """The desk's "approve with edited arguments" form, as a browser posts it."""
+def post_edit(client, approval, **arguments):
+    """The desk's "approve with edited arguments": the arguments the page shows, with
+    ``arguments`` changed, as a browser posts them."""
     args = {**approval.proposal.input, **arguments}
-    form = {"decision": "approve_edited", "args_hash": approval.args_hash}
-    form.update({f"arg-{name}": str(value) for name, value in args.items()})
-    return (client or client_for(user)).post(f"/desk/approvals/{approval.pk}/decide", form)
-
-
-def post_approve(user, approval, *, client=None, **extra):
-    return (client or client_for(user)).post(
-        f"/desk/approvals/{approval.pk}/decide",
-        {"decision": "approve", "args_hash": approval.args_hash, **extra},
-    )
+    fields = {f"arg-{name}": str(value) for name, value in args.items()}
+    return post_decision(client, approval, "approve_edited", **fields)
 
 
 def deny_over_10000():
@@ -65,9 +63,9 @@ def test_a_reviewer_editing_past_the_senior_rule_waits_for_a_senior(users):
     run = start(REFUND_600, requester=users["requester"])
     approval = pending(run)
     reviewer = client_for(users["reviewer"])
-    response = post_edit(users["reviewer"], approval, client=reviewer, amount=6000, order_id="A-1003")
+    response = post_edit(reviewer, approval, amount=6000, order_id="A-1003")
     assert response.status_code == 302  # back to the approval, which still waits
-    page = reviewer.get(response["Location"]).content.decode()
+    page = get_html(reviewer, response["Location"])  # its message is in the reviewer's session
     assert "Your edit is proposal 2; it needs reviewers and senior-reviewers to approve it" in page
     approval.refresh_from_db()
     assert approval.status == ApprovalRequest.Status.PENDING
@@ -86,12 +84,13 @@ def test_a_reviewer_editing_past_the_senior_rule_waits_for_a_senior(users):
     )
     assert told == {"senior@countersign.local", "admin@countersign.local"}
     # The reviewer cannot now approve the senior-only proposal by plain approval.
-    assert post_approve(users["reviewer"], approval).status_code == 403
+    assert post_decision(reviewer, approval, "approve").status_code == 403
     # The senior sees what changed, and approves it.
-    page = client_for(users["senior"]).get(f"/desk/approvals/{approval.pk}/").content.decode()
+    senior = client_for(users["senior"])
+    page = get_html(senior, f"/desk/approvals/{approval.pk}/")
     assert 'data-testid="proposal-diff"' in page and "₹600.00" in page and "₹6,000.00" in page
     assert 'data-testid="header-amount">₹6,000.00<' in page
-    assert post_approve(users["senior"], approval).status_code == 302
+    assert post_decision(senior, approval, "approve").status_code == 302
     run_advance_until_settled(run.pk)
     [refund] = Payment.objects.all()
     assert (refund.order.order_id, refund.amount) == ("A-1003", 6000)
@@ -105,7 +104,7 @@ def test_an_edit_into_a_deny_rule_is_refused_and_changes_nothing(users):
     run = start(REFUND_600, requester=users["requester"])
     approval = pending(run)
     before = (approval.args_hash, AuditEvent.objects.count())
-    response = post_edit(users["senior"], approval, amount=11000, order_id="A-1003")
+    response = post_edit(client_for(users["senior"]), approval, amount=11000, order_id="A-1003")
     assert response.status_code == 403
     assert "refused by policy (Refunds over ₹10,000 are refused (v1)): amount 11000 &gt; 10000" in (
         response.content.decode()
@@ -121,8 +120,8 @@ def test_an_edit_down_to_an_allowed_amount_still_needs_the_model_calls_approvers
     approval = pending(run)
     # ₹400 alone would be allowed by the rules; the model's ₹600 needed a reviewer,
     # so the edit needs one too: the requester cannot self-approve it by editing.
-    assert post_edit(users["requester"], approval, amount=400).status_code == 403
-    assert post_edit(users["reviewer"], approval, amount=400).status_code == 302
+    assert post_edit(client_for(users["requester"]), approval, amount=400).status_code == 403
+    assert post_edit(client_for(users["reviewer"]), approval, amount=400).status_code == 302
     approval.refresh_from_db()
     assert approval.status == ApprovalRequest.Status.APPROVED and approval.is_edited
     run_advance_until_settled(run.pk)
@@ -138,8 +137,8 @@ def test_an_edit_that_repeats_a_refund_already_made_is_refused(users):
         ),
         requester=users["requester"],
     )
-    approval = pending(run)
-    response = post_edit(users["reviewer"], approval, order_id="A-1002", amount=100, reason="Late")
+    reviewer = client_for(users["reviewer"])
+    response = post_edit(reviewer, pending(run), order_id="A-1002", amount=100, reason="Late")
     assert response.status_code == 400 and b"repeat" in response.content
     assert pending(run).proposals.count() == 1
 
@@ -155,18 +154,18 @@ def test_a_two_person_rule_needs_two_approvals_of_the_edited_proposal(users):
     GateRule.objects.filter(name="Charges over ₹1,000").update(approvers_required=2)
     run = start(CHARGE, agent="onboarding", requester=users["requester"])
     approval = pending(run)
-    assert post_approve(users["reviewer"], approval).status_code == 302  # ₹4,000 as shown
+    reviewer, senior = client_for(users["reviewer"]), client_for(users["senior"])
+    assert post_decision(reviewer, approval, "approve").status_code == 302  # ₹4,000 as shown
     approval.refresh_from_db()
-    response = post_edit(users["senior"], approval, amount=250000)
-    assert response.status_code == 302
+    assert post_edit(senior, approval, amount=250000).status_code == 302
     approval.refresh_from_db()
     # One person approved ₹250,000: not enough, whatever was approved before.
     assert approval.status == ApprovalRequest.Status.PENDING and approval.proposal.number == 2
     assert [v.reviewer.username for v in approval.proposal.votes.all()] == ["senior"]
     assert not Payment.objects.exists()
     # The same person cannot count twice.
-    assert post_approve(users["senior"], approval).status_code == 403
-    assert post_approve(users["reviewer"], approval).status_code == 302
+    assert post_decision(senior, approval, "approve").status_code == 403
+    assert post_decision(reviewer, approval, "approve").status_code == 302
     approval.refresh_from_db()
     assert approval.status == ApprovalRequest.Status.APPROVED
     run_advance_until_settled(run.pk)
@@ -178,10 +177,8 @@ def test_a_stale_vote_on_an_earlier_proposal_is_refused(users):
     run = start(CHARGE, agent="onboarding", requester=users["requester"])
     approval = pending(run)
     shown_hash = approval.args_hash
-    post_edit(users["senior"], approval, amount=3000)
-    response = client_for(users["reviewer"]).post(
-        f"/desk/approvals/{approval.pk}/decide", {"decision": "approve", "args_hash": shown_hash}
-    )
+    post_edit(client_for(users["senior"]), approval, amount=3000)
+    response = post_decision(client_for(users["reviewer"]), approval, "approve", args_hash=shown_hash)
     assert response.status_code == 400 and b"changed since this page was loaded" in response.content
     assert pending(run).proposal.votes.count() == 1
 
@@ -212,11 +209,8 @@ def test_a_requester_cannot_claim_their_own_approval_to_run_out_the_clock(users)
     assert approval.claimed_by is None and approval.expires_at == expires
     # Nobody is locked out: the senior sees it as theirs to decide, and declines it.
     assert approvals_decidable_by(users["senior"]).filter(pk=approval.pk).exists()
-    response = client_for(users["senior"]).post(
-        f"/desk/approvals/{approval.pk}/decide",
-        {"decision": "decline", "comment": "Refund your own order? No.", "args_hash": approval.args_hash},
-    )
-    assert response.status_code == 302
+    senior = client_for(users["senior"])
+    assert post_decision(senior, approval, "decline", comment="Refund your own order? No.").status_code == 302
     ApprovalRequest.objects.filter(pk=approval.pk).update(expires_at=expires.replace(year=2000))
     assert approval_expire(approval_id=approval.pk) is False  # decided: nothing to expire
     run_advance_until_settled(run.pk)
@@ -230,24 +224,22 @@ def test_a_senior_can_break_a_claim_and_it_is_audited(users):
     # Another reviewer may neither decide nor break it...
     other = users["requester"].__class__.objects.create_user("rita", email="rita@countersign.local")
     other.groups.add(*users["reviewer"].groups.all())
-    assert post_approve(other, approval).status_code == 403
+    assert post_decision(client_for(other), approval, "approve").status_code == 403
     assert client_for(other).post(f"/desk/approvals/{approval.pk}/break-claim").status_code == 403
     # ...the escalation group and superusers can.
     assert client_for(users["senior"]).post(f"/desk/approvals/{approval.pk}/break-claim").status_code == 302
     assert pending(run).claimed_by is None
     event = AuditEvent.objects.get(action="approval.claim_broken")
     assert event.actor == users["senior"] and "claim of reviewer" in event.detail
-    assert post_approve(other, pending(run)).status_code == 302
+    assert post_decision(client_for(other), pending(run), "approve").status_code == 302
 
 
 def test_a_timeout_never_approves_an_edit_a_multi_approver_rule_or_an_irreversible_call(users):
     GateRule.objects.filter(name="Refunds over ₹500").update(ttl_minutes=60, timeout_effect="approve")
     run = start(REFUND_600, requester=users["requester"])
     approval = pending(run)
-    post_edit(users["requester"], approval)  # refused: not theirs to decide
-    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"],
-                    decision=Decision.approve(edit={**approval.proposal.input, "amount": 6000}),
-                    enqueue=False)
+    assert post_edit(client_for(users["requester"]), approval).status_code == 403  # not theirs to decide
+    decide(approval, users["reviewer"], Decision.approve(edit={**approval.proposal.input, "amount": 6000}))
     approval.refresh_from_db()
     assert approval.status == ApprovalRequest.Status.PENDING and approval.is_edited
     ApprovalRequest.objects.filter(pk=approval.pk).update(expires_at=approval.created_at)
@@ -286,8 +278,7 @@ def test_the_queue_count_and_the_decide_check_agree_for_every_person(users):
     ]
     GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2)
     two_person = start(REFUND_600, requester=users["senior"])
-    approval_decide(approval_id=pending(two_person).pk, reviewer=users["reviewer"],
-                    decision=Decision.approve(), enqueue=False)
+    decide(pending(two_person), users["reviewer"])
     approvals = [pending(run) for run in [*runs, two_person]]
     for user in users.values():
         decidable = set(approvals_decidable_by(user).values_list("pk", flat=True))
@@ -298,7 +289,7 @@ def test_the_queue_count_and_the_decide_check_agree_for_every_person(users):
             )
             assert (approval.pk in decidable) == may, (user.username, approval.pk)
     assert approvals_decidable_by(users["requester"]).count() == 0
-    nav = client_for(users["reviewer"]).get("/desk/nav").content.decode()
+    nav = get_html(client_for(users["reviewer"]), "/desk/nav")
     # The reviewer may decide the ₹600 refund of the requester only: not their own,
     # not the senior-only one, not the two-person one they already approved.
     assert 'data-testid="nav-pending">1<' in nav
@@ -372,7 +363,7 @@ def test_decide_edit_with_unusable_json_is_a_command_error_and_saves_nothing(use
 def test_an_edited_amount_that_is_not_a_finite_number_is_a_400_and_saves_nothing(users, amount):
     run = start(REFUND_600, requester=users["requester"])
     approval = pending(run)
-    response = post_edit(users["reviewer"], approval, amount=amount)
+    response = post_edit(client_for(users["reviewer"]), approval, amount=amount)
     assert response.status_code == 400
     assert pending(run).proposals.count() == 1 and not Payment.objects.exists()
 
@@ -421,24 +412,19 @@ def test_a_model_call_with_nan_or_deep_input_gets_an_error_result_and_nothing_ru
 
 # --- one key function, generation included -------------------------------------------
 def test_rewind_then_edit_then_approve_makes_a_new_refund(users):
+    down_to_600 = {"order_id": "A-1001", "amount": 600, "reason": "Scratched case"}
     refund_then_report = script(
         turn(("get_policy", {})),
         turn(("refund_item", {"order_id": "A-1001", "amount": 700, "reason": "Scratched case"})),
         {"text": "Refunded."},
     )
     run = start(refund_then_report, requester=users["requester"])
-    approval_decide(approval_id=pending(run).pk, reviewer=users["reviewer"], enqueue=False,
-                    decision=Decision.approve(edit={"order_id": "A-1001", "amount": 600,
-                                                    "reason": "Scratched case"}))
-    run_advance_until_settled(run.pk)
+    decide_and_advance(run, users["reviewer"], Decision.approve(edit=down_to_600))
     first = ToolCall.objects.get(run=run, tool_name="refund_item")
     assert [p.amount for p in Payment.objects.filter(kind="refund")] == [600]
     run_rewind(run=Run.objects.get(pk=run.pk), to_step=0, by=users["admin"], enqueue=False)
     run_advance_until_settled(run.pk)
-    approval_decide(approval_id=pending(run).pk, reviewer=users["reviewer"], enqueue=False,
-                    decision=Decision.approve(edit={"order_id": "A-1001", "amount": 600,
-                                                    "reason": "Scratched case"}))
-    run_advance_until_settled(run.pk)
+    decide_and_advance(run, users["reviewer"], Decision.approve(edit=down_to_600))
     second = ToolCall.objects.live().get(run=run, tool_name="refund_item")
     assert second.idempotency_key != first.idempotency_key
     # The first refund was reversed by the rewind; the second is new money.
@@ -456,21 +442,13 @@ def test_a_plain_approve_approves_what_was_shown_whatever_the_fields_say(users):
     email = {"to": "ada@example.com", "subject": "Your refund", "body": "Hello Ada,\n\nRefunded.\nThanks"}
     run = start(script(turn(("send_email", email))), requester=users["requester"])
     approval = pending(run)
-    form = {
-        "decision": "approve",
-        "args_hash": approval.args_hash,
-        "arg-to": email["to"],
-        "arg-subject": email["subject"],
-        "arg-body": "Hello Ada,Refunded.Thanks",
-    }
-    assert (
-        client_for(users["reviewer"]).post(f"/desk/approvals/{approval.pk}/decide", form).status_code == 302
-    )
+    fields = {"arg-to": email["to"], "arg-subject": email["subject"], "arg-body": "Hello Ada,Refunded.Thanks"}
+    assert post_decision(client_for(users["reviewer"]), approval, "approve", **fields).status_code == 302
     approval.refresh_from_db()
     assert approval.status == ApprovalRequest.Status.APPROVED and not approval.is_edited
     # To edit it, the multi-line body is a textarea, which keeps its newlines.
     run_two = start(script(turn(("send_email", email))), requester=users["requester"])
-    page = client_for(users["reviewer"]).get(f"/desk/approvals/{pending(run_two).pk}/").content.decode()
+    page = get_html(client_for(users["reviewer"]), f"/desk/approvals/{pending(run_two).pk}/")
     assert '<textarea name="arg-body" rows="3" data-edit>\nHello Ada,\n\nRefunded.\nThanks</textarea>' in page
 
 
@@ -482,18 +460,15 @@ def test_a_vote_stops_counting_when_its_voter_may_no_longer_decide(users):
     GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2, sla_minutes=30)
     run = start(REFUND_600, requester=users["requester"])
     approval = pending(run)
-    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"], decision=Decision.approve(),
-                    enqueue=False)
+    decide(approval, users["reviewer"])
     approvals_sweep_sla(now=approval.created_at + timedelta(minutes=61))
     approval.refresh_from_db()
     assert sorted(g.name for g in approval.required_groups.all()) == ["reviewers", "senior-reviewers"]
     # The plain reviewer's vote was for an item only seniors may decide now.
-    approval_decide(approval_id=approval.pk, reviewer=users["senior"], decision=Decision.approve(),
-                    enqueue=False)
+    decide(approval, users["senior"])
     approval.refresh_from_db()
     assert approval.status == ApprovalRequest.Status.PENDING
-    approval_decide(approval_id=approval.pk, reviewer=users["admin"], decision=Decision.approve(),
-                    enqueue=False)
+    decide(approval, users["admin"])
     approval.refresh_from_db()
     assert approval.status == ApprovalRequest.Status.APPROVED
 
@@ -512,9 +487,8 @@ def test_an_edit_after_escalation_keeps_the_rules_group(users):
     approval = pending(run)
     approvals_sweep_sla(now=approval.created_at + timedelta(minutes=61))
     # A senior who is not in finance edits the refund into finance's territory.
-    approval_decide(approval_id=approval.pk, reviewer=users["senior"], enqueue=False,
-                    decision=Decision.approve(edit={**approval.proposal.input, "amount": 6000,
-                                                    "order_id": "A-1003"}))
+    decide(approval, users["senior"],
+           Decision.approve(edit={**approval.proposal.input, "amount": 6000, "order_id": "A-1003"}))
     approval.refresh_from_db()
     assert approval.status == ApprovalRequest.Status.PENDING
     assert {g.name for g in approval.required_groups.all()} == {"reviewers", "finance", "senior-reviewers"}
@@ -526,14 +500,10 @@ def test_someone_who_approved_can_neither_claim_nor_settle_a_two_person_item_alo
     run = start(REFUND_600, requester=users["requester"])
     approval = pending(run)
     reviewer = client_for(users["reviewer"])
-    assert post_approve(users["reviewer"], approval, client=None).status_code == 302
+    assert post_decision(reviewer, approval, "approve").status_code == 302
     assert reviewer.post(f"/desk/approvals/{approval.pk}/claim").status_code == 403
     for decision in ("decline", "respond"):
-        response = reviewer.post(
-            f"/desk/approvals/{approval.pk}/decide",
-            {"decision": decision, "comment": "never mind", "args_hash": approval.args_hash},
-        )
-        assert response.status_code == 403
+        assert post_decision(reviewer, approval, decision, comment="never mind").status_code == 403
     assert pending(run).claimed_by is None
     # They still see the item they approved (though they may not decide it any more).
     assert reviewer.get(f"/desk/approvals/{approval.pk}/").status_code == 200
@@ -543,7 +513,7 @@ def test_an_edit_ends_a_claim_its_holder_may_no_longer_use(users):
     run = start(REFUND_600, requester=users["requester"])
     approval = pending(run)
     assert client_for(users["reviewer"]).post(f"/desk/approvals/{approval.pk}/claim").status_code == 302
-    post_edit(users["reviewer"], pending(run), amount=6000, order_id="A-1003")
+    post_edit(client_for(users["reviewer"]), pending(run), amount=6000, order_id="A-1003")
     approval.refresh_from_db()
     assert approval.claimed_by is None  # else the seniors it now waits for could not act
     assert AuditEvent.objects.filter(action="approval.released", approval=approval, actor=None).exists()

@@ -11,9 +11,10 @@ from approvals.services import (
     StaleDecision,
     approval_decide,
 )
+from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
 from runs.services import run_cancel
-from tests.runs.helpers import script, start, turn
+from tests.helpers import decide, script, start, the_approval, turn
 from tools.models import Payment
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
@@ -22,16 +23,6 @@ BIG_REFUND = script(
     turn(("refund_item", {"order_id": "A-1003", "amount": 12000, "reason": "Dead on arrival"})),
     {"text": "Done."},
 )
-
-
-def the_approval(run) -> ApprovalRequest:
-    return ApprovalRequest.objects.select_related("tool_call").get(run=run)
-
-
-def decide(approval, user, decision: Decision | None = None):
-    """``user`` decides ``approval`` (by default: approves what is shown)."""
-    return approval_decide(approval_id=approval.pk, reviewer=user, decision=decision or Decision.approve(),
-                           enqueue=False)
 
 
 def test_the_requester_cannot_approve_their_own_run(users):
@@ -95,8 +86,6 @@ def test_an_approval_with_edited_arguments_executes_the_edit(users):
     approval = the_approval(run)
     edited = dict(approval.tool_call.input, amount=1500)
     decide(approval, users["reviewer"], Decision.approve(edit=edited))
-    from runs.engine import run_advance_until_settled
-
     run_advance_until_settled(run.pk)
     assert Payment.objects.get().amount == 1500
     call = ToolCall.objects.get(pk=approval.tool_call_id)

@@ -2,7 +2,8 @@
 worker, to those allowed to decide, with the facts and a deep link.
 
 In-process the broker is memory:// and an enqueued task goes nowhere, so these tests
-do what the worker does: call notification_send for each pending notification.
+do what the worker does: call notification_send for each pending notification
+(tests.helpers.deliver).
 """
 
 from __future__ import annotations
@@ -16,20 +17,14 @@ from django.core.mail.backends.locmem import EmailBackend
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, AuditEvent, Notification
-from approvals.notifications import (
-    MAX_ATTEMPTS,
-    Kind,
-    notification_send,
-    notifications_record,
-    notifications_renudge,
-)
-from approvals.services import Decision, approval_decide
+from approvals.notifications import Kind, notification_send, notifications_record, notifications_renudge
+from approvals.services import Decision
 from approvals.tasks import send_notification
 from runs.engine import run_advance_until_settled
 from runs.models import Run
 from runs.saga import run_rewind
 from runs.services import run_cancel
-from tests.runs.helpers import script, start, turn
+from tests.helpers import decide, deliver, script, start, the_approval, turn
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
 
@@ -38,16 +33,6 @@ BIG_REFUND = script(
     {"text": "Done."},
 )
 READS_ONLY = script(turn(("get_order", {"order_id": "A-1001"})), {"text": "Order A-1001 is fine."})
-
-
-def the_approval(run) -> ApprovalRequest:
-    return ApprovalRequest.objects.select_related("tool_call").get(run=run)
-
-
-def deliver() -> list[str]:
-    """What the workers do with their nudges: send every pending notification."""
-    pending = Notification.objects.filter(status=Notification.Status.PENDING).values_list("pk", flat=True)
-    return [notification_send(notification_id=pk) for pk in pending]
 
 
 def inbox(address: str):
@@ -207,7 +192,7 @@ def test_it_gives_up_after_the_last_attempt(users, monkeypatch):
     smtp = FlakySMTP(monkeypatch, times=100)
     send_notification.apply(args=[note.pk])
     note.refresh_from_db()
-    assert note.status == "failed" and note.attempts == MAX_ATTEMPTS == smtp.calls
+    assert note.status == "failed" and note.attempts == smtp.calls == 6  # the first try and five retries
     assert "SMTPServerDisconnected" in note.last_error
     assert mail.outbox == []
 
@@ -239,8 +224,7 @@ def test_a_worker_that_dies_mid_send_never_resends(users, monkeypatch, django_ca
 def test_the_requester_hears_when_a_reviewer_declines_a_call(users):
     run = start(requester=users["requester"])
     approval = the_approval(run)
-    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"],
-                    decision=Decision.decline("Ask for a photo first"), enqueue=False)
+    decide(approval, users["reviewer"], Decision.decline("Ask for a photo first"))
     [note] = Notification.objects.filter(recipient="requester@countersign.local")
     assert note.event == f"approval:{approval.pk}:declined" and note.kind == "approval_declined"
     deliver()
@@ -253,8 +237,7 @@ def test_the_requester_hears_when_a_reviewer_declines_a_call(users):
 
 def test_an_approval_is_not_news_to_the_requester(users):
     run = start(requester=users["requester"])
-    approval_decide(approval_id=the_approval(run).pk, reviewer=users["reviewer"], decision=Decision.approve(),
-                    enqueue=False)
+    decide(the_approval(run), users["reviewer"])
     assert not Notification.objects.filter(recipient="requester@countersign.local").exists()
 
 
@@ -306,8 +289,7 @@ def test_a_decline_records_one_email_to_the_requester_and_nothing_else(users):
     run = start(requester=users["requester"])
     approval = the_approval(run)
     before = set(Notification.objects.values_list("pk", flat=True))
-    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"],
-                    decision=Decision.decline("Ask for a photo first"), enqueue=False)
+    decide(approval, users["reviewer"], Decision.decline("Ask for a photo first"))
     made = Notification.objects.exclude(pk__in=before)
     assert [(n.event, n.recipient) for n in made] == [
         (f"approval:{approval.pk}:declined", "requester@countersign.local")]

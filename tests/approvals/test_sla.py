@@ -12,22 +12,17 @@ from django.core import mail
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, AuditEvent, GateRule, Notification
-from approvals.services import Decision, NotAllowed, approval_decide
+from approvals.services import NotAllowed
 from approvals.sla import approval_remind, approvals_sweep_sla
 from approvals.tasks import send_notification, sweep_sla
 from runs.engine import run_advance_until_settled
-from runs.models import Message, Run, ToolCall
-from tests.approvals.test_notifications import deliver
-from tests.runs.helpers import start
+from runs.models import Run, ToolCall
+from tests.helpers import decide, deliver, start, the_approval, tool_results
 from tools.models import Payment
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
 
 REFUNDS = "Refunds over ₹500"
-
-
-def the_approval(run) -> ApprovalRequest:
-    return ApprovalRequest.objects.select_related("tool_call").get(run=run)
 
 
 def minutes_after(approval, minutes: float):
@@ -99,10 +94,8 @@ def test_once_escalated_only_senior_reviewers_may_decide(users, sla_30):
     approval = the_approval(start(requester=users["requester"]))
     approvals_sweep_sla(now=minutes_after(approval, 61))
     with pytest.raises(NotAllowed, match="Only members of reviewers and senior-reviewers"):
-        approval_decide(approval_id=approval.pk, reviewer=users["reviewer"], decision=Decision.approve(),
-                        enqueue=False)
-    approval_decide(approval_id=approval.pk, reviewer=users["senior"], decision=Decision.approve(),
-                    enqueue=False)
+        decide(approval, users["reviewer"])
+    decide(approval, users["senior"])
     assert the_approval(approval.run).status == ApprovalRequest.Status.APPROVED
 
 
@@ -123,8 +116,7 @@ def test_rules_without_an_sla_never_remind(users):
 
 def test_a_decided_approval_is_not_reminded(users, sla_30):
     approval = the_approval(start(requester=users["requester"]))
-    approval_decide(approval_id=approval.pk, reviewer=users["reviewer"], decision=Decision.approve(),
-                    enqueue=False)
+    decide(approval, users["reviewer"])
     assert approvals_sweep_sla(now=minutes_after(approval, 100)).reminded == 0
     assert not Notification.objects.filter(kind__in=["approval_reminder", "approval_escalated"])
 
@@ -152,8 +144,7 @@ def test_expiry_declines_and_the_model_is_told_it_timed_out(users):
     assert Payment.objects.count() == 0
 
     run_advance_until_settled(run.pk)
-    told = next(b for m in Message.objects.filter(run=run, role="user") for b in m.content
-                if b.get("type") == "tool_result" and b["tool_use_id"] == call.tool_use_id)
+    told = next(b for b in tool_results(run) if b["tool_use_id"] == call.tool_use_id)
     assert told["is_error"] is True and "timed out" in told["content"]
     # The requester hears that the call timed out.
     [note] = Notification.objects.filter(recipient="requester@countersign.local")

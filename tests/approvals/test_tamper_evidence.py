@@ -16,11 +16,20 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 
 from approvals.audit import drop_append_only_triggers, install_append_only_triggers, verify_run
 from approvals.models import ApprovalRequest, AuditChain, AuditEvent
-from approvals.services import Decision, approval_decide
+from approvals.services import Decision
 from runs.engine import run_advance_until_settled
 from runs.models import Message, Run, Step, ToolCall
 from runs.saga import run_rewind
-from tests.runs.helpers import client_for, run_command, start
+from tests.helpers import (
+    client_for,
+    decide,
+    decide_and_advance,
+    finished_demo,
+    get_html,
+    run_command,
+    start,
+    the_approval,
+)
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
 
@@ -31,20 +40,7 @@ def triggers():
     install_append_only_triggers(connection)
 
 
-def finished(users) -> Run:
-    """The demo run, approved all the way: 6 checkpoints, every kind of event."""
-    run = start(requester=users["requester"])
-    for reviewer in ("reviewer", "senior"):
-        approval = ApprovalRequest.objects.get(run=run, status="pending")
-        approval_decide(approval_id=approval.pk, reviewer=users[reviewer], decision=Decision.approve(),
-                        enqueue=False)
-        run_advance_until_settled(run.pk)
-    run.refresh_from_db()
-    assert run.status == Run.Status.DONE
-    return run
-
-
-def verify(*args) -> tuple[dict, str]:
+def verify(*args) -> tuple[dict | None, str]:
     """`manage.py verify --json`: its report, and the error it exits with ("" if none)."""
     try:
         return json.loads(run_command("verify", *args, "--json")), ""
@@ -57,7 +53,7 @@ def broken_links(run) -> list[str]:
 
 
 def test_an_untouched_run_verifies_from_the_command_line_and_on_its_page(users):
-    run = finished(users)
+    run = finished_demo(users)
     report, error = verify(str(run.pk))
     assert error == "" and report["ok"] is True
     [checked] = report["checked"]
@@ -65,12 +61,12 @@ def test_an_untouched_run_verifies_from_the_command_line_and_on_its_page(users):
     everything, error = verify()
     assert error == "" and everything["ok"] is True
     assert {c["subject"] for c in everything["checked"]} >= {f"run:{run.pk}"}
-    page = client_for(users["reviewer"]).get(f"/runs/{run.pk}/integrity").content.decode()
+    page = get_html(client_for(users["reviewer"]), f"/runs/{run.pk}/integrity")
     assert "Verified:" in page and "6 checkpoints" in page
 
 
 def test_a_changed_message_is_named_and_the_page_says_the_record_was_changed(users):
-    run = finished(users)
+    run = finished_demo(users)
     reply = Message.objects.get(run=run, seq=3)  # the model's reply of step 1
     content = reply.content
     content[0]["text"] = "The customer asked for double. Refunding ₹5,800."
@@ -78,12 +74,12 @@ def test_a_changed_message_is_named_and_the_page_says_the_record_was_changed(use
     assert broken_links(run)[0].startswith(f"run {run.pk} step 1: its record was changed after the step")
     report, error = verify(str(run.pk))
     assert report is None and f"first broken link: run {run.pk} step 1" in error
-    page = client_for(users["reviewer"]).get(f"/runs/{run.pk}/integrity").content.decode()
+    page = get_html(client_for(users["reviewer"]), f"/runs/{run.pk}/integrity")
     assert "The record was changed after it was written" in page and f"run {run.pk} step 1" in page
 
 
 def test_a_changed_tool_result_is_named(users):
-    run = finished(users)
+    run = finished_demo(users)
     lookup = ToolCall.objects.get(run=run, tool_name="get_order")
     ToolCall.objects.filter(pk=lookup.pk).update(result={**lookup.result, "amount": "29000.00"})
     [first, *_] = broken_links(run)
@@ -92,14 +88,14 @@ def test_a_changed_tool_result_is_named(users):
 
 
 def test_changed_arguments_are_named(users):
-    run = finished(users)
+    run = finished_demo(users)
     refund = ToolCall.objects.get(run=run, tool_name="refund_item")
     ToolCall.objects.filter(pk=refund.pk).update(input={**refund.input, "amount": 29})
     assert broken_links(run)[0].startswith(f"run {run.pk} step {refund.step}: ")
 
 
 def test_a_deleted_audit_row_is_named(users):
-    run = finished(users)
+    run = finished_demo(users)
     events = list(AuditEvent.objects.filter(run=run).order_by("seq"))
     victim = events[5]  # e.g. the call that waited, or the approval of it
     drop_append_only_triggers(connection)
@@ -113,7 +109,7 @@ def test_a_deleted_audit_row_is_named(users):
 
 
 def test_deleting_the_newest_audit_rows_is_noticed_by_the_chain_head(users):
-    run = finished(users)
+    run = finished_demo(users)
     last = AuditEvent.objects.filter(run=run).order_by("-seq")[:2]
     drop_append_only_triggers(connection)
     with connection.cursor() as cursor:
@@ -125,8 +121,9 @@ def test_deleting_the_newest_audit_rows_is_noticed_by_the_chain_head(users):
 
 
 def test_a_rewritten_audit_row_is_named(users):
-    run = finished(users)
-    decision = AuditEvent.objects.get(run=run, action="approval.approved", actor=users["reviewer"])
+    run = finished_demo(users)
+    decision = AuditEvent.objects.filter(run=run, action="approval.approved").order_by("seq").first()
+    assert decision.actor == users["reviewer"]  # rewritten below to say the admin approved
     drop_append_only_triggers(connection)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -147,7 +144,7 @@ def test_a_rewritten_audit_row_is_named(users):
     ],
 )
 def test_the_database_refuses_to_change_an_audit_row(users, sql):
-    run = finished(users)
+    run = finished_demo(users)
     event = AuditEvent.objects.filter(run=run).first()
     with (
         pytest.raises((IntegrityError, DatabaseError), match="append-only"),
@@ -159,7 +156,7 @@ def test_the_database_refuses_to_change_an_audit_row(users, sql):
 
 
 def test_the_orm_refuses_bulk_changes_to_the_audit_trail(users):
-    run = finished(users)
+    run = finished_demo(users)
     with pytest.raises(ValueError, match="append-only"):
         AuditEvent.objects.filter(run=run).update(detail="")
     with pytest.raises(ValueError, match="append-only"):
@@ -171,7 +168,7 @@ def test_the_orm_refuses_bulk_changes_to_the_audit_trail(users):
 
 
 def test_a_chain_head_only_moves_forward(users):
-    run = finished(users)
+    run = finished_demo(users)
     with pytest.raises((IntegrityError, DatabaseError), match="only move forward"), transaction.atomic():
         AuditChain.objects.filter(subject=f"run:{run.pk}").update(seq=3)
 
@@ -202,7 +199,7 @@ def test_each_run_and_each_rule_has_its_own_chain(users):
 
 
 def test_a_rewound_run_still_verifies_with_its_superseded_steps(users):
-    run = finished(users)
+    run = finished_demo(users)
     run_rewind(run=Run.objects.get(pk=run.pk), to_step=2, by=users["admin"], enqueue=False)
     run_advance_until_settled(run.pk)
     assert Step.objects.filter(run=run, superseded_at__isnull=False).exists()
@@ -216,7 +213,7 @@ def test_a_rewound_run_still_verifies_with_its_superseded_steps(users):
 def test_a_fork_verifies_and_covers_what_it_shares_with_its_parent(users):
     from runs.saga import run_fork
 
-    parent = finished(users)
+    parent = finished_demo(users)
     fork = run_fork(run=parent, step=3, by=users["admin"], enqueue=False)
     run_advance_until_settled(fork.pk)
     assert broken_links(fork) == [] and broken_links(parent) == []
@@ -231,7 +228,7 @@ def test_digests_recomputed_by_someone_without_the_integrity_key_do_not_verify(u
     call log and the transcript, then recompute every checkpoint's digest."""
     from runs.integrity import call_record, closed_until, genesis, step_digest
 
-    run = finished(users)
+    run = finished_demo(users)
     refund = ToolCall.objects.get(run=run, tool_name="refund_item")
     ToolCall.objects.filter(pk=refund.pk).update(input={**refund.input, "amount": 290})
     reply = Message.objects.get(run=run, seq=Step.objects.get(run=run, number=refund.step).message_count)
@@ -240,26 +237,34 @@ def test_digests_recomputed_by_someone_without_the_integrity_key_do_not_verify(u
         for b in reply.content
     ]
     Message.objects.filter(pk=reply.pk).update(content=content)
-    settings.DESK_INTEGRITY_KEY = "what the attacker guesses"
-    previous, start = None, 0
-    for step in Step.objects.filter(run=run).order_by("number"):
-        previous = previous or genesis(run.pk)
-        end = closed_until(step.message_count, step.status)
-        messages = Message.objects.filter(run=run, seq__gte=start, seq__lt=end).order_by("seq")
-        calls = ToolCall.objects.filter(run=run, step=step.number).order_by("position")
-        digest = step_digest(
-            previous=previous,
-            run_id=run.pk,
-            number=step.number,
-            message_count=step.message_count,
-            status=step.status,
-            messages=[(m.seq, m.role, m.content) for m in messages],
-            calls=[call_record(c) for c in calls],
-        )
-        Step.objects.filter(pk=step.pk).update(digest=digest)
-        previous, start = digest, end
-    settings.DESK_INTEGRITY_KEY = settings.SECRET_KEY
+
+    def recompute_every_digest(key: str) -> None:
+        real_key, settings.DESK_INTEGRITY_KEY = settings.DESK_INTEGRITY_KEY, key
+        previous, first_seq = None, 0
+        for step in Step.objects.filter(run=run).order_by("number"):
+            previous = previous or genesis(run.pk)
+            end = closed_until(step.message_count, step.status)
+            messages = Message.objects.filter(run=run, seq__gte=first_seq, seq__lt=end).order_by("seq")
+            calls = ToolCall.objects.filter(run=run, step=step.number).order_by("position")
+            digest = step_digest(
+                previous=previous,
+                run_id=run.pk,
+                number=step.number,
+                message_count=step.message_count,
+                status=step.status,
+                messages=[(m.seq, m.role, m.content) for m in messages],
+                calls=[call_record(c) for c in calls],
+            )
+            Step.objects.filter(pk=step.pk).update(digest=digest)
+            previous, first_seq = digest, end
+        settings.DESK_INTEGRITY_KEY = real_key
+
+    recompute_every_digest("what the attacker guesses")
     assert broken_links(run)[0].startswith(f"run {run.pk} step 0:")
+    # The same recomputation with the key passes: the attack above is done right, and
+    # only the key stops it (else this test could pass because the attacker erred).
+    recompute_every_digest(settings.DESK_INTEGRITY_KEY)
+    assert broken_links(run) == []
 
 
 @pytest.mark.parametrize(
@@ -270,19 +275,11 @@ def test_what_the_desk_shows_from_plain_rows_is_held_against_the_history(users, 
 
     GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2)
     run = start(requester=users["requester"])
-    refund = ApprovalRequest.objects.get(run=run)
-    approval_decide(approval_id=refund.pk, reviewer=users["reviewer"], decision=Decision.approve(),
-                    enqueue=False)
-    approval_decide(approval_id=refund.pk, reviewer=users["senior"],
-                    decision=Decision.approve(edit={**refund.tool_call.input, "amount": 2000}), enqueue=False)
-    approval_decide(approval_id=refund.pk, reviewer=users["admin"], decision=Decision.approve(comment="ok"),
-                    enqueue=False)
-    run_advance_until_settled(run.pk)
-    email = ApprovalRequest.objects.get(run=run, status="pending")
-    approval_decide(approval_id=email.pk, reviewer=users["reviewer"], decision=Decision.approve(),
-                    enqueue=False)
-    run_advance_until_settled(run.pk)
-    run.refresh_from_db()
+    refund = the_approval(run)
+    decide(refund, users["reviewer"])
+    decide(refund, users["senior"], Decision.approve(edit={**refund.tool_call.input, "amount": 2000}))
+    decide_and_advance(run, users["admin"], Decision.approve(comment="ok"))  # the second vote: it runs
+    decide_and_advance(run, users["reviewer"])  # the email
     assert run.status == Run.Status.DONE and broken_links(run) == []
     if change == "decided_by":
         ApprovalRequest.objects.filter(pk=refund.pk).update(decided_by=users["senior"])

@@ -5,39 +5,30 @@ from django.test import Client
 
 from approvals.models import ApprovalRequest
 from runs.models import Run
-from tests.runs.helpers import script, start, turn
+from tests.helpers import client_for, get_html, post_decision, script, start, the_approval, turn
 from tools.models import Payment
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
 
 
-def client_for(user) -> Client:
-    client = Client(enforce_csrf_checks=False)
-    client.force_login(user)
-    return client
-
-
 def test_every_page_needs_login(users):
     run = start(requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=run)
+    approval = the_approval(run)
     for url in ["/", f"/desk/approvals/{approval.pk}/", f"/runs/{run.pk}/"]:
         response = Client().get(url)
         assert response.status_code == 302 and response["Location"].startswith("/login/")
-    response = Client().post(f"/desk/approvals/{approval.pk}/decide", {"decision": "approve"})
-    assert response.status_code == 302
-    assert ApprovalRequest.objects.get().status == "pending"
+    response = post_decision(Client(), approval, "approve")
+    assert response.status_code == 302 and response["Location"].startswith("/login/")
+    assert the_approval(run).status == "pending"
 
 
 def test_a_reviewer_approves_from_the_page(users, django_capture_on_commit_callbacks):
     run = start(requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=run)
+    approval = the_approval(run)
     client = client_for(users["reviewer"])
-    page = client.get(f"/desk/approvals/{approval.pk}/")
-    assert page.status_code == 200
-    assert b"refund_item" in page.content and b"Refunds over" in page.content
-    response = client.post(f"/desk/approvals/{approval.pk}/decide",
-                           {"decision": "approve", "args_hash": approval.args_hash})
-    assert response.status_code == 302
+    page = get_html(client, f"/desk/approvals/{approval.pk}/")
+    assert "refund_item" in page and "Refunds over" in page
+    assert post_decision(client, approval, "approve").status_code == 302
     approval.refresh_from_db()
     assert approval.status == "approved" and approval.decided_by == users["reviewer"]
     run.refresh_from_db()
@@ -46,34 +37,28 @@ def test_a_reviewer_approves_from_the_page(users, django_capture_on_commit_callb
 
 def test_the_requester_cannot_decide_their_own_run(users):
     run = start(requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=run)
+    approval = the_approval(run)
     client = client_for(users["requester"])
-    assert b"You do not have permission" in client.get(f"/desk/approvals/{approval.pk}/").content
-    response = client.post(f"/desk/approvals/{approval.pk}/decide",
-                           {"decision": "approve", "args_hash": approval.args_hash})
-    assert response.status_code == 403
-    assert ApprovalRequest.objects.get().status == "pending"
+    assert "You do not have permission" in get_html(client, f"/desk/approvals/{approval.pk}/")
+    assert post_decision(client, approval, "approve").status_code == 403
+    assert the_approval(run).status == "pending"
     assert Payment.objects.count() == 0
 
 
 def test_deciding_needs_a_csrf_token(users):
     run = start(requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=run)
-    client = Client(enforce_csrf_checks=True)
-    client.force_login(users["reviewer"])
-    response = client.post(f"/desk/approvals/{approval.pk}/decide", {"decision": "approve"})
+    approval = the_approval(run)
+    client = client_for(users["reviewer"], enforce_csrf_checks=True)
+    response = post_decision(client, approval, "approve")
     assert response.status_code == 403
-    assert ApprovalRequest.objects.get().status == "pending"
+    assert the_approval(run).status == "pending"
 
 
 def test_a_second_decider_sees_who_decided_first(users):
     run = start(requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=run)
-    client_for(users["reviewer"]).post(f"/desk/approvals/{approval.pk}/decide",
-                                       {"decision": "approve", "args_hash": approval.args_hash})
-    response = client_for(users["senior"]).post(
-        f"/desk/approvals/{approval.pk}/decide",
-        {"decision": "decline", "comment": "no", "args_hash": approval.args_hash})
+    approval = the_approval(run)
+    post_decision(client_for(users["reviewer"]), approval, "approve")
+    response = post_decision(client_for(users["senior"]), approval, "decline", comment="no")
     assert response.status_code == 409
     assert b"already approved by reviewer" in response.content
 
@@ -83,12 +68,12 @@ def test_model_text_and_tool_arguments_are_escaped(users):
     run = start(script(
         turn(("send_email", {"to": "ada@example.com", "subject": evil, "body": evil}), text=evil),
     ), requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=run)
+    approval = the_approval(run)
     client = client_for(users["reviewer"])
     for url in ["/desk/", f"/desk/approvals/{approval.pk}/", f"/runs/{run.pk}/"]:
-        content = client.get(url).content
-        assert b"<script>alert(1)</script>" not in content
-        assert b"&lt;script&gt;alert(1)&lt;/script&gt;" in content, url
+        page = get_html(client, url)
+        assert "<script>alert(1)</script>" not in page
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page, url
 
 
 # --- the queue ---------------------------------------------------------------
@@ -117,9 +102,7 @@ def test_the_queue_lists_pending_oldest_first_with_the_facts(users):
     first = start(requester=users["requester"])
     start(script(turn(("send_email", {"to": "grace@example.com", "subject": "Hi", "body": "Hello"}))),
           requester=users["requester"])
-    page = client_for(users["reviewer"]).get("/desk/")
-    text = page.content.decode()
-    assert page.status_code == 200
+    text = get_html(client_for(users["reviewer"]), "/desk/")
     assert text.index("₹2,900.00") < text.index("to grace@example.com")
     assert "Refunds over ₹500" in text and "amount 2900.0 &gt; 500" in text
     assert f"#{first.pk}" in text
@@ -131,8 +114,8 @@ def test_queue_filters_narrow_the_list(users):
     start(script(turn(("send_email", {"to": "grace@example.com", "subject": "Hi", "body": "Hello"}))),
           requester=users["requester"])
     client = client_for(users["reviewer"])
-    assert client.get("/desk/?tool=send_email").content.decode().count('data-testid="queue-row"') == 1
-    assert client.get("/desk/?tool=refund_item").content.decode().count('data-testid="queue-row"') == 1
+    assert get_html(client, "/desk/?tool=send_email").count('data-testid="queue-row"') == 1
+    assert get_html(client, "/desk/?tool=refund_item").count('data-testid="queue-row"') == 1
     assert client.get("/desk/?mine=1").content.decode().count('data-testid="queue-row"') == 0
     assert client.get("/desk/?unclaimed=1").content.decode().count('data-testid="queue-row"') == 2
     htmx = client.get("/desk/?tool=send_email", headers={"HX-Request": "true", "HX-Target": "queue-rows"})
@@ -158,8 +141,8 @@ def test_the_approval_page_shows_context_rule_and_siblings(users):
              ("refund_item", {"order_id": "A-1001", "amount": 900, "reason": "Broken"}),
              text="Refunding now."),
     ), requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=run)
-    text = client_for(users["reviewer"]).get(f"/desk/approvals/{approval.pk}/").content.decode()
+    approval = the_approval(run)
+    text = get_html(client_for(users["reviewer"]), f"/desk/approvals/{approval.pk}/")
     assert "Looking it up." in text and "Refunding now." in text  # what the model said
     assert "Ceramic teapot" in text  # what it saw (the get_order result)
     assert "amount &gt; 500" in text and "amount 900 &gt; 500" in text  # threshold and actual value
@@ -169,12 +152,9 @@ def test_the_approval_page_shows_context_rule_and_siblings(users):
 
 def test_approving_over_htmx_swaps_the_decision_and_tells_the_page(users):
     run = start(requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=run)
-    response = client_for(users["reviewer"]).post(
-        f"/desk/approvals/{approval.pk}/decide",
-        {"decision": "approve", "args_hash": approval.args_hash, "comment": "ok"},
-        headers={"HX-Request": "true"},
-    )
+    approval = the_approval(run)
+    response = post_decision(client_for(users["reviewer"]), approval, "approve", comment="ok",
+                             headers={"HX-Request": "true"})
     assert response.status_code == 200
     assert response.headers["HX-Trigger"] == f'{{"approvalDecided": {{"id": {approval.pk}}}}}'
     assert 'id="decision"' in response.content.decode()
@@ -183,14 +163,10 @@ def test_approving_over_htmx_swaps_the_decision_and_tells_the_page(users):
 
 def test_a_reviewer_who_decides_late_sees_who_decided_and_when(users):
     run = start(requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=run)
-    client_for(users["senior"]).post(f"/desk/approvals/{approval.pk}/decide",
-                                     {"decision": "approve", "args_hash": approval.args_hash})
-    response = client_for(users["reviewer"]).post(
-        f"/desk/approvals/{approval.pk}/decide",
-        {"decision": "decline", "comment": "no", "args_hash": approval.args_hash},
-        headers={"HX-Request": "true"},
-    )
+    approval = the_approval(run)
+    post_decision(client_for(users["senior"]), approval, "approve")
+    response = post_decision(client_for(users["reviewer"]), approval, "decline", comment="no",
+                             headers={"HX-Request": "true"})
     text = response.content.decode()
     assert "already approved by senior at" in text
     assert "Approved by senior at" in text
@@ -198,11 +174,9 @@ def test_a_reviewer_who_decides_late_sees_who_decided_and_when(users):
 
 def test_approve_with_edited_arguments_records_the_edit(users):
     run = start(requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=run)
-    client_for(users["reviewer"]).post(f"/desk/approvals/{approval.pk}/decide", {
-        "decision": "approve_edited", "args_hash": approval.args_hash, "arg-order_id": "A-1001",
-        "arg-amount": "1500", "arg-reason": "Partial refund: chipped lid",
-    })
+    approval = the_approval(run)
+    post_decision(client_for(users["reviewer"]), approval, "approve_edited", **{
+        "arg-order_id": "A-1001", "arg-amount": "1500", "arg-reason": "Partial refund: chipped lid"})
     approval.refresh_from_db()
     assert approval.status == "approved"
     assert approval.proposal.number == 2 and approval.proposal.proposed_by == users["reviewer"]
@@ -215,11 +189,9 @@ def test_approve_with_edited_arguments_records_the_edit(users):
 
 def test_an_edit_that_breaks_the_schema_is_refused_and_nothing_changes(users):
     run = start(requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=run)
-    response = client_for(users["reviewer"]).post(f"/desk/approvals/{approval.pk}/decide", {
-        "decision": "approve_edited", "args_hash": approval.args_hash, "arg-order_id": "nope",
-        "arg-amount": "1500", "arg-reason": "x",
-    })
+    approval = the_approval(run)
+    response = post_decision(client_for(users["reviewer"]), approval, "approve_edited", **{
+        "arg-order_id": "nope", "arg-amount": "1500", "arg-reason": "x"})
     assert response.status_code == 400
     assert "does not match" in response.content.decode()
     approval.refresh_from_db()
@@ -231,11 +203,9 @@ def test_respond_answers_the_model_and_runs_nothing(users):
     from runs.models import Message
 
     run = start(requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=run)
-    client_for(users["reviewer"]).post(f"/desk/approvals/{approval.pk}/decide", {
-        "decision": "respond", "args_hash": approval.args_hash,
-        "comment": "Offer store credit instead of a refund.",
-    })
+    approval = the_approval(run)
+    post_decision(client_for(users["reviewer"]), approval, "respond",
+                  comment="Offer store credit instead of a refund.")
     run_advance_until_settled(run.pk)
     assert Payment.objects.count() == 0
     result = Message.objects.get(run=run, seq=6).content[0]
@@ -246,19 +216,15 @@ def test_respond_answers_the_model_and_runs_nothing(users):
 
 def test_a_claim_keeps_other_reviewers_off(users):
     run = start(requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=run)
+    approval = the_approval(run)
     client_for(users["reviewer"]).post(f"/desk/approvals/{approval.pk}/claim")
     approval.refresh_from_db()
     assert approval.claimed_by == users["reviewer"]
     senior = client_for(users["senior"])
-    assert "reviewer is working on this" in senior.get(f"/desk/approvals/{approval.pk}/").content.decode()
-    response = senior.post(f"/desk/approvals/{approval.pk}/decide",
-                           {"decision": "approve", "args_hash": approval.args_hash})
-    assert response.status_code == 403
+    assert "reviewer is working on this" in get_html(senior, f"/desk/approvals/{approval.pk}/")
+    assert post_decision(senior, approval, "approve").status_code == 403
     client_for(users["reviewer"]).post(f"/desk/approvals/{approval.pk}/release")
-    response = senior.post(f"/desk/approvals/{approval.pk}/decide",
-                           {"decision": "approve", "args_hash": approval.args_hash})
-    assert response.status_code == 302
+    assert post_decision(senior, approval, "approve").status_code == 302
     approval.refresh_from_db()
     assert approval.status == "approved" and approval.decided_by == users["senior"]
 
@@ -268,17 +234,14 @@ def test_a_two_person_rule_needs_two_distinct_approvers(users):
 
     GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2)
     run = start(requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=run)
+    approval = the_approval(run)
     reviewer = client_for(users["reviewer"])
-    reviewer.post(f"/desk/approvals/{approval.pk}/decide",
-                  {"decision": "approve", "args_hash": approval.args_hash})
+    post_decision(reviewer, approval, "approve")
     approval.refresh_from_db()
     assert approval.status == "pending" and approval.votes.count() == 1
-    again = reviewer.post(f"/desk/approvals/{approval.pk}/decide",
-                          {"decision": "approve", "args_hash": approval.args_hash})
+    again = post_decision(reviewer, approval, "approve")
     assert "You already approved this" in again.content.decode()
-    client_for(users["senior"]).post(f"/desk/approvals/{approval.pk}/decide",
-                                     {"decision": "approve", "args_hash": approval.args_hash})
+    post_decision(client_for(users["senior"]), approval, "approve")
     approval.refresh_from_db()
     assert approval.status == "approved"
 
@@ -311,7 +274,7 @@ def test_the_record_is_read_only_in_admin(users):
     client = client_for(users["admin"])
     assert client.get(f"/admin/runs/run/{run.pk}/change/").status_code == 200
     assert client.get("/admin/runs/run/add/").status_code == 403
-    approval = ApprovalRequest.objects.get(run=run)
+    approval = the_approval(run)
     page = client.get(f"/admin/approvals/approvalrequest/{approval.pk}/change/")
     assert page.status_code == 200 and b'name="status"' not in page.content
     delete = client.post(f"/admin/approvals/approvalrequest/{approval.pk}/delete/", {"post": "yes"})
@@ -321,18 +284,15 @@ def test_the_record_is_read_only_in_admin(users):
 def test_the_page_asks_to_type_the_tool_name_before_approving_what_cannot_be_undone(users):
     run = start(script(turn(("delete_file_permanently", {"path": "home/marie/old.txt"}))),
                 agent="onboarding", requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=run)
+    approval = the_approval(run)
     client = client_for(users["reviewer"])
-    page = client.get(f"/desk/approvals/{approval.pk}/").content.decode()
+    page = get_html(client, f"/desk/approvals/{approval.pk}/")
     assert "This cannot be undone." in page and ">irreversible<" in page
-    url = f"/desk/approvals/{approval.pk}/decide"
-    refused = client.post(url, {"decision": "approve", "args_hash": approval.args_hash,
-                                "confirm_irreversible": "yes"})
+    refused = post_decision(client, approval, "approve", confirm_irreversible="yes")
     assert refused.status_code == 400
     approval.refresh_from_db()
     assert approval.status == "pending"
-    client.post(url, {"decision": "approve", "args_hash": approval.args_hash,
-                      "confirm_irreversible": "delete_file_permanently"})
+    post_decision(client, approval, "approve", confirm_irreversible="delete_file_permanently")
     approval.refresh_from_db()
     assert approval.status == "approved"
 
@@ -341,11 +301,9 @@ def test_a_decline_with_the_tool_name_typed_is_still_a_decline(users):
     """The confirmation field is on the one form: it means something to Approve only."""
     run = start(script(turn(("delete_file_permanently", {"path": "home/marie/old.txt"}))),
                 agent="onboarding", requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=run)
-    response = client_for(users["reviewer"]).post(
-        f"/desk/approvals/{approval.pk}/decide",
-        {"decision": "decline", "args_hash": approval.args_hash, "comment": "Keep the file",
-         "confirm_irreversible": "delete_file_permanently"})
+    approval = the_approval(run)
+    response = post_decision(client_for(users["reviewer"]), approval, "decline", comment="Keep the file",
+                             confirm_irreversible="delete_file_permanently")
     assert response.status_code == 302
     approval.refresh_from_db()
     assert approval.status == "declined" and approval.comment == "Keep the file"
@@ -353,10 +311,8 @@ def test_a_decline_with_the_tool_name_typed_is_still_a_decline(users):
 
 def test_a_response_without_text_is_refused_and_changes_nothing(users):
     run = start(requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=run)
-    response = client_for(users["reviewer"]).post(
-        f"/desk/approvals/{approval.pk}/decide",
-        {"decision": "respond", "args_hash": approval.args_hash, "comment": "   "})
+    approval = the_approval(run)
+    response = post_decision(client_for(users["reviewer"]), approval, "respond", comment="   ")
     assert response.status_code == 400 and b"A response needs text" in response.content
     approval.refresh_from_db()
     assert approval.status == "pending"
@@ -364,9 +320,8 @@ def test_a_response_without_text_is_refused_and_changes_nothing(users):
 
 def test_an_unknown_button_decides_nothing(users):
     run = start(requester=users["requester"])
-    approval = ApprovalRequest.objects.get(run=run)
-    response = client_for(users["reviewer"]).post(
-        f"/desk/approvals/{approval.pk}/decide", {"decision": "approve_all", "args_hash": approval.args_hash})
+    approval = the_approval(run)
+    response = post_decision(client_for(users["reviewer"]), approval, "approve_all")
     assert response.status_code == 400 and b"Choose approve, decline or respond" in response.content
     approval.refresh_from_db()
     assert approval.status == "pending"

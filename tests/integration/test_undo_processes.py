@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from runs.models import Run, ToolCall
-from tests.helpers import finished_demo, wait_until
+from tests.helpers import finished_demo
 from tools.models import OutboxEmail, Payment, Ticket, WorldUser
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(databases=["default", "world"],
@@ -15,7 +17,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(databases=["default
 
 
 def test_the_onboarding_demo_killed_before_its_email_is_rolled_back_in_the_world(desk):
-    doomed = desk.start_worker(failpoints="before_tool_effect@4")
+    # A long lease, so that it is surely still live when the first rollback asks
+    # (a 3 s one could run out on a busy machine before the command even starts).
+    doomed = desk.start_worker(failpoints="before_tool_effect@4", env={"DESK_LEASE_SECONDS": "60"})
     run_id = desk.start_run("Onboard Marie", agent="onboarding")
     [email] = desk.wait_for(run_id, "waiting_approval")["pending_approvals"]
     assert email["tool"] == "send_email"
@@ -30,10 +34,8 @@ def test_the_onboarding_demo_killed_before_its_email_is_rolled_back_in_the_world
 
     refused = desk.manage("rollback", str(run_id), "--user", "admin", check=False)
     assert refused.returncode == 1 and "is running" in refused.stderr  # its lease is still live
-    # The dead worker's lease runs out (DESK_LEASE_SECONDS); then nothing holds the run.
-    lease = float(desk.env["DESK_LEASE_SECONDS"])
-    wait_until(lambda: Run.objects.get(pk=run_id).lease_until < timezone.now(), timeout=lease + 5,
-               message=f"the dead worker's lease on run {run_id} to expire")
+    # The dead worker's lease runs out; then nothing holds the run.
+    Run.objects.filter(pk=run_id).update(lease_until=timezone.now() - timedelta(seconds=1))
     out = desk.manage("rollback", str(run_id), "--user", "admin").stdout
     assert f"run {run_id}: rolled_back" in out
 

@@ -47,6 +47,7 @@ run: migrate
 
 test: install-dev
 	$(BIN)/python -m ruff check .
+	$(BIN)/python -m ruff format --check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The suite measured line by line, Celery workers and manage.py subprocesses included.

@@ -7,15 +7,43 @@ from runs.admin import ReadOnlyAdmin
 
 from .models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule, Notification
 
-RULE_FIELDS = ["name", "tool", "aggregate", "field", "scope", "scope_fact", "window_minutes", "operator",
-               "value", "effect", "priority", "enabled", "required_group", "approvers_required",
-               "allow_self_approval", "sla_minutes", "ttl_minutes", "timeout_effect"]
+RULE_FIELDS = [
+    "name",
+    "tool",
+    "aggregate",
+    "field",
+    "scope",
+    "scope_fact",
+    "window_minutes",
+    "operator",
+    "value",
+    "effect",
+    "priority",
+    "enabled",
+    "required_group",
+    "approvers_required",
+    "allow_self_approval",
+    "sla_minutes",
+    "ttl_minutes",
+    "timeout_effect",
+]
 
 
 @admin.register(GateRule)
 class GateRuleAdmin(admin.ModelAdmin):
-    list_display = ["name", "tool", "condition", "value", "effect", "priority", "enabled",
-                    "required_group", "approvers_required", "version", "updated_at"]
+    list_display = [
+        "name",
+        "tool",
+        "condition",
+        "value",
+        "effect",
+        "priority",
+        "enabled",
+        "required_group",
+        "approvers_required",
+        "version",
+        "updated_at",
+    ]
     list_editable = ["value", "effect", "enabled"]
     list_filter = ["tool", "effect", "enabled", "aggregate", "required_group"]
     search_fields = ["name", "tool", "field", "value"]
@@ -28,16 +56,23 @@ class GateRuleAdmin(admin.ModelAdmin):
         after = model_to_dict(obj, RULE_FIELDS)
         changed = {k: [before.get(k), v] for k, v in after.items() if before.get(k) != v}
         AuditEvent.objects.create(
-            subject=f"rule:{obj.pk}", actor=request.user, action="rule.changed" if change else "rule.created",
-            before=f"v{obj.version - 1}" if change else "", after=f"v{obj.version}",
+            subject=f"rule:{obj.pk}",
+            actor=request.user,
+            action="rule.changed" if change else "rule.created",
+            before=f"v{obj.version - 1}" if change else "",
+            after=f"v{obj.version}",
             detail=f"{obj.name}: "
             + "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items()),
         )
 
     def delete_model(self, request, obj):
-        AuditEvent.objects.create(subject=f"rule:{obj.pk}", actor=request.user, action="rule.deleted",
-                                  before=f"v{obj.version}",
-                                  detail=f"{obj.name}: {obj.condition} -> {obj.effect}")
+        AuditEvent.objects.create(
+            subject=f"rule:{obj.pk}",
+            actor=request.user,
+            action="rule.deleted",
+            before=f"v{obj.version}",
+            detail=f"{obj.name}: {obj.condition} -> {obj.effect}",
+        )
         super().delete_model(request, obj)
 
     def delete_queryset(self, request, queryset):
@@ -71,8 +106,17 @@ class AuditInline(admin.TabularInline):
 
 @admin.register(ApprovalRequest)
 class ApprovalRequestAdmin(ReadOnlyAdmin):
-    list_display = ["id", "run", "tool_call", "status", "rule", "rule_version", "decided_by",
-                    "decided_at", "created_at"]
+    list_display = [
+        "id",
+        "run",
+        "tool_call",
+        "status",
+        "rule",
+        "rule_version",
+        "decided_by",
+        "decided_at",
+        "created_at",
+    ]
     list_filter = ["status", "rule", "tool_call__tool_name"]
     search_fields = ["reason", "comment", "run__task"]
     list_select_related = ["run", "tool_call", "rule", "decided_by"]

@@ -121,14 +121,18 @@ class RuleGate:
     def run_ended(self, *, run, actor, reason: str) -> None:
         # Nothing is left to decide on a run that ended.
         ApprovalRequest.objects.filter(run_id=run.pk, status=ApprovalRequest.Status.PENDING).update(
-            status=ApprovalRequest.Status.CANCELLED, decided_at=timezone.now(), comment=f"run {run.status}",
+            status=ApprovalRequest.Status.CANCELLED,
+            decided_at=timezone.now(),
+            comment=f"run {run.status}",
         )
         if run.status in (Run.Status.DONE, Run.Status.FAILED):
             notify_run_finished(run=run)
 
     def call_withdrawn(self, *, call, actor, reason: str) -> None:
         ApprovalRequest.objects.filter(tool_call_id=call.pk, status=ApprovalRequest.Status.PENDING).update(
-            status=ApprovalRequest.Status.CANCELLED, decided_at=timezone.now(), comment=reason,
+            status=ApprovalRequest.Status.CANCELLED,
+            decided_at=timezone.now(),
+            comment=reason,
         )
 
 

@@ -91,24 +91,36 @@ class GateRule(models.Model):
     # ``field`` (or the number) of the tool's calls that count (committed,
     # executing, approved; not compensated) in the scope and window, plus this one.
     aggregate = models.CharField(
-        max_length=10, choices=Aggregate.choices, default=Aggregate.NONE, blank=True,
+        max_length=10,
+        choices=Aggregate.choices,
+        default=Aggregate.NONE,
+        blank=True,
         help_text="Test a running total of the tool's calls instead of this call alone.",
     )
     scope = models.CharField(
-        max_length=10, choices=Scope.choices, default=Scope.RUN, blank=True,
+        max_length=10,
+        choices=Scope.choices,
+        default=Scope.RUN,
+        blank=True,
         help_text="Which earlier calls the total adds up (aggregate rules only).",
     )
     scope_fact = models.CharField(
-        max_length=100, blank=True,
+        max_length=100,
+        blank=True,
         help_text="For scope 'same value of an argument': the argument, e.g. order_id or to.",
     )
     window_minutes = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Only calls made within this many minutes count (blank: all time).",
+        null=True,
+        blank=True,
+        help_text="Only calls made within this many minutes count (blank: all time).",
     )
     priority = models.IntegerField(default=0, help_text="Higher is tried first.")
     enabled = models.BooleanField(default=True)
     required_group = models.ForeignKey(
-        Group, null=True, blank=True, on_delete=models.PROTECT,
+        Group,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
         help_text="Only members of this group may decide.",
     )
     approvers_required = models.PositiveSmallIntegerField(
@@ -116,14 +128,17 @@ class GateRule(models.Model):
     )
     allow_self_approval = models.BooleanField(default=False)
     sla_minutes = models.PositiveIntegerField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="Remind after this long pending; escalate to senior-reviewers after twice it.",
     )
     ttl_minutes = models.PositiveIntegerField(
         null=True, blank=True, help_text="Expire after this long pending (blank: never)."
     )
     timeout_effect = models.CharField(
-        max_length=10, choices=TimeoutEffect.choices, default=TimeoutEffect.DECLINE,
+        max_length=10,
+        choices=TimeoutEffect.choices,
+        default=TimeoutEffect.DECLINE,
         help_text="What an expired request becomes.",
     )
     # Bumped on every change, so an approval records the rule as it was asked under.
@@ -160,8 +175,12 @@ class GateRule(models.Model):
         if self.aggregate:
             if self.aggregate == self.Aggregate.SUM and not self.field:
                 errors["field"] = "A sum adds up an argument: name it (e.g. amount)."
-            if spec and self.aggregate == self.Aggregate.SUM and self.field in properties and (
-                    properties[self.field].get("type") not in ("number", "integer")):
+            if (
+                spec
+                and self.aggregate == self.Aggregate.SUM
+                and self.field in properties
+                and (properties[self.field].get("type") not in ("number", "integer"))
+            ):
                 errors["field"] = f"{self.field} is not a number in {self.tool}'s arguments."
             if not self.value:
                 errors["value"] = "An aggregate rule compares the total with a value."
@@ -183,13 +202,21 @@ class GateRule(models.Model):
     def snapshot(self) -> dict:
         """The rule as it stands, for the record of an approval asked under it."""
         return {
-            "name": self.name, "version": self.version, "tool": self.tool, "condition": self.condition,
+            "name": self.name,
+            "version": self.version,
+            "tool": self.tool,
+            "condition": self.condition,
             "effect": self.effect,
             "required_group": self.required_group.name if self.required_group else None,
-            "approvers_required": self.approvers_required, "allow_self_approval": self.allow_self_approval,
-            "sla_minutes": self.sla_minutes, "ttl_minutes": self.ttl_minutes,
-            "timeout_effect": self.timeout_effect, "aggregate": self.aggregate, "scope": self.scope,
-            "scope_fact": self.scope_fact, "window_minutes": self.window_minutes,
+            "approvers_required": self.approvers_required,
+            "allow_self_approval": self.allow_self_approval,
+            "sla_minutes": self.sla_minutes,
+            "ttl_minutes": self.ttl_minutes,
+            "timeout_effect": self.timeout_effect,
+            "aggregate": self.aggregate,
+            "scope": self.scope,
+            "scope_fact": self.scope_fact,
+            "window_minutes": self.window_minutes,
         }
 
     @property
@@ -201,7 +228,8 @@ class GateRule(models.Model):
         if self.aggregate:
             what = f"total {self.field}" if self.aggregate == self.Aggregate.SUM else "number of calls"
             where = {self.Scope.RUN: "per run", self.Scope.AGENT: "per agent"}.get(
-                self.scope, f"per {self.scope_fact}")
+                self.scope, f"per {self.scope_fact}"
+            )
             window = f" over {_minutes(self.window_minutes)}" if self.window_minutes else ""
             return f"{what} {where}{window} {self.get_operator_display()} {self.value}"
         if not self.field:
@@ -247,8 +275,9 @@ class ApprovalRequest(models.Model):
     approvers_required = models.PositiveSmallIntegerField(default=1)
     allow_self_approval = models.BooleanField(default=False)
     # The proposal a decision applies to: the model's call, or a reviewer's edit.
-    proposal = models.ForeignKey("Proposal", null=True, blank=True, on_delete=models.PROTECT,
-                                 related_name="+")
+    proposal = models.ForeignKey(
+        "Proposal", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     # Hash of the current proposal's arguments (what the page showed); a decision
     # names it, and a decision on any other is refused as stale.
     args_hash = models.CharField(max_length=64)
@@ -299,8 +328,9 @@ class Proposal(models.Model):
     input = models.JSONField()
     input_hash = models.CharField(max_length=64)
     # None: the model asked for it.
-    proposed_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
-                                    on_delete=models.PROTECT, related_name="+")
+    proposed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     # The gate's review of these arguments (never deny: a denied edit is refused).
     verdict = models.CharField(max_length=20, choices=RuleEffect.choices)
     rule = models.ForeignKey(GateRule, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
@@ -310,8 +340,9 @@ class Proposal(models.Model):
     detail = models.JSONField(null=True, blank=True)
     # What approving these arguments alone takes (its rule's). The approval needs
     # the stricter of this and what the model's call (proposal 1) needs.
-    required_group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.PROTECT,
-                                       related_name="+")
+    required_group = models.ForeignKey(
+        Group, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     approvers_required = models.PositiveSmallIntegerField(default=1)
     allow_self_approval = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -340,8 +371,9 @@ class ApprovalVote(models.Model):
     class Meta:
         ordering = ["created_at", "id"]
         constraints = [
-            models.UniqueConstraint(fields=["proposal", "reviewer"],
-                                    name="vote_one_per_reviewer_and_proposal"),
+            models.UniqueConstraint(
+                fields=["proposal", "reviewer"], name="vote_one_per_reviewer_and_proposal"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -79,7 +79,12 @@ def notification_enqueue(notification_id: int) -> None:
 
 
 def notifications_record(
-    *, event: str, kind: str, recipients, subject: str, approval: ApprovalRequest | None = None,
+    *,
+    event: str,
+    kind: str,
+    recipients,
+    subject: str,
+    approval: ApprovalRequest | None = None,
     run_id: int | None = None,
 ) -> list[Notification]:
     """One pending Notification per recipient of ``event``; an existing one is left alone.
@@ -92,9 +97,14 @@ def notifications_record(
     created = []
     for recipient in dict.fromkeys(r for r in recipients if r):
         note, new = Notification.objects.get_or_create(
-            event=event, recipient=recipient,
-            defaults={"kind": kind, "subject": subject, "approval": approval,
-                      "run_id": run_id if run_id is not None else (approval.run_id if approval else None)},
+            event=event,
+            recipient=recipient,
+            defaults={
+                "kind": kind,
+                "subject": subject,
+                "approval": approval,
+                "run_id": run_id if run_id is not None else (approval.run_id if approval else None),
+            },
         )
         if new:
             created.append(note)
@@ -112,8 +122,10 @@ def approval_subject(approval: ApprovalRequest, kind: str) -> str:
     if kind == Kind.APPROVAL_PROPOSED:
         editor = approval.proposal.proposed_by
         who = (editor.get_full_name() or editor.get_username()) if editor else "A reviewer"
-        return (f"[Countersign] {who} proposes edited arguments for {call.tool_name} in {run}: "
-                f"approve? ({approval.proposal.reason})")
+        return (
+            f"[Countersign] {who} proposes edited arguments for {call.tool_name} in {run}: "
+            f"approve? ({approval.proposal.reason})"
+        )
     return f"[Countersign] Approve {call.tool_name} for {run}? ({approval.reason})"
 
 
@@ -123,8 +135,11 @@ def notify_reviewers(*, approval: ApprovalRequest, kind: str) -> list[Notificati
     if not recipients:
         log.warning("approval %s: nobody may decide it (no eligible reviewer with an email)", approval.pk)
     return notifications_record(
-        event=f"approval:{approval.pk}:{REVIEWER_KINDS[kind]}", kind=kind, recipients=recipients,
-        subject=approval_subject(approval, kind), approval=approval,
+        event=f"approval:{approval.pk}:{REVIEWER_KINDS[kind]}",
+        kind=kind,
+        recipients=recipients,
+        subject=approval_subject(approval, kind),
+        approval=approval,
     )
 
 
@@ -133,8 +148,11 @@ def notify_proposal(*, approval: ApprovalRequest, proposal) -> list[Notification
     (the editor has voted on it already, if they may)."""
     recipients = list(eligible_reviewers(approval).values_list("email", flat=True))
     return notifications_record(
-        event=f"approval:{approval.pk}:proposal:{proposal.number}", kind=Kind.APPROVAL_PROPOSED,
-        recipients=recipients, subject=approval_subject(approval, Kind.APPROVAL_PROPOSED), approval=approval,
+        event=f"approval:{approval.pk}:proposal:{proposal.number}",
+        kind=Kind.APPROVAL_PROPOSED,
+        recipients=recipients,
+        subject=approval_subject(approval, Kind.APPROVAL_PROPOSED),
+        approval=approval,
     )
 
 
@@ -144,8 +162,10 @@ def notify_call_declined(*, approval: ApprovalRequest, timed_out: bool) -> list[
     requester = approval.run.requester
     verb = "timed out" if timed_out else "was declined"
     return notifications_record(
-        event=f"approval:{approval.pk}:declined", kind=Kind.APPROVAL_DECLINED,
-        recipients=[requester.email] if requester else [], approval=approval,
+        event=f"approval:{approval.pk}:declined",
+        kind=Kind.APPROVAL_DECLINED,
+        recipients=[requester.email] if requester else [],
+        approval=approval,
         subject=f"[Countersign] Run {approval.run_id}: {approval.tool_call.tool_name} {verb}",
     )
 
@@ -155,8 +175,10 @@ def notify_run_finished(*, run: Run) -> list[Notification]:
     Once per generation: a rewound run that finishes again is news again."""
     outcome = "finished" if run.status == Run.Status.DONE else "failed"
     return notifications_record(
-        event=f"run:{run.pk}:g{run.generation}:{run.status}", kind=Kind.RUN_FINISHED,
-        recipients=[run.requester.email] if run.requester else [], run_id=run.pk,
+        event=f"run:{run.pk}:g{run.generation}:{run.status}",
+        kind=Kind.RUN_FINISHED,
+        recipients=[run.requester.email] if run.requester else [],
+        run_id=run.pk,
         subject=f"[Countersign] Run {run.pk} {outcome}: {run.task[:120]}",
     )
 
@@ -199,8 +221,11 @@ def notification_send(*, notification_id: int) -> str:
         # A template or data error: retrying will not fix it, and a row left
         # pending would come back with every sweep.
         log.exception("notification %s: could not render it", note.pk)
-        unclaimed.update(status=Notification.Status.FAILED, attempts=attempt,
-                         last_error=f"not rendered: {type(exc).__name__}: {exc}"[:2000])
+        unclaimed.update(
+            status=Notification.Status.FAILED,
+            attempts=attempt,
+            last_error=f"not rendered: {type(exc).__name__}: {exc}"[:2000],
+        )
         return "failed"
     connection = mailers.default
     # Slow I/O, outside any transaction. Connect (and log in) before claiming, so
@@ -236,8 +261,11 @@ def _attempt_failed(rows, *, note: Notification, attempt: int, exc: OSError) -> 
     """Record a failed attempt on ``rows`` (the notification as this attempt knows
     it); True if it was the last one and the notification is now failed."""
     final = attempt >= MAX_ATTEMPTS
-    rows.update(attempts=attempt, last_error=f"{type(exc).__name__}: {exc}"[:2000],
-                status=Notification.Status.FAILED if final else Notification.Status.PENDING)
+    rows.update(
+        attempts=attempt,
+        last_error=f"{type(exc).__name__}: {exc}"[:2000],
+        status=Notification.Status.FAILED if final else Notification.Status.PENDING,
+    )
     if final:
         log.error("notification %s: giving up after %s attempts: %s", note.pk, attempt, exc)
     else:
@@ -248,9 +276,11 @@ def _attempt_failed(rows, *, note: Notification, attempt: int, exc: OSError) -> 
 def notifications_renudge(*, older_than) -> int:
     """Enqueue pending notifications created before ``older_than`` (their nudge was
     lost, or nobody ran a worker when they were made). Claims make repeats harmless."""
-    stale = Notification.objects.filter(
-        status=Notification.Status.PENDING, created_at__lt=older_than
-    ).order_by("id").values_list("pk", flat=True)[:500]
+    stale = (
+        Notification.objects.filter(status=Notification.Status.PENDING, created_at__lt=older_than)
+        .order_by("id")
+        .values_list("pk", flat=True)[:500]
+    )
     count = 0
     for notification_id in stale:
         notification_enqueue(notification_id)
@@ -275,8 +305,7 @@ def _final_text(run: Run, *, at) -> str:
     """The run's last reply on the branch that was live at ``at`` (when the email's
     event happened): a rewind after it does not change what the email reports, and
     a rewound run's email reports its new branch, not the abandoned one."""
-    last = (Message.objects.filter(live_at(at), run=run, role=Message.Role.ASSISTANT)
-            .order_by("-seq").first())
+    last = Message.objects.filter(live_at(at), run=run, role=Message.Role.ASSISTANT).order_by("-seq").first()
     if last is None:
         return ""
     return "\n".join(b.get("text", "") for b in last.content if b.get("type") == "text").strip()
@@ -294,10 +323,15 @@ def notification_context(note: Notification) -> dict:
         shown = proposal.input if proposal is not None else approval.tool_call.input
         original = approval.proposals.get(number=1).input if approval.is_edited else None
         context.update(
-            approval=approval, call=approval.tool_call, proposal=proposal,
+            approval=approval,
+            call=approval.tool_call,
+            proposal=proposal,
             arguments=[(k, _as_text(v)) for k, v in shown.items()] if isinstance(shown, dict) else [],
-            changes=[(k, _as_text(before), _as_text(after))
-                     for k, before, after in input_changes(original, shown)] if original is not None else [],
+            changes=[
+                (k, _as_text(before), _as_text(after)) for k, before, after in input_changes(original, shown)
+            ]
+            if original is not None
+            else [],
             who_may_decide=group_names(approval),
             # The requester follows their run; reviewers go where they decide.
             link=run_link(run.pk) if note.kind == Kind.APPROVAL_DECLINED else approval_link(approval.pk),
@@ -323,7 +357,10 @@ def notification_message(note: Notification) -> EmailMultiAlternatives:
     html = render_to_string(f"email/{note.kind}.html", context)
     domain = urlparse(settings.DESK_BASE_URL).hostname or "countersign.local"
     message = EmailMultiAlternatives(
-        note.subject, text, None, [note.recipient],
+        note.subject,
+        text,
+        None,
+        [note.recipient],
         headers={
             # Stable per notification: a mail client can tell a repeat from a new email.
             "Message-ID": f"<notification-{note.pk}@{domain}>",
@@ -333,4 +370,3 @@ def notification_message(note: Notification) -> EmailMultiAlternatives:
     )
     message.attach_alternative(html, "text/html")
     return message
-

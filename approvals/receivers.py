@@ -17,14 +17,23 @@ from .models import AuditEvent
 @receiver(run_transitioned)
 def audit_run_transition(sender, *, run_id, old, new, actor, reason, **kwargs):
     AuditEvent.objects.create(
-        actor=actor, action="run.created" if not old else f"run.{new}", run_id=run_id,
-        before=old, after=new, detail=reason,
+        actor=actor,
+        action="run.created" if not old else f"run.{new}",
+        run_id=run_id,
+        before=old,
+        after=new,
+        detail=reason,
     )
 
 
 @receiver(tool_call_transitioned)
 def audit_tool_call_transition(sender, *, call, old, new, actor, reason, **kwargs):
     AuditEvent.objects.create(
-        actor=actor, action=f"call.{new}", run_id=call.run_id, tool_call_id=call.pk,
-        before=old, after=new, detail=f"{call.tool_name}: {reason}"[:2000],
+        actor=actor,
+        action=f"call.{new}",
+        run_id=call.run_id,
+        tool_call_id=call.pk,
+        before=old,
+        after=new,
+        detail=f"{call.tool_name}: {reason}"[:2000],
     )

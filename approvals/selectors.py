@@ -122,6 +122,7 @@ def input_changes(original, proposed) -> list[tuple[str, object, object]]:
 
 # --- the queue --------------------------------------------------------------------
 
+
 def approvals_visible_to(user):
     """Approvals ``user`` may see: all with ``runs.view_all_runs``; otherwise those of
     their own runs, those they may decide, and those they approved or claimed."""
@@ -130,8 +131,9 @@ def approvals_visible_to(user):
         return approvals
     decidable = approvals_decidable_by(user, claimed=True).values("pk")
     voted = ApprovalVote.objects.filter(reviewer=user).values("approval_id")
-    return approvals.filter(Q(run__requester=user) | Q(pk__in=decidable) | Q(pk__in=voted)
-                            | Q(claimed_by=user))
+    return approvals.filter(
+        Q(run__requester=user) | Q(pk__in=decidable) | Q(pk__in=voted) | Q(claimed_by=user)
+    )
 
 
 def approvals_decidable_by(user, *, claimed: bool = False):
@@ -150,20 +152,29 @@ def approvals_decidable_by(user, *, claimed: bool = False):
     pending = pending.exclude(Q(run__requester=user) & Q(allow_self_approval=False))
     pending = pending.exclude(proposal__votes__reviewer=user)
     if not claimed:
-        pending = pending.exclude(Q(claimed_until__gt=timezone.now()) & ~Q(claimed_by=user)
-                                  & Q(claimed_by__isnull=False))
+        pending = pending.exclude(
+            Q(claimed_until__gt=timezone.now()) & ~Q(claimed_by=user) & Q(claimed_by__isnull=False)
+        )
     return pending
 
 
-def queue_pending(*, user, tool: str = "", agent: str = "", rule: GateRule | None = None,
-                  mine: bool = False, unclaimed: bool = False):
+def queue_pending(
+    *,
+    user,
+    tool: str = "",
+    agent: str = "",
+    rule: GateRule | None = None,
+    mine: bool = False,
+    unclaimed: bool = False,
+):
     """Pending approvals ``user`` may see, oldest first, narrowed by the queue's filters.
 
     The filters come validated (approvals.forms.QueueFilterForm): raw query
     parameters reach the database as nothing but these typed values.
     """
     pending = (
-        approvals_visible_to(user).filter(status=ApprovalRequest.Status.PENDING)
+        approvals_visible_to(user)
+        .filter(status=ApprovalRequest.Status.PENDING)
         .select_related("tool_call", "run", "run__requester", "rule", "claimed_by", "proposal__proposed_by")
         .order_by("created_at", "id")
     )
@@ -212,20 +223,27 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
     siblings in the same reply, and the run's earlier decisions."""
     call = approval.tool_call
     run = approval.run
-    step = (Step.objects.live().filter(run=run, number=call.step)
-            .values_list("message_count", flat=True).first())
+    step = (
+        Step.objects.live().filter(run=run, number=call.step).values_list("message_count", flat=True).first()
+    )
     # The assistant turn with this call comes right after what the model saw.
     reply_seq = step if step is not None else run.message_count - 1
     transcript = transcript_messages(run, limit=reply_seq + 1)
-    siblings = list(ToolCall.objects.live().filter(run=run, step=call.step)
-                    .exclude(pk=call.pk).order_by("position"))
-    earlier = list(
-        ApprovalRequest.objects.filter(run=run).exclude(pk=approval.pk)
-        .exclude(status=ApprovalRequest.Status.PENDING)
-        .select_related("tool_call", "decided_by").order_by("decided_at", "id")
+    siblings = list(
+        ToolCall.objects.live().filter(run=run, step=call.step).exclude(pk=call.pk).order_by("position")
     )
-    proposals = list(approval.proposals.select_related("proposed_by")
-                     .prefetch_related("votes__reviewer").order_by("number"))
+    earlier = list(
+        ApprovalRequest.objects.filter(run=run)
+        .exclude(pk=approval.pk)
+        .exclude(status=ApprovalRequest.Status.PENDING)
+        .select_related("tool_call", "decided_by")
+        .order_by("decided_at", "id")
+    )
+    proposals = list(
+        approval.proposals.select_related("proposed_by")
+        .prefetch_related("votes__reviewer")
+        .order_by("number")
+    )
     proposal = next((p for p in proposals if p.pk == approval.proposal_id), None)
     shown = proposal.input if proposal else call.input
     spec = find_tool(call.tool_name)
@@ -251,13 +269,15 @@ def schema_fields(tool_name: str, shown) -> list[dict]:
     fields = []
     for name, schema in (spec.input_schema.get("properties", {}) if spec else {}).items():
         value = args.get(name, "")
-        fields.append({
-            "name": name,
-            "type": schema.get("type", "string"),
-            "value": value,
-            # Multi-line text in an <input> would lose its newlines.
-            "long": schema.get("type") == "string" and (len(str(value)) > 60 or "\n" in str(value)),
-        })
+        fields.append(
+            {
+                "name": name,
+                "type": schema.get("type", "string"),
+                "value": value,
+                # Multi-line text in an <input> would lose its newlines.
+                "long": schema.get("type") == "string" and (len(str(value)) > 60 or "\n" in str(value)),
+            }
+        )
     return fields
 
 

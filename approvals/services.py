@@ -137,7 +137,11 @@ class Decision:
 
     @classmethod
     def approve(
-        cls, *, comment: str = "", args_hash: str | None = None, edit: dict | None = None,
+        cls,
+        *,
+        comment: str = "",
+        args_hash: str | None = None,
+        edit: dict | None = None,
         confirm_irreversible: bool = False,
     ) -> Decision:
         return cls(DecisionKind.APPROVE, comment, args_hash, edit, confirm_irreversible)
@@ -213,8 +217,14 @@ def approval_open(*, run, call: ToolCall, verdict: Verdict) -> ApprovalRequest:
     if needed.groups:
         approval.required_groups.add(*needed.groups)
     approval.proposal = _proposal_record(
-        approval, number=1, tool_input=call.input, tool_input_hash=call.input_hash, proposed_by=None,
-        verdict=verdict, rule=rule, needed=needed,
+        approval,
+        number=1,
+        tool_input=call.input,
+        tool_input_hash=call.input_hash,
+        proposed_by=None,
+        verdict=verdict,
+        rule=rule,
+        needed=needed,
     )
     ApprovalRequest.objects.filter(pk=approval.pk).update(proposal=approval.proposal)
     notify_reviewers(approval=approval, kind=Kind.APPROVAL_OPENED)
@@ -222,8 +232,15 @@ def approval_open(*, run, call: ToolCall, verdict: Verdict) -> ApprovalRequest:
 
 
 def _proposal_record(
-    approval: ApprovalRequest, *, number: int, tool_input, tool_input_hash: str, proposed_by,
-    verdict: Verdict, rule: GateRule | None, needed: Requirement,
+    approval: ApprovalRequest,
+    *,
+    number: int,
+    tool_input,
+    tool_input_hash: str,
+    proposed_by,
+    verdict: Verdict,
+    rule: GateRule | None,
+    needed: Requirement,
 ) -> Proposal:
     """A proposal with the gate's review of its arguments and what approving them
     alone takes (``needed``)."""
@@ -349,8 +366,12 @@ def _check_may_decide(approval: ApprovalRequest, reviewer, decision: Decision, *
         # their own answer in the tool's place would settle a two-person rule alone.
         raise NotAllowed("You approved these arguments; someone else decides now.")
     spec = find_tool(approval.tool_call.tool_name)
-    if (decision.kind == DecisionKind.APPROVE and spec is not None and spec.is_irreversible
-            and not decision.confirm_irreversible):
+    if (
+        decision.kind == DecisionKind.APPROVE
+        and spec is not None
+        and spec.is_irreversible
+        and not decision.confirm_irreversible
+    ):
         raise DecisionError(f"{spec.name} cannot be undone: confirm that you understand before approving it.")
 
 
@@ -426,8 +447,14 @@ def _propose(approval: ApprovalRequest, editor, edited_input: dict, comment: str
         groups |= set(Group.objects.filter(name=ESCALATION_GROUP).values_list("pk", flat=True))
     number = approval.proposals.count() + 1
     proposal = _proposal_record(
-        approval, number=number, tool_input=edited_input, tool_input_hash=candidate.input_hash,
-        proposed_by=editor, verdict=verdict, rule=rule, needed=edit_alone,
+        approval,
+        number=number,
+        tool_input=edited_input,
+        tool_input_hash=candidate.input_hash,
+        proposed_by=editor,
+        verdict=verdict,
+        rule=rule,
+        needed=edit_alone,
     )
     ApprovalRequest.objects.filter(pk=approval.pk).update(
         proposal=proposal,
@@ -471,8 +498,11 @@ def _vote(approval: ApprovalRequest, proposal: Proposal, reviewer, comment: str)
         raise NotAllowed("You already approved this proposal; it needs another reviewer.") from None
     # Only votes of people who may decide it now count: someone who approved and then
     # left the group, lost the permission or was escalated past does not.
-    counted = [vote for vote in proposal.votes.select_related("reviewer")
-               if decide_refusal(user=vote.reviewer, approval=approval) is None]
+    counted = [
+        vote
+        for vote in proposal.votes.select_related("reviewer")
+        if decide_refusal(user=vote.reviewer, approval=approval) is None
+    ]
     missing = max(0, approval.approvers_required - len(counted))
     if missing:
         AuditEvent.objects.create(
@@ -521,14 +551,20 @@ def _close(
         who = _display_name(actor) if actor else "nobody"
         call_status, text, is_error = {
             ApprovalRequest.Status.DECLINED: (
-                ToolCall.Status.DECLINED, f"Declined by {who}: {comment}. Do not retry.", True),
+                ToolCall.Status.DECLINED,
+                f"Declined by {who}: {comment}. Do not retry.",
+                True,
+            ),
             ApprovalRequest.Status.RESPONDED: (
-                ToolCall.Status.RESPONDED, f"{who} answered instead of running {call.tool_name}: {comment}",
-                False),
+                ToolCall.Status.RESPONDED,
+                f"{who} answered instead of running {call.tool_name}: {comment}",
+                False,
+            ),
             ApprovalRequest.Status.EXPIRED: (ToolCall.Status.DECLINED, comment, True),
         }[status]
-        tool_call_resolve_without_running(call=call, actor=actor, status=call_status, text=text,
-                                          is_error=is_error)
+        tool_call_resolve_without_running(
+            call=call, actor=actor, status=call_status, text=text, is_error=is_error
+        )
     AuditEvent.objects.create(
         actor=actor,
         action=f"approval.{status}",
@@ -633,8 +669,10 @@ def approval_claim(*, approval_id: int, reviewer, seconds: int | None = None) ->
 
 
 def _claim_held(approval: ApprovalRequest) -> str:
-    return (f"{approval.claimed_by.get_username()} is working on this approval "
-            f"until {approval.claimed_until:%H:%M:%S} UTC.")
+    return (
+        f"{approval.claimed_by.get_username()} is working on this approval "
+        f"until {approval.claimed_until:%H:%M:%S} UTC."
+    )
 
 
 def release_claim_if_ineligible(approval: ApprovalRequest) -> None:
@@ -650,7 +688,10 @@ def release_claim_if_ineligible(approval: ApprovalRequest) -> None:
     )
     approval.claimed_by, approval.claimed_until = None, None
     AuditEvent.objects.create(
-        actor=None, action="approval.released", run_id=approval.run_id, approval=approval,
+        actor=None,
+        action="approval.released",
+        run_id=approval.run_id,
+        approval=approval,
         detail=f"claim of {holder.get_username()} ended: they may no longer decide it",
     )
 

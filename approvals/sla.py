@@ -83,20 +83,24 @@ def approval_escalate(*, approval_id: int, now: datetime, group: Group) -> bool:
         approval = _load(approval_id)
         release_claim_if_ineligible(approval)
         AuditEvent.objects.create(
-            actor=None, action="approval.escalated", run_id=approval.run_id,
-            tool_call_id=approval.tool_call_id, approval=approval,
-            before=old_group[:30], after=group.name[:30],
-            detail=(f"pending over twice the SLA ({approval.rule.sla_minutes} min); "
-                    if approval.rule else "") + f"who may decide: {old_group} -> {group_names(approval)}",
+            actor=None,
+            action="approval.escalated",
+            run_id=approval.run_id,
+            tool_call_id=approval.tool_call_id,
+            approval=approval,
+            before=old_group[:30],
+            after=group.name[:30],
+            detail=(
+                f"pending over twice the SLA ({approval.rule.sla_minutes} min); " if approval.rule else ""
+            )
+            + f"who may decide: {old_group} -> {group_names(approval)}",
         )
         notify_reviewers(approval=approval, kind=Kind.APPROVAL_ESCALATED)
     return True
 
 
 def _load(approval_id: int) -> ApprovalRequest:
-    return ApprovalRequest.objects.select_related("tool_call", "run", "rule", "proposal").get(
-        pk=approval_id
-    )
+    return ApprovalRequest.objects.select_related("tool_call", "run", "rule", "proposal").get(pk=approval_id)
 
 
 def approvals_sweep_sla(*, now: datetime | None = None) -> SweepCounts:

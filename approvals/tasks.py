@@ -17,10 +17,13 @@ from .sla import approvals_sweep_sla
 # repeated message sends nothing; an SMTP error is raised and retried with
 # exponential backoff (base DESK_EMAIL_RETRY_SECONDS, jittered), MAX_ATTEMPTS in all.
 @shared_task(
-    acks_late=True, ignore_result=True,
+    acks_late=True,
+    ignore_result=True,
     autoretry_for=(smtplib.SMTPException, OSError),
-    retry_backoff=getattr(settings, "DESK_EMAIL_RETRY_SECONDS", 10), retry_backoff_max=600,
-    retry_jitter=True, max_retries=MAX_ATTEMPTS - 1,
+    retry_backoff=getattr(settings, "DESK_EMAIL_RETRY_SECONDS", 10),
+    retry_backoff_max=600,
+    retry_jitter=True,
+    max_retries=MAX_ATTEMPTS - 1,
 )
 def send_notification(notification_id: int) -> str:
     return notification_send(notification_id=notification_id)

@@ -12,6 +12,7 @@ urlpatterns = [
     path("approvals/<id:approval_id>/decide", views.approval_decide_view, name="approval-decide"),
     path("approvals/<id:approval_id>/claim", views.approval_claim_view, name="approval-claim"),
     path("approvals/<id:approval_id>/release", views.approval_release_view, name="approval-release"),
-    path("approvals/<id:approval_id>/break-claim", views.approval_break_claim_view,
-         name="approval-break-claim"),
+    path(
+        "approvals/<id:approval_id>/break-claim", views.approval_break_claim_view, name="approval-break-claim"
+    ),
 ]

@@ -82,8 +82,11 @@ def queue(request):
 
 def _choices(user, field: str) -> list[str]:
     return list(
-        approvals_visible_to(user).filter(status=ApprovalRequest.Status.PENDING)
-        .values_list(field, flat=True).order_by(field).distinct()
+        approvals_visible_to(user)
+        .filter(status=ApprovalRequest.Status.PENDING)
+        .values_list(field, flat=True)
+        .order_by(field)
+        .distinct()
     )
 
 
@@ -91,8 +94,9 @@ def _approval(request, approval_id: int) -> ApprovalRequest:
     """The approval, if ``request.user`` may see it (404 otherwise: no hint it exists)."""
     approval = (
         approvals_visible_to(request.user)
-        .select_related("tool_call", "run", "run__requester", "rule", "decided_by", "claimed_by",
-                        "proposal__proposed_by")
+        .select_related(
+            "tool_call", "run", "run__requester", "rule", "decided_by", "claimed_by", "proposal__proposed_by"
+        )
         .filter(pk=approval_id)
         .first()
     )
@@ -166,7 +170,8 @@ def _decision(request, approval: ApprovalRequest) -> Decision:
     args_hash = request.POST.get("args_hash") or ""
     if button in ("approve", "approve_edited"):
         return Decision.approve(
-            comment=comment, args_hash=args_hash,
+            comment=comment,
+            args_hash=args_hash,
             # Only "Approve these arguments" reads the argument fields: a plain Approve
             # approves what was shown, whatever the fields say (a browser may have
             # altered them: an <input> drops newlines).

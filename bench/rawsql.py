@@ -32,8 +32,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_overhead import machine_info, setup_django
 
 TEXT = "Checking order A-1001 once more before deciding anything. " * 3
-RESULT = {"order_id": "A-1001", "customer": "Ada Lovelace", "email": "ada@example.com",
-          "amount": "2900.00", "status": "delivered", "ticket": "T-1"}
+RESULT = {
+    "order_id": "A-1001",
+    "customer": "Ada Lovelace",
+    "email": "ada@example.com",
+    "amount": "2900.00",
+    "status": "delivered",
+    "ticket": "T-1",
+}
 
 
 def one_round(run, start: int, n: int, *, raw: bool) -> float:
@@ -46,18 +52,36 @@ def one_round(run, start: int, n: int, *, raw: bool) -> float:
     t0 = time.perf_counter()
     for step in range(start, start + n):
         seq = 2 * step + 1
-        assistant = [{"type": "text", "text": TEXT},
-                     {"type": "tool_use", "id": f"tu_{step}", "name": "get_order",
-                      "input": {"order_id": "A-1001"}}]
+        assistant = [
+            {"type": "text", "text": TEXT},
+            {"type": "tool_use", "id": f"tu_{step}", "name": "get_order", "input": {"order_id": "A-1001"}},
+        ]
         results = [{"type": "tool_result", "tool_use_id": f"tu_{step}", "content": str(RESULT)}]
-        messages = [Message(run=run, seq=seq, role="assistant", content=assistant),
-                    Message(run=run, seq=seq + 1, role="user", content=results)]
-        call = ToolCall(run=run, step=step, position=0, tool_use_id=f"tu_{step}", tool_name="get_order",
-                        input={"order_id": "A-1001"}, input_hash="h" * 64, verdict="allow",
-                        status="committed", result=RESULT, finished_at=timezone.now())
+        messages = [
+            Message(run=run, seq=seq, role="assistant", content=assistant),
+            Message(run=run, seq=seq + 1, role="user", content=results),
+        ]
+        call = ToolCall(
+            run=run,
+            step=step,
+            position=0,
+            tool_use_id=f"tu_{step}",
+            tool_name="get_order",
+            input={"order_id": "A-1001"},
+            input_hash="h" * 64,
+            verdict="allow",
+            status="committed",
+            result=RESULT,
+            finished_at=timezone.now(),
+        )
         checkpoint = Step(run=run, number=step, message_count=seq, status="running", digest="d" * 64)
-        fields = {"step": step + 1, "message_count": seq + 2, "llm_attempts": 0, "error": "",
-                  "lease_until": timezone.now()}
+        fields = {
+            "step": step + 1,
+            "message_count": seq + 2,
+            "llm_attempts": 0,
+            "error": "",
+            "lease_until": timezone.now(),
+        }
         with transaction.atomic():
             if raw:
                 update_rows(Run, {"id": run.pk, "lease_owner": "bench", "status": "running"}, fields)
@@ -66,7 +90,8 @@ def one_round(run, start: int, n: int, *, raw: bool) -> float:
                 insert_objects([checkpoint])
             else:
                 Run.objects.filter(pk=run.pk, lease_owner="bench", status="running").update(
-                    updated_at=timezone.now(), **fields)
+                    updated_at=timezone.now(), **fields
+                )
                 Message.objects.bulk_create(messages)
                 ToolCall.objects.bulk_create([call])
                 Step.objects.bulk_create([checkpoint])
@@ -97,14 +122,22 @@ def main() -> None:
     print("Countersign: a reads-only step's writes, raw SQL vs the ORM (bench/rawsql.py)")
     for line in machine_info(tmp):
         print("  " + line)
-    print(f"  {args.rounds} alternating rounds of {args.steps} steps each, one transaction per step "
-          "(lease renewal, 2 messages, 1 call, 1 checkpoint), median of the rounds")
-    print(f"  raw (runs.rawsql)     {raw:8.1f} µs/step   rounds: "
-          + ", ".join(f"{t * 1e6:.0f}" for t in times["raw"]))
-    print(f"  orm (bulk_create)     {orm:8.1f} µs/step   rounds: "
-          + ", ".join(f"{t * 1e6:.0f}" for t in times["orm"]))
-    print(f"  the ORM costs {orm - raw:+.1f} µs/step ({orm / raw:.2f}x the raw path; the durable "
-          "commit is in both)")
+    print(
+        f"  {args.rounds} alternating rounds of {args.steps} steps each, one transaction per step "
+        "(lease renewal, 2 messages, 1 call, 1 checkpoint), median of the rounds"
+    )
+    print(
+        f"  raw (runs.rawsql)     {raw:8.1f} µs/step   rounds: "
+        + ", ".join(f"{t * 1e6:.0f}" for t in times["raw"])
+    )
+    print(
+        f"  orm (bulk_create)     {orm:8.1f} µs/step   rounds: "
+        + ", ".join(f"{t * 1e6:.0f}" for t in times["orm"])
+    )
+    print(
+        f"  the ORM costs {orm - raw:+.1f} µs/step ({orm / raw:.2f}x the raw path; the durable "
+        "commit is in both)"
+    )
 
 
 if __name__ == "__main__":

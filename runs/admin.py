@@ -43,8 +43,17 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdmin):
-    list_display = ["id", "agent", "status", "step", "requester", "input_tokens", "output_tokens", "cost",
-                    "created_at"]
+    list_display = [
+        "id",
+        "agent",
+        "status",
+        "step",
+        "requester",
+        "input_tokens",
+        "output_tokens",
+        "cost",
+        "created_at",
+    ]
     list_filter = ["status", "agent", "llm"]
     search_fields = ["task", "error"]
     date_hierarchy = "created_at"
@@ -53,8 +62,17 @@ class RunAdmin(ReadOnlyAdmin):
 
 @admin.register(ToolCall)
 class ToolCallAdmin(ReadOnlyAdmin):
-    list_display = ["id", "run", "step", "tool_name", "status", "verdict", "is_error", "attempts",
-                    "created_at"]
+    list_display = [
+        "id",
+        "run",
+        "step",
+        "tool_name",
+        "status",
+        "verdict",
+        "is_error",
+        "attempts",
+        "created_at",
+    ]
     list_filter = ["status", "verdict", "tool_name"]
     search_fields = ["tool_name", "idempotency_key", "tool_use_id"]
     list_select_related = ["run"]

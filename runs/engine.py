@@ -115,8 +115,9 @@ def lease_claim(run_id: int, owner: str) -> bool:
         if not claimed:
             return False
         if old != RunStatus.RUNNING:
-            run_transitioned.send(Run, run_id=run_id, old=old, new=RunStatus.RUNNING, actor=None,
-                                  reason=f"claimed by {owner}")
+            run_transitioned.send(
+                Run, run_id=run_id, old=old, new=RunStatus.RUNNING, actor=None, reason=f"claimed by {owner}"
+            )
     return True
 
 
@@ -188,8 +189,10 @@ def _hold_for_retry(run: Run, owner: str, exc: TransientLLMError) -> AdvanceResu
     # The lease doubles as "not before": nobody claims the run until the
     # backoff is over, and then any worker (or the sweeper's nudge) may.
     Run.objects.filter(pk=run.pk, lease_owner=owner).update(
-        lease_owner="", lease_until=timezone.now() + timedelta(seconds=delay),
-        llm_attempts=attempts, error=f"retrying: {exc}",
+        lease_owner="",
+        lease_until=timezone.now() + timedelta(seconds=delay),
+        llm_attempts=attempts,
+        error=f"retrying: {exc}",
     )
     log.info("run %s: transient LLM error (%s); retry %s in %.1fs", run.pk, exc, attempts, delay)
     return AdvanceResult(Outcome.RETRY, retry_after=delay)
@@ -198,8 +201,14 @@ def _hold_for_retry(run: Run, owner: str, exc: TransientLLMError) -> AdvanceResu
 def _fail(run: Run, owner: str, reason: str) -> None:
     with transaction.atomic():
         try:
-            run_transition(run_id=run.pk, old=RunStatus.RUNNING, new=RunStatus.FAILED, owner=owner,
-                           reason=reason, error=reason)
+            run_transition(
+                run_id=run.pk,
+                old=RunStatus.RUNNING,
+                new=RunStatus.FAILED,
+                owner=owner,
+                reason=reason,
+                error=reason,
+            )
         except TransitionConflict:
             log.warning("run %s: could not mark failed (%s): no longer ours", run.pk, reason)
 
@@ -215,8 +224,10 @@ def tool_result_block(call: ToolCall) -> dict:
             for key in sorted(set(call.original_input) | set(call.input))
             if call.original_input.get(key) != call.input.get(key)
         )
-        text = (f"A reviewer edited the arguments before this ran ({changes}). It ran once, with "
-                f"the edited arguments; do not retry the original. Result: {text}")
+        text = (
+            f"A reviewer edited the arguments before this ran ({changes}). It ran once, with "
+            f"the edited arguments; do not retry the original. Result: {text}"
+        )
     block = {"type": "tool_result", "tool_use_id": call.tool_use_id, "content": text}
     if call.is_error:
         block["is_error"] = True
@@ -302,8 +313,7 @@ class _Loop:
 
     def _ask_model(self) -> Reply:
         """Slow I/O outside any transaction: nothing is locked while the model thinks."""
-        reply = self.llm.reply(system=self.agent.system, messages=self.transcript,
-                               tools=self.tools_for_model)
+        reply = self.llm.reply(system=self.agent.system, messages=self.transcript, tools=self.tools_for_model)
         _check_reply(reply)
         self.run.input_tokens += reply.usage.input_tokens
         self.run.output_tokens += reply.usage.output_tokens
@@ -335,8 +345,10 @@ class _Loop:
         seq = len(self.transcript)
         with transaction.atomic():
             self._renew_lease(message_count=seq + 1, llm_attempts=0, error="", **_usage_fields(run))
-            insert_rows(Message, [{"run_id": run.pk, "seq": seq, "role": Message.Role.ASSISTANT,
-                                   "content": reply.content}])
+            insert_rows(
+                Message,
+                [{"run_id": run.pk, "seq": seq, "role": Message.Role.ASSISTANT, "content": reply.content}],
+            )
             for call in proposals.calls:
                 if call.status == CallStatus.PROPOSED:
                     proposals.verdicts[call.position] = self._review(call, find_tool(call.tool_name))
@@ -384,18 +396,45 @@ class _Loop:
         if reply is not None:
             failpoint("after_model_reply", number)  # the reply is in hand, not saved yet
         with transaction.atomic():
-            self._renew_lease(step=number + 1, message_count=message_count, llm_attempts=0, error="",
-                              **_usage_fields(run))
+            self._renew_lease(
+                step=number + 1, message_count=message_count, llm_attempts=0, error="", **_usage_fields(run)
+            )
             self._save_read_results()
-            insert_rows(Message, [{"run_id": run.pk, "seq": first + i, "role": message["role"],
-                                   "content": message["content"]} for i, message in enumerate(closing)])
+            insert_rows(
+                Message,
+                [
+                    {
+                        "run_id": run.pk,
+                        "seq": first + i,
+                        "role": message["role"],
+                        "content": message["content"],
+                    }
+                    for i, message in enumerate(closing)
+                ],
+            )
             if reply is not None:
                 self._insert_calls(calls)
-            insert_rows(Step, [{"run_id": run.pk, "number": number, "message_count": seen, "status": status,
-                                "digest": digest, **_usage_fields(run)}])
+            insert_rows(
+                Step,
+                [
+                    {
+                        "run_id": run.pk,
+                        "number": number,
+                        "message_count": seen,
+                        "status": status,
+                        "digest": digest,
+                        **_usage_fields(run),
+                    }
+                ],
+            )
             if final:
-                run_transition(run_id=run.pk, old=RunStatus.RUNNING, new=RunStatus.DONE, owner=self.owner,
-                               reason="final reply")
+                run_transition(
+                    run_id=run.pk,
+                    old=RunStatus.RUNNING,
+                    new=RunStatus.DONE,
+                    owner=self.owner,
+                    reason="final reply",
+                )
         self.transcript.extend(closing)
         self.chain = (digest, message_count)
         run.step, run.message_count, run.llm_attempts, run.error = number + 1, message_count, 0, ""
@@ -411,8 +450,12 @@ class _Loop:
         previous, start = self.chain
         messages = [*self.transcript[start:], *closing]
         return step_digest(
-            previous=previous, run_id=self.run.pk, number=self.run.step, message_count=message_count,
-            status=status, messages=[(start + i, m["role"], m["content"]) for i, m in enumerate(messages)],
+            previous=previous,
+            run_id=self.run.pk,
+            number=self.run.step,
+            message_count=message_count,
+            status=status,
+            messages=[(start + i, m["role"], m["content"]) for i, m in enumerate(messages)],
             calls=[call_record(call) for call in calls],
         )
 
@@ -437,8 +480,9 @@ class _Loop:
             if call.status == CallStatus.AWAITING_APPROVAL:
                 self.gate.hold(run=self.run, call=call, verdict=verdicts[call.position])
             if _announced(call):
-                tool_call_transitioned.send(ToolCall, call=call, old="", new=call.status,
-                                            actor=None, reason=call.verdict_reason)
+                tool_call_transitioned.send(
+                    ToolCall, call=call, old="", new=call.status, actor=None, reason=call.verdict_reason
+                )
 
     def _run_reads(self, calls: list[ToolCall]) -> None:
         for call in calls:
@@ -458,17 +502,27 @@ class _Loop:
         tool_input = block.get("input")
         spec = find_tool(block["name"]) if block["name"] in self.agent.tool_names else None
         call = ToolCall(
-            run=run, step=run.step, position=position, tool_use_id=block["id"],
-            tool_name=block["name"], input=tool_input, input_hash=input_hash(tool_input),
+            run=run,
+            step=run.step,
+            position=position,
+            tool_use_id=block["id"],
+            tool_name=block["name"],
+            input=tool_input,
+            input_hash=input_hash(tool_input),
         )
         if spec is not None and not spec.is_read:
             # Reads have no effect to deduplicate: only writes carry a key.
-            call.idempotency_key = idempotency_key(run_id=run.pk, generation=run.generation,
-                                                   tool_name=call.tool_name, tool_input=tool_input)
+            call.idempotency_key = idempotency_key(
+                run_id=run.pk, generation=run.generation, tool_name=call.tool_name, tool_input=tool_input
+            )
         if spec is None:
             available = ", ".join(self.agent.tool_names)
-            return _resolved(call, CallStatus.FAILED, f"Unknown tool {call.tool_name!r}. "
-                             f"Available tools: {available}. Nothing was done.", reason="unknown tool")
+            return _resolved(
+                call,
+                CallStatus.FAILED,
+                f"Unknown tool {call.tool_name!r}. Available tools: {available}. Nothing was done.",
+                reason="unknown tool",
+            )
         if unsafe:
             errors = [unsafe]
         elif isinstance(tool_input, dict):
@@ -476,23 +530,46 @@ class _Loop:
         else:
             errors = ["input must be a JSON object"]
         if errors:
-            return _resolved(call, CallStatus.FAILED, f"Invalid input for {call.tool_name}: "
-                             f"{'; '.join(errors)}. Nothing was done.", reason="invalid input")
+            return _resolved(
+                call,
+                CallStatus.FAILED,
+                f"Invalid input for {call.tool_name}: {'; '.join(errors)}. Nothing was done.",
+                reason="invalid input",
+            )
         recorded = self.parent_calls.get((call.step, call.position))
-        if (recorded is not None and recorded.tool_name == call.tool_name
-                and recorded.input_hash == call.input_hash):
+        if (
+            recorded is not None
+            and recorded.tool_name == call.tool_name
+            and recorded.input_hash == call.input_hash
+        ):
             # Still inside the parent's history: reuse its result, touch nothing.
             call.verdict = gate_module.ALLOW
-            return _resolved(call, CallStatus.COMMITTED, recorded.result, is_error=recorded.is_error,
-                             reason=f"reused from run {recorded.run_id} step {recorded.step}")
+            return _resolved(
+                call,
+                CallStatus.COMMITTED,
+                recorded.result,
+                is_error=recorded.is_error,
+                reason=f"reused from run {recorded.run_id} step {recorded.step}",
+            )
         if spec.is_read:
             return call
-        same_in_reply = next((c for c in earlier if c.idempotency_key == call.idempotency_key
-                              and c.status not in (CallStatus.FAILED, CallStatus.DENIED)), None)
+        same_in_reply = next(
+            (
+                c
+                for c in earlier
+                if c.idempotency_key == call.idempotency_key
+                and c.status not in (CallStatus.FAILED, CallStatus.DENIED)
+            ),
+            None,
+        )
         if same_in_reply is not None:
             call.verdict = gate_module.ALLOW
-            return _resolved(call, CallStatus.FAILED, f"Duplicate of {same_in_reply.tool_use_id} in the "
-                             "same reply; it is done once, not repeated.", reason="duplicate in reply")
+            return _resolved(
+                call,
+                CallStatus.FAILED,
+                f"Duplicate of {same_in_reply.tool_use_id} in the same reply; it is done once, not repeated.",
+                reason="duplicate in reply",
+            )
         return self._repeat_of(call) or call
 
     def _review(self, call: ToolCall, spec: ToolSpec) -> gate_module.Verdict:
@@ -507,20 +584,31 @@ class _Loop:
             call.status = CallStatus.AWAITING_APPROVAL
         else:
             rule = f" ({verdict.rule})" if verdict.rule else ""
-            _resolved(call, CallStatus.DENIED, f"Denied by policy{rule}: {verdict.reason}. Do not retry.",
-                      reason=verdict.reason)
+            _resolved(
+                call,
+                CallStatus.DENIED,
+                f"Denied by policy{rule}: {verdict.reason}. Do not retry.",
+                reason=verdict.reason,
+            )
             call.verdict = gate_module.DENY
         return verdict
 
     def _repeat_of(self, call: ToolCall) -> ToolCall | None:
         """The model asking again for a write it already asked for: never twice."""
         run = self.run
-        keys = [call.idempotency_key] if not run.generation else idempotency_keys_so_far(
-            run_id=run.pk, generation=run.generation, tool_name=call.tool_name, tool_input=call.input)
+        keys = (
+            [call.idempotency_key]
+            if not run.generation
+            else idempotency_keys_so_far(
+                run_id=run.pk, generation=run.generation, tool_name=call.tool_name, tool_input=call.input
+            )
+        )
         earlier = (
-            ToolCall.objects.live().filter(run=run, idempotency_key__in=keys)
-            .exclude(status__in=[CallStatus.FAILED, CallStatus.DECLINED, CallStatus.DENIED,
-                                 CallStatus.COMPENSATED])
+            ToolCall.objects.live()
+            .filter(run=run, idempotency_key__in=keys)
+            .exclude(
+                status__in=[CallStatus.FAILED, CallStatus.DECLINED, CallStatus.DENIED, CallStatus.COMPENSATED]
+            )
             .order_by("-id")
             .first()
         )
@@ -529,15 +617,24 @@ class _Loop:
         if earlier.status == CallStatus.COMMITTED:
             result = {
                 "note": f"This exact {call.tool_name} call already ran at step {earlier.step} "
-                        "and was not repeated. Its result is below.",
+                "and was not repeated. Its result is below.",
                 "earlier_result": earlier.result,
             }
-            _resolved(call, CallStatus.COMMITTED, result, is_error=False,
-                      reason=f"repeat of call {earlier.tool_use_id} (step {earlier.step})")
+            _resolved(
+                call,
+                CallStatus.COMMITTED,
+                result,
+                is_error=False,
+                reason=f"repeat of call {earlier.tool_use_id} (step {earlier.step})",
+            )
         else:
-            _resolved(call, CallStatus.FAILED, f"The same {call.tool_name} call from step {earlier.step} "
-                      f"is still {earlier.status}; this repeat was not executed.",
-                      reason=f"repeat of pending call {earlier.tool_use_id}")
+            _resolved(
+                call,
+                CallStatus.FAILED,
+                f"The same {call.tool_name} call from step {earlier.step} "
+                f"is still {earlier.status}; this repeat was not executed.",
+                reason=f"repeat of pending call {earlier.tool_use_id}",
+            )
         call.verdict = gate_module.ALLOW
         return call
 
@@ -552,8 +649,12 @@ class _Loop:
             self.unsaved_reads.append(call)
             return None
         if call.approved_hash != input_hash(call.input):
-            self._resolve_now(call, CallStatus.FAILED, "The arguments differ from the ones approved; "
-                              "not executed.", is_error=True)
+            self._resolve_now(
+                call,
+                CallStatus.FAILED,
+                "The arguments differ from the ones approved; not executed.",
+                is_error=True,
+            )
             return None
         # What the compensation will need, read before the effect.
         try:
@@ -564,14 +665,22 @@ class _Loop:
         with transaction.atomic():
             self._renew_lease()
             started = ToolCall.objects.filter(pk=call.pk, status=CallStatus.APPROVED).update(
-                status=CallStatus.EXECUTING, attempts=F("attempts") + 1, started_at=timezone.now(),
+                status=CallStatus.EXECUTING,
+                attempts=F("attempts") + 1,
+                started_at=timezone.now(),
                 pre_state=pre_state,
             )
             if not started:
                 raise LeaseLost()
             call.status, call.attempts = CallStatus.EXECUTING, call.attempts + 1
-            tool_call_transitioned.send(ToolCall, call=call, old=CallStatus.APPROVED,
-                                        new=CallStatus.EXECUTING, actor=None, reason="intent")
+            tool_call_transitioned.send(
+                ToolCall,
+                call=call,
+                old=CallStatus.APPROVED,
+                new=CallStatus.EXECUTING,
+                actor=None,
+                reason="intent",
+            )
         failpoint("before_tool_effect", call.step)
         return self._make_effect(call, spec, reason="executed")
 
@@ -596,8 +705,9 @@ class _Loop:
             if not done:
                 raise LeaseLost()
             call.status, call.result, call.is_error = new, result, is_error
-            tool_call_transitioned.send(ToolCall, call=call, old=CallStatus.EXECUTING, new=new, actor=None,
-                                        reason=reason)
+            tool_call_transitioned.send(
+                ToolCall, call=call, old=CallStatus.EXECUTING, new=new, actor=None, reason=reason
+            )
 
     def _recover(self, call: ToolCall, spec: ToolSpec) -> AdvanceResult | None:
         """A write found ``executing``: its outcome is unknown. Never retry blind."""
@@ -606,14 +716,22 @@ class _Loop:
             self._commit(call, found, False, reason="reconciled by idempotency key")
             return None
         if not spec.honours_key:
-            self._commit(call, f"The outcome of this {call.tool_name} call is unknown (the worker "
-                         "stopped mid-call) and the tool cannot be safely retried. It was not "
-                         "retried. Do not retry it; report it instead.", True,
-                         reason="unknown outcome, not retried")
+            self._commit(
+                call,
+                f"The outcome of this {call.tool_name} call is unknown (the worker "
+                "stopped mid-call) and the tool cannot be safely retried. It was not "
+                "retried. Do not retry it; report it instead.",
+                True,
+                reason="unknown outcome, not retried",
+            )
             return None
         if call.attempts >= MAX_UNKNOWN_OUTCOME_ATTEMPTS:
-            _fail(self.run, self.owner, f"{call.tool_name} (call {call.tool_use_id}) outcome still "
-                  f"unknown after {call.attempts} attempts; check the world and resume by hand")
+            _fail(
+                self.run,
+                self.owner,
+                f"{call.tool_name} (call {call.tool_use_id}) outcome still "
+                f"unknown after {call.attempts} attempts; check the world and resume by hand",
+            )
             return AdvanceResult(Outcome.FINISHED)
         # The effect did not happen and the downstream system deduplicates on
         # the key: running again with the same key is safe.
@@ -632,13 +750,16 @@ class _Loop:
                 status=status, result=result, is_error=is_error, finished_at=timezone.now()
             )
             call.status, call.result, call.is_error = status, result, is_error
-            tool_call_transitioned.send(ToolCall, call=call, old=old, new=status, actor=None,
-                                        reason=str(result))
+            tool_call_transitioned.send(
+                ToolCall, call=call, old=old, new=status, actor=None, reason=str(result)
+            )
 
     def _save_read_results(self) -> None:
         for call in self.unsaved_reads:
             ToolCall.objects.filter(pk=call.pk).update(
-                status=call.status, result=call.result, is_error=call.is_error,
+                status=call.status,
+                result=call.result,
+                is_error=call.is_error,
                 finished_at=call.finished_at,
             )
         self.unsaved_reads = []
@@ -651,13 +772,21 @@ class _Loop:
             # waiting (and wakes us) or is seen by us here.
             Run.objects.select_for_update().filter(pk=run.pk).first()
             self._save_read_results()
-            still_pending = ToolCall.objects.live().filter(
-                run=run, step=run.step, status=CallStatus.AWAITING_APPROVAL
-            ).exists()
+            still_pending = (
+                ToolCall.objects.live()
+                .filter(run=run, step=run.step, status=CallStatus.AWAITING_APPROVAL)
+                .exists()
+            )
             if still_pending:
-                run_transition(run_id=run.pk, old=RunStatus.RUNNING, new=RunStatus.WAITING_APPROVAL,
-                               owner=self.owner, reason="waiting for approval", lease_owner="",
-                               lease_until=None)
+                run_transition(
+                    run_id=run.pk,
+                    old=RunStatus.RUNNING,
+                    new=RunStatus.WAITING_APPROVAL,
+                    owner=self.owner,
+                    reason="waiting for approval",
+                    lease_owner="",
+                    lease_until=None,
+                )
                 return AdvanceResult(Outcome.PAUSED)
         # Decided while we were working: carry on with the fresh rows.
         return None

@@ -16,13 +16,15 @@ import sys
 import time
 from functools import cache
 
-POINTS = frozenset({
-    "after_model_reply",
-    "before_tool_effect",
-    "after_tool_effect",
-    "after_step_commit",
-    "after_compensation",
-})
+POINTS = frozenset(
+    {
+        "after_model_reply",
+        "before_tool_effect",
+        "after_tool_effect",
+        "after_step_commit",
+        "after_compensation",
+    }
+)
 
 
 @cache
@@ -62,8 +64,9 @@ def _parse_pauses(spec: str) -> dict[str, float]:
         except ValueError:
             pauses[name] = -1.0
         if name not in PAUSE_POINTS or not 0 <= pauses[name] <= 60:
-            raise ValueError(f"bad pause point {item!r}: use NAME=SECONDS (0-60) with NAME one of "
-                             f"{sorted(PAUSE_POINTS)}")
+            raise ValueError(
+                f"bad pause point {item!r}: use NAME=SECONDS (0-60) with NAME one of {sorted(PAUSE_POINTS)}"
+            )
     return pauses
 
 

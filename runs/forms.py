@@ -14,18 +14,24 @@ from .services import default_llm_kind
 class RunFilterForm(forms.Form):
     """The history's filters: a GET form, every field optional."""
 
-    q = forms.CharField(label="Task contains", required=False, max_length=200,
-                        widget=forms.TextInput(attrs={"type": "search", "placeholder": "order A-1001"}))
+    q = forms.CharField(
+        label="Task contains",
+        required=False,
+        max_length=200,
+        widget=forms.TextInput(attrs={"type": "search", "placeholder": "order A-1001"}),
+    )
     status = forms.ChoiceField(required=False, choices=[("", "Any status"), *Run.Status.choices])
     agent = forms.ChoiceField(required=False)
     requester = forms.ModelChoiceField(
-        required=False, queryset=get_user_model().objects.none(), to_field_name="username",
+        required=False,
+        queryset=get_user_model().objects.none(),
+        to_field_name="username",
         empty_label="Anyone",
     )
-    created_from = forms.DateField(label="From", required=False,
-                                   widget=forms.DateInput(attrs={"type": "date"}))
-    created_to = forms.DateField(label="To", required=False,
-                                 widget=forms.DateInput(attrs={"type": "date"}))
+    created_from = forms.DateField(
+        label="From", required=False, widget=forms.DateInput(attrs={"type": "date"})
+    )
+    created_to = forms.DateField(label="To", required=False, widget=forms.DateInput(attrs={"type": "date"}))
 
     def __init__(self, *args, user=None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -62,8 +68,11 @@ class RunFilterForm(forms.Form):
 
 class RunStartForm(forms.Form):
     agent = forms.ChoiceField()
-    task = forms.CharField(max_length=10_000, widget=forms.Textarea(attrs={"rows": 5}),
-                           help_text="What the agent should do: its first message.")
+    task = forms.CharField(
+        max_length=10_000,
+        widget=forms.Textarea(attrs={"rows": 5}),
+        help_text="What the agent should do: its first message.",
+    )
     llm = forms.ChoiceField(label="Model", widget=forms.RadioSelect)
 
     def __init__(self, *args, **kwargs) -> None:
@@ -92,8 +101,11 @@ class RunStartForm(forms.Form):
         data = super().clean()
         agent, llm = data.get("agent"), data.get("llm")
         if llm == Run.LLMKind.ANTHROPIC and not settings.ANTHROPIC_API_KEY:
-            self.add_error("llm", "Anthropic is not available: ANTHROPIC_API_KEY is not set on this "
-                                  "server. Choose the demo script, or ask an admin to configure the key.")
+            self.add_error(
+                "llm",
+                "Anthropic is not available: ANTHROPIC_API_KEY is not set on this "
+                "server. Choose the demo script, or ask an admin to configure the key.",
+            )
         if llm == Run.LLMKind.SCRIPTED and agent and not get_agent(agent).demo_script:
             self.add_error("llm", f"The agent {agent} has no built-in demo script; choose Anthropic.")
         return data

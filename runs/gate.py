@@ -87,7 +87,10 @@ def review_call(*, run: Run, call: ToolCall, spec: ToolSpec) -> Verdict:
     verdict = get_gate().review(run=run, call=call, spec=spec)
     if spec.is_irreversible and verdict.effect != DENY:
         verdict = Verdict(
-            NEEDS_APPROVAL, rule=verdict.rule, rule_id=verdict.rule_id, detail=verdict.detail,
+            NEEDS_APPROVAL,
+            rule=verdict.rule,
+            rule_id=verdict.rule_id,
+            detail=verdict.detail,
             reason=f"irreversible: {call.tool_name} cannot be undone"
             + (f"; {verdict.reason}" if verdict.reason else ""),
         )

@@ -158,13 +158,15 @@ class ScriptedLLM:
             turn = self.turns[turn_index]
             content = [{"type": "text", "text": turn["text"]}] if turn.get("text") else []
             for j, call in enumerate(turn.get("tool_calls", [])):
-                content.append({
-                    "type": "tool_use",
-                    # Deterministic, so a replayed turn carries the same ids.
-                    "id": f"toolu_s{turn_index:04d}_{j}",
-                    "name": call["name"],
-                    "input": call.get("input", {}),
-                })
+                content.append(
+                    {
+                        "type": "tool_use",
+                        # Deterministic, so a replayed turn carries the same ids.
+                        "id": f"toolu_s{turn_index:04d}_{j}",
+                        "name": call["name"],
+                        "input": call.get("input", {}),
+                    }
+                )
         usage.output_tokens = _estimate_tokens(content)
         return Reply(content=content, usage=usage)
 
@@ -201,9 +203,7 @@ class AnthropicLLM:
         self.max_tokens = max_tokens
         # max_retries=0: a transient error goes back to Celery, which re-schedules
         # the task with backoff instead of holding a worker in a sleep.
-        self.client = anthropic.Anthropic(
-            api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout
-        )
+        self.client = anthropic.Anthropic(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout)
 
     def reply(self, *, system: str, messages: list[dict], tools: list[dict]) -> Reply:
         import anthropic
@@ -231,8 +231,10 @@ class AnthropicLLM:
         # A 2xx that is not a Messages response (a proxy's page, a stray JSON body):
         # the SDK hands back a str or a half-built Message rather than raising.
         blocks = getattr(response, "content", None)
-        tokens = [getattr(getattr(response, "usage", None), name, None)
-                  for name in ("input_tokens", "output_tokens")]
+        tokens = [
+            getattr(getattr(response, "usage", None), name, None)
+            for name in ("input_tokens", "output_tokens")
+        ]
         if not isinstance(blocks, list) or not all(isinstance(t, int) for t in tokens):
             raise TransientLLMError(f"Anthropic API returned an unreadable reply: {str(response)[:200]}")
         content = []
@@ -241,9 +243,7 @@ class AnthropicLLM:
             if kind == "text":
                 content.append({"type": "text", "text": block.text})
             elif kind == "tool_use":
-                content.append(
-                    {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
-                )
+                content.append({"type": "tool_use", "id": block.id, "name": block.name, "input": block.input})
         if not content:
             raise PermanentLLMError(f"Anthropic reply had no text or tool_use (stop: {response.stop_reason})")
         if response.stop_reason == "max_tokens" and not any(b["type"] == "tool_use" for b in content):

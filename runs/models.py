@@ -83,9 +83,7 @@ class Run(models.Model):
             models.Index(fields=["agent", "-id"], name="run_agent"),
         ]
         constraints = [
-            models.CheckConstraint(
-                condition=Q(status__in=RunStatus.values), name="run_status_valid"
-            ),
+            models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_status_valid"),
         ]
         permissions = [
             ("rollback_run", "Can roll back, rewind and fork runs"),
@@ -101,10 +99,15 @@ class Run(models.Model):
         return self.status in FINISHED_RUN_STATUSES
 
 
-FINISHED_RUN_STATUSES = frozenset({
-    Run.Status.DONE, Run.Status.FAILED, Run.Status.CANCELLED, Run.Status.HANDED_OVER,
-    Run.Status.ROLLED_BACK,
-})
+FINISHED_RUN_STATUSES = frozenset(
+    {
+        Run.Status.DONE,
+        Run.Status.FAILED,
+        Run.Status.CANCELLED,
+        Run.Status.HANDED_OVER,
+        Run.Status.ROLLED_BACK,
+    }
+)
 
 
 # A row on the run's live branch: not superseded by a rewind (those stay, as history).
@@ -139,8 +142,7 @@ class Message(models.Model):
         # run_id, not run: ordering by the relation would join Run for its ordering.
         ordering = ["run_id", "seq"]
         constraints = [
-            models.UniqueConstraint(fields=["run", "seq"], name="message_run_seq_unique",
-                                    condition=LIVE),
+            models.UniqueConstraint(fields=["run", "seq"], name="message_run_seq_unique", condition=LIVE),
         ]
 
     def __str__(self) -> str:
@@ -175,8 +177,7 @@ class Step(models.Model):
     class Meta:
         ordering = ["run_id", "number"]
         constraints = [
-            models.UniqueConstraint(fields=["run", "number"], name="step_run_number_unique",
-                                    condition=LIVE),
+            models.UniqueConstraint(fields=["run", "number"], name="step_run_number_unique", condition=LIVE),
             models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="step_status_valid"),
         ]
 
@@ -230,19 +231,22 @@ class ToolCall(models.Model):
         ordering = ["run_id", "step", "position"]
         indexes = [
             # Only writes carry a key; reads stay out of the index.
-            models.Index(fields=["run", "idempotency_key"], name="toolcall_run_key",
-                         condition=~Q(idempotency_key="")),
+            models.Index(
+                fields=["run", "idempotency_key"], name="toolcall_run_key", condition=~Q(idempotency_key="")
+            ),
             models.Index(fields=["status"], name="toolcall_status"),
             # Aggregate gate rules add up a tool's writes over a window (approvals.gate).
-            models.Index(fields=["tool_name", "created_at"], name="toolcall_write_tool_time",
-                         condition=~Q(idempotency_key="")),
+            models.Index(
+                fields=["tool_name", "created_at"],
+                name="toolcall_write_tool_time",
+                condition=~Q(idempotency_key=""),
+            ),
         ]
         constraints = [
-            models.UniqueConstraint(fields=["run", "tool_use_id"], name="toolcall_run_tool_use_unique",
-                                    condition=LIVE),
-            models.CheckConstraint(
-                condition=Q(status__in=CallStatus.values), name="toolcall_status_valid"
+            models.UniqueConstraint(
+                fields=["run", "tool_use_id"], name="toolcall_run_tool_use_unique", condition=LIVE
             ),
+            models.CheckConstraint(condition=Q(status__in=CallStatus.values), name="toolcall_status_valid"),
         ]
 
     def __str__(self) -> str:
@@ -253,7 +257,13 @@ class ToolCall(models.Model):
         return self.status in RESOLVED_CALL_STATUSES
 
 
-RESOLVED_CALL_STATUSES = frozenset({
-    ToolCall.Status.COMMITTED, ToolCall.Status.FAILED, ToolCall.Status.DECLINED,
-    ToolCall.Status.DENIED, ToolCall.Status.RESPONDED, ToolCall.Status.COMPENSATED,
-})
+RESOLVED_CALL_STATUSES = frozenset(
+    {
+        ToolCall.Status.COMMITTED,
+        ToolCall.Status.FAILED,
+        ToolCall.Status.DECLINED,
+        ToolCall.Status.DENIED,
+        ToolCall.Status.RESPONDED,
+        ToolCall.Status.COMPENSATED,
+    }
+)

@@ -25,9 +25,9 @@ from django.utils import timezone
 def insert_fields(model) -> tuple:
     """What save() would insert: every concrete field but an automatic primary key."""
     return tuple(
-        field for field in model._meta.concrete_fields
-        if not isinstance(field, AutoFieldMixin)
-        and not getattr(field, "generated", False)
+        field
+        for field in model._meta.concrete_fields
+        if not isinstance(field, AutoFieldMixin) and not getattr(field, "generated", False)
     )
 
 

@@ -60,20 +60,29 @@ def checkpoint(run: Run, number: int) -> dict | None:
     transcript, never a copy.
     """
     # The live step first; one a rewind superseded is history.
-    step = (Step.objects.filter(run=run, number=number)
-            .order_by(F("superseded_at").desc(nulls_first=True)).first())
+    step = (
+        Step.objects.filter(run=run, number=number)
+        .order_by(F("superseded_at").desc(nulls_first=True))
+        .first()
+    )
     if step is None and number == run.step and open_step_has_reply(run):
         # The step in progress (e.g. waiting for a decision): its reply is
         # saved, its checkpoint not yet written. The model saw all but the reply.
-        step = Step(run=run, number=number, message_count=run.message_count - 1, status=run.status,
-                    input_tokens=run.input_tokens, output_tokens=run.output_tokens, cost=run.cost)
+        step = Step(
+            run=run,
+            number=number,
+            message_count=run.message_count - 1,
+            status=run.status,
+            input_tokens=run.input_tokens,
+            output_tokens=run.output_tokens,
+            cost=run.cost,
+        )
     if step is None:
         return None
     # The transcript as it was when the step was written (a fork's starts with
     # its parent's; a rewind's superseded messages count for the steps they belonged to).
-    messages = transcript_messages(run, at=step.created_at if step.pk else None,
-                                   limit=step.message_count + 1)
-    seen, reply = messages[: step.message_count], messages[step.message_count:]
+    messages = transcript_messages(run, at=step.created_at if step.pk else None, limit=step.message_count + 1)
+    seen, reply = messages[: step.message_count], messages[step.message_count :]
     return {
         "run": run.pk,
         "step": step.number,
@@ -167,8 +176,7 @@ def run_timeline(run: Run) -> list[TimelineStep]:
     """
     # The live history: what a rewind superseded is left out here (it stays in
     # the database and in the checkpoints of the steps it belonged to).
-    checkpoints = {s.number: s for s in Step.objects.live().filter(run=run)
-                   .order_by("number")}
+    checkpoints = {s.number: s for s in Step.objects.live().filter(run=run).order_by("number")}
     assistant = Message.objects.live().filter(run=run, role=Message.Role.ASSISTANT).order_by("seq")
     replies = {m.seq: m.content for m in assistant.only("seq", "content")}
     # Coupling, by name only: ``approval`` is the reverse side of
@@ -179,7 +187,8 @@ def run_timeline(run: Run) -> list[TimelineStep]:
     # history just follows the relation so decisions load with their calls
     # instead of one query per call. Renaming either related_name breaks this.
     calls = (
-        ToolCall.objects.live().filter(run=run)
+        ToolCall.objects.live()
+        .filter(run=run)
         .select_related("approval__decided_by", "approval__proposal__proposed_by")
         .prefetch_related("approval__votes__reviewer", "approval__votes__proposal")
         .order_by("step", "position")
@@ -206,12 +215,18 @@ def run_timeline(run: Run) -> list[TimelineStep]:
         else:
             seen = open_reply_seq if has_open_reply and number == run.step else run.message_count
             totals = (run.input_tokens, run.output_tokens, run.cost)
-        timeline.append(TimelineStep(
-            number=number, checkpoint=step, seen=seen, reply=replies.get(seen) or [],
-            calls=calls_by_step.get(number, []),
-            input_tokens=totals[0] - before[0], output_tokens=totals[1] - before[1],
-            cost=totals[2] - before[2],
-        ))
+        timeline.append(
+            TimelineStep(
+                number=number,
+                checkpoint=step,
+                seen=seen,
+                reply=replies.get(seen) or [],
+                calls=calls_by_step.get(number, []),
+                input_tokens=totals[0] - before[0],
+                output_tokens=totals[1] - before[1],
+                cost=totals[2] - before[2],
+            )
+        )
         before = totals
     return timeline
 

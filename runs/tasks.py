@@ -46,9 +46,11 @@ def sweep_leases() -> int:
         advance_run.delay(run_id)
         nudged += 1
     # Safety net: a waiting run with nothing left to decide.
-    waiting = Run.objects.filter(status=Run.Status.WAITING_APPROVAL).exclude(
-        tool_calls__status=ToolCall.Status.AWAITING_APPROVAL
-    ).values_list("pk", flat=True)[:500]
+    waiting = (
+        Run.objects.filter(status=Run.Status.WAITING_APPROVAL)
+        .exclude(tool_calls__status=ToolCall.Status.AWAITING_APPROVAL)
+        .values_list("pk", flat=True)[:500]
+    )
     for run_id in waiting:
         with transaction.atomic():
             if run_wake_if_ready(run_id=run_id):
@@ -100,8 +102,10 @@ def rollback_run(self, run_id: int, to_step: int | None, user_id: int | None, re
     except Exception:
         # Leave the page a final word instead of "in progress" forever; the
         # traceback goes to the worker log.
-        run_undo_note(run_id=run_id, message="an unexpected error; see the worker log. "
-                                                 "Nothing was skipped: run it again to continue.")
+        run_undo_note(
+            run_id=run_id,
+            message="an unexpected error; see the worker log. Nothing was skipped: run it again to continue.",
+        )
         raise
     return result.run_status
 

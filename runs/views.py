@@ -72,9 +72,8 @@ def pretty(value) -> str:
 
 
 def may_cancel(user, run: Run) -> bool:
-    return (
-        user.is_authenticated
-        and (run.requester_id == user.pk or user.is_staff or user.has_perm(DECIDE_PERMISSION))
+    return user.is_authenticated and (
+        run.requester_id == user.pk or user.is_staff or user.has_perm(DECIDE_PERMISSION)
     )
 
 
@@ -143,8 +142,16 @@ def _undo_state(request, run: Run) -> dict:
     The confirm POST redirects here with ``?undo=rollback|rewind&to_step=N`` (and
     the run's ``generation`` for a rewind); the status poll carries them along.
     """
-    state = {"undo_note": run.undo_note, "run_error": run.error, "undo_tracking": False, "undo_live": False,
-             "undo_text": "", "undo_done": False, "undo_query": "", "undo_compensated": 0}
+    state = {
+        "undo_note": run.undo_note,
+        "run_error": run.error,
+        "undo_tracking": False,
+        "undo_live": False,
+        "undo_text": "",
+        "undo_done": False,
+        "undo_query": "",
+        "undo_compensated": 0,
+    }
     params = request.GET
     kind = params.get("undo") if params.get("undo") in ("rollback", "rewind") else ""
     if not kind and not saga_in_progress(run):
@@ -158,9 +165,14 @@ def _undo_state(request, run: Run) -> dict:
             return state
     progress = undo_progress(run, kind=kind, to_step=to_step, generation=generation)
     query = {"undo": kind, "to_step": to_step, "generation": generation}
-    state.update(undo_tracking=True, undo_compensated=progress.compensated, undo_live=progress.live,
-                 undo_done=progress.done, undo_text=progress.text,
-                 undo_query=urlencode({k: v for k, v in query.items() if v not in ("", None)}))
+    state.update(
+        undo_tracking=True,
+        undo_compensated=progress.compensated,
+        undo_live=progress.live,
+        undo_done=progress.done,
+        undo_text=progress.text,
+        undo_query=urlencode({k: v for k, v in query.items() if v not in ("", None)}),
+    )
     return state
 
 
@@ -194,8 +206,9 @@ def run_detail(request, run_id: int):
     else:
         timeline = _timeline_for_display(run)
         split = max(0, len(timeline) - RECENT_STEPS)
-        context.update(earlier_steps=timeline[:split], recent_steps=timeline[split:],
-                       step_count=len(timeline))
+        context.update(
+            earlier_steps=timeline[:split], recent_steps=timeline[split:], step_count=len(timeline)
+        )
         if target is None:  # the page head: where this run came from, what came of it
             context.update(parent=run.parent, forks=list(run.forks.order_by("pk")))
         template = "runs/run_detail.html"
@@ -216,11 +229,23 @@ def _message_for_display(message: dict) -> dict:
         if kind == "text":
             blocks.append({"kind": "text", "text": block.get("text", "")})
         elif kind == "tool_use":
-            blocks.append({"kind": "tool_use", "name": block.get("name", ""), "id": block.get("id", ""),
-                           "text": pretty(block.get("input"))})
+            blocks.append(
+                {
+                    "kind": "tool_use",
+                    "name": block.get("name", ""),
+                    "id": block.get("id", ""),
+                    "text": pretty(block.get("input")),
+                }
+            )
         elif kind == "tool_result":
-            blocks.append({"kind": "tool_result", "id": block.get("tool_use_id", ""),
-                           "text": pretty(block.get("content")), "is_error": bool(block.get("is_error"))})
+            blocks.append(
+                {
+                    "kind": "tool_result",
+                    "id": block.get("tool_use_id", ""),
+                    "text": pretty(block.get("content")),
+                    "is_error": bool(block.get("is_error")),
+                }
+            )
         else:
             blocks.append({"kind": "other", "text": pretty(block)})
     return {"seq": message.get("seq"), "role": message.get("role", ""), "blocks": blocks}
@@ -236,11 +261,15 @@ def run_checkpoint(request, run_id: int, number: int):
     seen = [_message_for_display(m) for m in data["seen"]]
     split = max(0, len(seen) - RECENT_MESSAGES)
     context = {
-        "run": run, "checkpoint": data, "nav_section": "runs",
+        "run": run,
+        "checkpoint": data,
+        "nav_section": "runs",
         "has_next": has_checkpoint(run, number + 1),
-        "older": seen[:split], "recent": seen[split:],
+        "older": seen[:split],
+        "recent": seen[split:],
         "reply": _message_for_display({"role": "assistant", "content": data["reply"]})
-        if data["reply"] else None,
+        if data["reply"]
+        else None,
     }
     template = "runs/run_checkpoint.html"
     if request.htmx and not request.htmx.history_restore_request:
@@ -257,8 +286,13 @@ def run_new(request):
     if form.is_valid():
         data = form.cleaned_data
         try:
-            run = run_create(agent_name=data["agent"], task=data["task"], llm=data["llm"],
-                             requester=request.user, enqueue=True)
+            run = run_create(
+                agent_name=data["agent"],
+                task=data["task"],
+                llm=data["llm"],
+                requester=request.user,
+                enqueue=True,
+            )
         except (LookupError, ValueError) as exc:
             form.add_error(None, str(exc))
         else:
@@ -274,8 +308,11 @@ def run_cancel_view(request, run_id: int):
         raise PermissionDenied("Only the requester, staff or a reviewer may cancel this run.")
     result = run_cancel(run=run, actor=request.user, reason=f"cancelled by {request.user.get_username()}")
     if _htmx_target(request):
-        response = render(request, "runs/run_detail.html#status",
-                          _status_context(request, run, notice=result.message, notice_ok=result.cancelled))
+        response = render(
+            request,
+            "runs/run_detail.html#status",
+            _status_context(request, run, notice=result.message, notice_ok=result.cancelled),
+        )
         trigger_client_event(response, "runChanged")
         return response
     (messages.success if result.cancelled else messages.error)(request, result.message)
@@ -322,8 +359,11 @@ def _undo_rows(calls: list[ToolCall]) -> list[UndoRow]:
     rows = []
     for call in calls:
         spec = find_tool(call.tool_name)
-        rows.append(UndoRow(call=call, arguments=args_summary(call.input),
-                            kind=spec.effect_kind if spec else "unknown"))
+        rows.append(
+            UndoRow(
+                call=call, arguments=args_summary(call.input), kind=spec.effect_kind if spec else "unknown"
+            )
+        )
     return rows
 
 
@@ -343,10 +383,18 @@ def _undo_context(run: Run, *, to_step: int | None, rewind: bool) -> dict:
     """What the rollback (or rewind) would do, and whether it may be asked for."""
     preview = undo_preview(run, to_step=to_step, rewind=rewind)
     return {
-        "run": run, "to_step": to_step, "rewind": rewind, "action": "rewind" if rewind else "rollback",
-        "compensable": _undo_rows(preview.compensable), "irreversible": _undo_rows(preview.irreversible),
-        "withdrawn": preview.withdrawn, "refusal": preview.refusal, "blocked": preview.blocked,
-        "can_confirm": preview.can_confirm, "undo_kinds": UNDO_KINDS_SHOWN, "nav_section": "runs",
+        "run": run,
+        "to_step": to_step,
+        "rewind": rewind,
+        "action": "rewind" if rewind else "rollback",
+        "compensable": _undo_rows(preview.compensable),
+        "irreversible": _undo_rows(preview.irreversible),
+        "withdrawn": preview.withdrawn,
+        "refusal": preview.refusal,
+        "blocked": preview.blocked,
+        "can_confirm": preview.can_confirm,
+        "undo_kinds": UNDO_KINDS_SHOWN,
+        "nav_section": "runs",
     }
 
 
@@ -401,8 +449,14 @@ def run_fork_view(request, run_id: int):
             return redirect("run-detail", run_id=run.pk)
         messages.success(request, f"Run {fork.pk} forked from run {run.pk} at step {step.number}.")
         return redirect("run-detail", run_id=fork.pk)
-    context = {"run": run, "action": "fork", "checkpoint": step, "can_confirm": True, "nav_section": "runs",
-               "reply_texts": _step_texts(run, step)}
+    context = {
+        "run": run,
+        "action": "fork",
+        "checkpoint": step,
+        "can_confirm": True,
+        "nav_section": "runs",
+        "reply_texts": _step_texts(run, step),
+    }
     return render(request, "runs/run_undo.html", context)
 
 

@@ -27,11 +27,16 @@ from runs.services import run_create
 
 
 # --- runs --------------------------------------------------------------------------
-def start(script: dict | None = None, *, task: str = "Refund order A-1001", requester=None,
-          agent: str = "refund-desk", **kwargs) -> Run:
+def start(
+    script: dict | None = None,
+    *,
+    task: str = "Refund order A-1001",
+    requester=None,
+    agent: str = "refund-desk",
+    **kwargs,
+) -> Run:
     """Create a run and advance it in-process until it pauses or ends."""
-    run = run_create(agent_name=agent, task=task, requester=requester, script=script,
-                     enqueue=False, **kwargs)
+    run = run_create(agent_name=agent, task=task, requester=requester, script=script, enqueue=False, **kwargs)
     run_advance_until_settled(run.pk)
     run.refresh_from_db()
     return run
@@ -81,8 +86,9 @@ def pending(run: Run) -> ApprovalRequest:
 def decide(approval: ApprovalRequest, reviewer, decision: Decision | None = None) -> DecisionResult:
     """``reviewer`` decides ``approval`` (by default: approves what is shown). Nothing
     runs until the run is advanced: see ``decide_and_advance``."""
-    return approval_decide(approval_id=approval.pk, reviewer=reviewer,
-                           decision=decision or Decision.approve(), enqueue=False)
+    return approval_decide(
+        approval_id=approval.pk, reviewer=reviewer, decision=decision or Decision.approve(), enqueue=False
+    )
 
 
 def decide_and_advance(run: Run, reviewer, decision: Decision | None = None) -> DecisionResult:
@@ -124,12 +130,17 @@ def finished_demo(users) -> Run:
 def onboarding_with_a_permanent_delete(users) -> Run:
     """Onboarding that creates a scratch file (step 0), deletes it for good (step 1,
     irreversible, approved by the admin), then creates a user (step 2); done."""
-    run = start(script(
-        turn(("create_file", {"path": "tmp/scratch.txt", "content": "draft"}), text="A scratch file."),
-        turn(("delete_file_permanently", {"path": "tmp/scratch.txt"}), text="Removing it for good."),
-        turn(("create_user", {"username": "marie", "email": "marie@example.com"}), text="The account."),
-        turn(text="Done."),
-    ), agent="onboarding", task="Onboard marie", requester=users["requester"])
+    run = start(
+        script(
+            turn(("create_file", {"path": "tmp/scratch.txt", "content": "draft"}), text="A scratch file."),
+            turn(("delete_file_permanently", {"path": "tmp/scratch.txt"}), text="Removing it for good."),
+            turn(("create_user", {"username": "marie", "email": "marie@example.com"}), text="The account."),
+            turn(text="Done."),
+        ),
+        agent="onboarding",
+        task="Onboard marie",
+        requester=users["requester"],
+    )
     run = approve_all(run, users["admin"], confirm_irreversible=True)
     assert run.status == Run.Status.DONE
     delete = ToolCall.objects.get(run=run, tool_name="delete_file_permanently")
@@ -146,8 +157,9 @@ def client_for(user, **kwargs) -> Client:
     return client
 
 
-def post_decision(client: Client, approval: ApprovalRequest, decision: str, *,
-                  headers: dict | None = None, **fields):
+def post_decision(
+    client: Client, approval: ApprovalRequest, decision: str, *, headers: dict | None = None, **fields
+):
     """The approval page's decision form as a browser posts it: the button pressed
     (``"approve"``, ``"decline"``, ``"respond"``, ``"approve_edited"``), the hash of the
     arguments the page showed, and any other fields (``comment="..."``; ``args_hash=``
@@ -172,8 +184,14 @@ def run_command(*args) -> str:
 
 
 # --- waiting -------------------------------------------------------------------------
-def wait_until(predicate: Callable[[], Any], *, timeout: float = 20.0, message: str | Callable[[], str] = "",
-               interval: float = 0.1, sleep: Callable[[float], None] = time.sleep) -> Any:
+def wait_until(
+    predicate: Callable[[], Any],
+    *,
+    timeout: float = 20.0,
+    message: str | Callable[[], str] = "",
+    interval: float = 0.1,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Any:
     """Poll ``predicate`` until it returns something truthy, and return that; after
     ``timeout`` seconds fail with ``message`` (a string, or a function that makes one,
     e.g. with a worker's log). ``sleep``: how to pass the time between polls (a

@@ -56,21 +56,31 @@ class Desk:
         }
         self.env.pop("DESK_FAILPOINTS", None)
 
-    def manage(self, *args: str, check: bool = True, env: dict | None = None,
-               timeout: float = 60) -> subprocess.CompletedProcess:
+    def manage(
+        self, *args: str, check: bool = True, env: dict | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess:
         result = subprocess.run(
-            [PYTHON, "manage.py", *args], cwd=ROOT, env={**self.env, **(env or {})},
-            capture_output=True, text=True, timeout=timeout,
+            [PYTHON, "manage.py", *args],
+            cwd=ROOT,
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
         if check and result.returncode != 0:
-            raise AssertionError(f"manage.py {' '.join(args)} failed ({result.returncode}):\n"
-                                 f"{result.stdout}\n{result.stderr}")
+            raise AssertionError(
+                f"manage.py {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+            )
         return result
 
     def manage_async(self, *args: str, env: dict | None = None) -> subprocess.Popen:
         return subprocess.Popen(
-            [PYTHON, "manage.py", *args], cwd=ROOT, env={**self.env, **(env or {})},
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [PYTHON, "manage.py", *args],
+            cwd=ROOT,
+            env={**self.env, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
 
     def stop(self) -> None:
@@ -91,8 +101,15 @@ class Desk:
         path.write_text(json.dumps(scenario))
         return path
 
-    def start_run(self, task: str, *, agent: str = "refund-desk", user: str | None = "requester",
-                  script: dict | None = None, sync: bool = False) -> int:
+    def start_run(
+        self,
+        task: str,
+        *,
+        agent: str = "refund-desk",
+        user: str | None = "requester",
+        script: dict | None = None,
+        sync: bool = False,
+    ) -> int:
         """`manage.py startrun` in its own process, as an operator types it; the new run's id
         (its first line). ``user=None``: a run nobody requested. ``sync``: advanced by that
         process until it pauses or ends, no worker needed."""
@@ -151,13 +168,27 @@ class Desk:
             seen.update(self.status(run_id))
             return seen if seen["status"] in statuses else None
 
-        return wait_until(arrived, timeout=timeout, interval=0.2, message=lambda: (
-            f"run {run_id} to be {' or '.join(statuses)} (it is {seen.get('status')}):\n{self.logs()}"))
+        return wait_until(
+            arrived,
+            timeout=timeout,
+            interval=0.2,
+            message=lambda: (
+                f"run {run_id} to be {' or '.join(statuses)} (it is {seen.get('status')}):\n{self.logs()}"
+            ),
+        )
 
 
 class Worker:
-    def __init__(self, desk: Desk, *, failpoints: str, name: str, beat: bool = False,
-                 web_port: int | None = None, env: dict | None = None) -> None:
+    def __init__(
+        self,
+        desk: Desk,
+        *,
+        failpoints: str,
+        name: str,
+        beat: bool = False,
+        web_port: int | None = None,
+        env: dict | None = None,
+    ) -> None:
         self.log_path = desk.tmp_path / f"worker-{name}.log"
         env = {**desk.env, **(env or {})}
         if failpoints:
@@ -168,27 +199,55 @@ class Worker:
             ready = "Quit the server with"
         elif beat:
             env["DESK_SWEEP_SECONDS"] = "1"
-            command = ["-m", "celery", "-A", "desk", "beat", "--loglevel=INFO",
-                       "-s", str(desk.tmp_path / "beat-schedule")]
+            command = [
+                "-m",
+                "celery",
+                "-A",
+                "desk",
+                "beat",
+                "--loglevel=INFO",
+                "-s",
+                str(desk.tmp_path / "beat-schedule"),
+            ]
             ready = "beat: Starting"
         else:
-            command = ["-m", "celery", "-A", "desk", "worker", "--pool=solo", "--without-gossip",
-                       "--without-mingle", "--without-heartbeat", "--loglevel=INFO", "-n", f"{name}@%h"]
+            command = [
+                "-m",
+                "celery",
+                "-A",
+                "desk",
+                "worker",
+                "--pool=solo",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "--loglevel=INFO",
+                "-n",
+                f"{name}@%h",
+            ]
             ready = "ready."
         with self.log_path.open("w") as log:
             self.process = subprocess.Popen(
                 [PYTHON, *command],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         try:
-            wait_until(lambda: ready in self.log() or self.process.poll() is not None, timeout=30,
-                       message=lambda: f"{name} to start:\n{self.log()}")
+            wait_until(
+                lambda: ready in self.log() or self.process.poll() is not None,
+                timeout=30,
+                message=lambda: f"{name} to start:\n{self.log()}",
+            )
         except AssertionError:
             self.stop()  # not yet in desk.workers: nobody else would
             raise
         if ready not in self.log():
-            raise AssertionError(f"{name} exited ({self.process.returncode}) before it started:\n"
-                                 f"{self.log()}")
+            raise AssertionError(
+                f"{name} exited ({self.process.returncode}) before it started:\n{self.log()}"
+            )
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""

@@ -105,12 +105,15 @@ def compensate_refund(ctx: ToolContext, args: dict, result, pre_state) -> str:
     refund = made_by_call(Payment, pre_state, result, "refund_id", "RF-")
     if refund is None or refund.kind != Payment.Kind.REFUND or refund.order is None:
         return "Nothing to reverse: no refund was made by this call."
-    undo, made = payments.reverse(payment=refund, reason=f"Reversal of refund RF-{refund.pk}",
-                                  idempotency_key=ctx.idempotency_key)
+    undo, made = payments.reverse(
+        payment=refund, reason=f"Reversal of refund RF-{refund.pk}", idempotency_key=ctx.idempotency_key
+    )
     if not made:
         return f"Refund RF-{refund.pk} was already reversed (RV-{undo.pk}); nothing to do."
-    return (f"Reversed refund RF-{refund.pk}: ₹{undo.amount} taken back on order "
-            f"{refund.order.order_id} (RV-{undo.pk}).")
+    return (
+        f"Reversed refund RF-{refund.pk}: ₹{undo.amount} taken back on order "
+        f"{refund.order.order_id} (RV-{undo.pk})."
+    )
 
 
 def _email_result(email: OutboxEmail) -> dict:
@@ -139,8 +142,8 @@ def compensate_email(ctx: ToolContext, args: dict, result, pre_state) -> str:
         ctx.idempotency_key,
         to=original.to,
         subject=f"Correction: {original.subject}"[:300],
-        body=f"Please disregard our earlier message \"{original.subject}\" "
-             f"(MSG-{original.pk}): it was sent in error. We are sorry for the confusion.",
+        body=f'Please disregard our earlier message "{original.subject}" '
+        f"(MSG-{original.pk}): it was sent in error. We are sorry for the confusion.",
     )
     if not made:
         return f"A correction of MSG-{original.pk} was already sent to {correction.to} (MSG-{correction.pk})."
@@ -210,116 +213,171 @@ def compensate_note(ctx: ToolContext, args: dict, result, pre_state) -> str:
 
 ORDER_ID = {"type": "string", "pattern": "^[A-Z]-[0-9]{4}$", "description": "e.g. A-1001"}
 
-register_tool(ToolSpec(
-    name="get_order",
-    description="Look up an order: item, amount, refunded so far, customer, email and ticket.",
-    input_schema={"type": "object", "properties": {"order_id": ORDER_ID},
-                  "required": ["order_id"], "additionalProperties": False},
-    function=get_order,
-    kind=READ,
-))
-register_tool(ToolSpec(
-    name="get_policy",
-    description="Read the refund policy.",
-    input_schema={"type": "object", "properties": {}, "additionalProperties": False},
-    function=get_policy,
-    kind=READ,
-))
-register_tool(ToolSpec(
-    name="refund_item",
-    description="Refund an order, in full or in part, through the payment provider. "
-                "Amount in rupees, up to two decimals.",
-    input_schema={"type": "object", "properties": {
-        "order_id": ORDER_ID,
-        "amount": {"type": "number", "exclusiveMinimum": 0},
-        "reason": {"type": "string", "minLength": 1, "maxLength": 500},
-    }, "required": ["order_id", "amount", "reason"], "additionalProperties": False},
-    function=refund_item,
-    reconcile=reconcile_refund,
-    honours_key=True,
-    facts=payments.payment_facts,
-    undo=COMPENSABLE,
-    capture=capture_key,
-    compensate=compensate_refund,
-))
-register_tool(ToolSpec(
-    name="send_email",
-    description="Send an email to a customer.",
-    input_schema={"type": "object", "properties": {
-        "to": {"type": "string", "format": "email", "pattern": "^[^@\\s]+@[^@\\s]+$"},
-        "subject": {"type": "string", "minLength": 1, "maxLength": 300},
-        "body": {"type": "string", "minLength": 1},
-    }, "required": ["to", "subject", "body"], "additionalProperties": False},
-    function=send_email,
-    reconcile=reconcile_email,
-    honours_key=True,
-    undo=COMPENSABLE,
-    capture=capture_key,
-    compensate=compensate_email,
-))
-register_tool(ToolSpec(
-    name="close_ticket",
-    description="Close a support ticket.",
-    input_schema={"type": "object", "properties": {
-        "ticket_id": {"type": "string", "pattern": "^T-[0-9]+$"},
-    }, "required": ["ticket_id"], "additionalProperties": False},
-    function=close_ticket,
-    reconcile=reconcile_ticket,
-    honours_key=True,  # closing a closed ticket changes nothing
-    undo=REVERSIBLE,
-    capture=capture_ticket,
-    compensate=compensate_ticket,
-))
-register_tool(ToolSpec(
-    name="add_note",
-    description="Add an internal note to an order.",
-    input_schema={"type": "object", "properties": {
-        "order_id": ORDER_ID,
-        "text": {"type": "string", "minLength": 1, "maxLength": 2000},
-    }, "required": ["order_id", "text"], "additionalProperties": False},
-    function=add_note,
-    reconcile=reconcile_note,
-    honours_key=True,
-    undo=REVERSIBLE,
-    capture=capture_key,
-    compensate=compensate_note,
-))
-
-DEMO_TASK = (
-    "Customer Ada Lovelace (ticket T-1) writes: my order A-1001 arrived broken. "
-    "Please refund it."
+register_tool(
+    ToolSpec(
+        name="get_order",
+        description="Look up an order: item, amount, refunded so far, customer, email and ticket.",
+        input_schema={
+            "type": "object",
+            "properties": {"order_id": ORDER_ID},
+            "required": ["order_id"],
+            "additionalProperties": False,
+        },
+        function=get_order,
+        kind=READ,
+    )
+)
+register_tool(
+    ToolSpec(
+        name="get_policy",
+        description="Read the refund policy.",
+        input_schema={"type": "object", "properties": {}, "additionalProperties": False},
+        function=get_policy,
+        kind=READ,
+    )
+)
+register_tool(
+    ToolSpec(
+        name="refund_item",
+        description="Refund an order, in full or in part, through the payment provider. "
+        "Amount in rupees, up to two decimals.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "order_id": ORDER_ID,
+                "amount": {"type": "number", "exclusiveMinimum": 0},
+                "reason": {"type": "string", "minLength": 1, "maxLength": 500},
+            },
+            "required": ["order_id", "amount", "reason"],
+            "additionalProperties": False,
+        },
+        function=refund_item,
+        reconcile=reconcile_refund,
+        honours_key=True,
+        facts=payments.payment_facts,
+        undo=COMPENSABLE,
+        capture=capture_key,
+        compensate=compensate_refund,
+    )
+)
+register_tool(
+    ToolSpec(
+        name="send_email",
+        description="Send an email to a customer.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "to": {"type": "string", "format": "email", "pattern": "^[^@\\s]+@[^@\\s]+$"},
+                "subject": {"type": "string", "minLength": 1, "maxLength": 300},
+                "body": {"type": "string", "minLength": 1},
+            },
+            "required": ["to", "subject", "body"],
+            "additionalProperties": False,
+        },
+        function=send_email,
+        reconcile=reconcile_email,
+        honours_key=True,
+        undo=COMPENSABLE,
+        capture=capture_key,
+        compensate=compensate_email,
+    )
+)
+register_tool(
+    ToolSpec(
+        name="close_ticket",
+        description="Close a support ticket.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "ticket_id": {"type": "string", "pattern": "^T-[0-9]+$"},
+            },
+            "required": ["ticket_id"],
+            "additionalProperties": False,
+        },
+        function=close_ticket,
+        reconcile=reconcile_ticket,
+        honours_key=True,  # closing a closed ticket changes nothing
+        undo=REVERSIBLE,
+        capture=capture_ticket,
+        compensate=compensate_ticket,
+    )
+)
+register_tool(
+    ToolSpec(
+        name="add_note",
+        description="Add an internal note to an order.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "order_id": ORDER_ID,
+                "text": {"type": "string", "minLength": 1, "maxLength": 2000},
+            },
+            "required": ["order_id", "text"],
+            "additionalProperties": False,
+        },
+        function=add_note,
+        reconcile=reconcile_note,
+        honours_key=True,
+        undo=REVERSIBLE,
+        capture=capture_key,
+        compensate=compensate_note,
+    )
 )
 
-DEMO_SCRIPT = {"turns": [
-    {"text": "Looking up the order.",
-     "tool_calls": [{"name": "get_order", "input": {"order_id": "A-1001"}}]},
-    {"text": "Checking the refund policy.",
-     "tool_calls": [{"name": "get_policy", "input": {}}]},
-    {"text": "The order qualifies; refunding it in full.",
-     "tool_calls": [{"name": "refund_item", "input": {
-         "order_id": "A-1001", "amount": 2900.00, "reason": "Item arrived broken"}}]},
-    {"text": "Letting the customer know.",
-     "tool_calls": [{"name": "send_email", "input": {
-         "to": "ada@example.com", "subject": "Your refund for order A-1001",
-         "body": "Hello Ada, we have refunded ₹2,900.00 for order A-1001. Sorry about the "
-                 "broken item."}}]},
-    {"text": "Closing the ticket.",
-     "tool_calls": [{"name": "close_ticket", "input": {"ticket_id": "T-1"}}]},
-    {"text": "Refunded ₹2,900.00 for order A-1001, emailed ada@example.com and closed T-1."},
-]}
+DEMO_TASK = "Customer Ada Lovelace (ticket T-1) writes: my order A-1001 arrived broken. Please refund it."
 
-register_agent(AgentSpec(
-    name="refund-desk",
-    system=(
-        "You are a customer-support agent for an online shop. Use the tools to look up "
-        "orders and the refund policy, refund within policy, email the customer and close "
-        "their ticket. Amounts are in rupees. If a reviewer declines an action, do not "
-        "retry it: explain and stop."
-    ),
-    tool_names=("get_order", "get_policy", "refund_item", "send_email", "close_ticket", "add_note"),
-    demo_script=DEMO_SCRIPT,
-    demo_task=DEMO_TASK,
-))
+DEMO_SCRIPT = {
+    "turns": [
+        {
+            "text": "Looking up the order.",
+            "tool_calls": [{"name": "get_order", "input": {"order_id": "A-1001"}}],
+        },
+        {"text": "Checking the refund policy.", "tool_calls": [{"name": "get_policy", "input": {}}]},
+        {
+            "text": "The order qualifies; refunding it in full.",
+            "tool_calls": [
+                {
+                    "name": "refund_item",
+                    "input": {"order_id": "A-1001", "amount": 2900.00, "reason": "Item arrived broken"},
+                }
+            ],
+        },
+        {
+            "text": "Letting the customer know.",
+            "tool_calls": [
+                {
+                    "name": "send_email",
+                    "input": {
+                        "to": "ada@example.com",
+                        "subject": "Your refund for order A-1001",
+                        "body": "Hello Ada, we have refunded ₹2,900.00 for order A-1001. Sorry about the "
+                        "broken item.",
+                    },
+                }
+            ],
+        },
+        {
+            "text": "Closing the ticket.",
+            "tool_calls": [{"name": "close_ticket", "input": {"ticket_id": "T-1"}}],
+        },
+        {"text": "Refunded ₹2,900.00 for order A-1001, emailed ada@example.com and closed T-1."},
+    ]
+}
+
+register_agent(
+    AgentSpec(
+        name="refund-desk",
+        system=(
+            "You are a customer-support agent for an online shop. Use the tools to look up "
+            "orders and the refund policy, refund within policy, email the customer and close "
+            "their ticket. Amounts are in rupees. If a reviewer declines an action, do not "
+            "retry it: explain and stop."
+        ),
+        tool_names=("get_order", "get_policy", "refund_item", "send_email", "close_ticket", "add_note"),
+        demo_script=DEMO_SCRIPT,
+        demo_task=DEMO_TASK,
+    )
+)
 
 WORLD = [
     # order, item, amount, customer, email, ticket
@@ -339,6 +397,5 @@ def seed_world() -> None:
             )
             Order.objects.get_or_create(
                 order_id=order_id,
-                defaults={"customer": customer, "ticket": ticket, "item": item,
-                          "amount": Decimal(amount)},
+                defaults={"customer": customer, "ticket": ticket, "item": item, "amount": Decimal(amount)},
             )

@@ -27,5 +27,4 @@ def check_compensation(tool: str) -> None:
     """Raise ToolError if a ``compensation_fails`` fault is set for ``tool`` (or ``*``)."""
     failing = WorldFault.objects.filter(Q(tool=tool) | Q(tool="*"), kind=WorldFault.Kind.COMPENSATION_FAILS)
     if take(failing):
-        raise ToolError(f"the world service behind {tool} is unavailable (injected fault); "
-                        "try again later.")
+        raise ToolError(f"the world service behind {tool} is unavailable (injected fault); try again later.")

@@ -48,6 +48,6 @@ def made_by_call(model, pre_state: Any, result: Any, id_field: str, prefix: str)
     if key:
         return model.objects.by_key(key)
     raw = result.get(id_field, "") if isinstance(result, dict) else ""
-    if isinstance(raw, str) and raw.startswith(prefix) and raw[len(prefix):].isdigit():
-        return model.objects.filter(pk=int(raw[len(prefix):])).first()
+    if isinstance(raw, str) and raw.startswith(prefix) and raw[len(prefix) :].isdigit():
+        return model.objects.filter(pk=int(raw[len(prefix) :])).first()
     return None

@@ -132,15 +132,15 @@ class Payment(models.Model):
     Kind = PaymentKind
 
     kind = models.CharField(max_length=10, choices=Kind.choices)
-    order = models.ForeignKey(Order, on_delete=models.PROTECT, null=True, blank=True,
-                              related_name="payments")
+    order = models.ForeignKey(Order, on_delete=models.PROTECT, null=True, blank=True, related_name="payments")
     account = models.CharField(max_length=100, blank=True)
     amount = models.DecimalField(max_digits=12, decimal_places=2)
     reason = models.CharField(max_length=500, blank=True)
     # The movement this one undoes. One-to-one: a payment is undone at most
     # once, even by two concurrent compensations.
-    reverses = models.OneToOneField("self", on_delete=models.PROTECT, null=True, blank=True,
-                                    related_name="reversed_by")
+    reverses = models.OneToOneField(
+        "self", on_delete=models.PROTECT, null=True, blank=True, related_name="reversed_by"
+    )
     idempotency_key = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -138,8 +138,12 @@ def _prune(path: Path, created: str | None) -> None:
 
 
 def _capture_file(ctx: ToolContext, relative: str, path: Path) -> dict:
-    return {"idempotency_key": ctx.idempotency_key, "path": relative, "existed": path.exists(),
-            "new_folders": _new_folders(path)}
+    return {
+        "idempotency_key": ctx.idempotency_key,
+        "path": relative,
+        "existed": path.exists(),
+        "new_folders": _new_folders(path),
+    }
 
 
 # --- the journal of file operations --------------------------------------------
@@ -190,8 +194,9 @@ def _user_result(user: WorldUser) -> dict:
 @counted("create_user")
 def create_user(ctx: ToolContext, args: dict) -> dict:
     try:
-        user, _ = WorldUser.objects.create_once(ctx.idempotency_key, username=args["username"],
-                                                email=args["email"])
+        user, _ = WorldUser.objects.create_once(
+            ctx.idempotency_key, username=args["username"], email=args["email"]
+        )
     except IntegrityError:  # the username is unique: another key has it (from before, or just now)
         raise ToolError(f"username {args['username']!r} is taken.") from None
     return _user_result(user)
@@ -220,8 +225,13 @@ def create_file(ctx: ToolContext, args: dict) -> dict:
     if op is None:
         if path.exists():
             raise ToolError(f"{relative} already exists; create_file does not overwrite.")
-        op = _journal(ctx.idempotency_key, action=FileOperation.Action.CREATE, path=relative,
-                      sha256=_sha256(data), size=len(data))
+        op = _journal(
+            ctx.idempotency_key,
+            action=FileOperation.Action.CREATE,
+            path=relative,
+            sha256=_sha256(data),
+            size=len(data),
+        )
     if op.done:
         return _file_result(op)
     # Pending: this key may already have written the file before a crash.
@@ -229,8 +239,9 @@ def create_file(ctx: ToolContext, args: dict) -> dict:
         try:
             _write_new(path, data)
         except FileExistsError:
-            raise _abandon(op, f"{relative} already exists with other content; "
-                               "create_file does not overwrite.") from None
+            raise _abandon(
+                op, f"{relative} already exists with other content; create_file does not overwrite."
+            ) from None
         except (IsADirectoryError, NotADirectoryError):
             raise _abandon(op, f"{relative} cannot be created: a file or folder is in the way.") from None
     return _file_result(_done(op))
@@ -284,8 +295,14 @@ def rename_file(ctx: ToolContext, args: dict) -> dict:
             raise ToolError(f"No file {relative}.")
         if new_path.exists():
             raise ToolError(f"{new_relative} already exists; rename_file does not overwrite.")
-        op = _journal(ctx.idempotency_key, action=FileOperation.Action.RENAME, path=relative,
-                      new_path=new_relative, sha256=_file_sha256(path) or "", size=path.stat().st_size)
+        op = _journal(
+            ctx.idempotency_key,
+            action=FileOperation.Action.RENAME,
+            path=relative,
+            new_path=new_relative,
+            sha256=_file_sha256(path) or "",
+            size=path.stat().st_size,
+        )
     if op.done:
         return _file_result(op)
     if path.is_file() and not new_path.exists():
@@ -338,8 +355,13 @@ def delete_file_permanently(ctx: ToolContext, args: dict) -> dict:
     if op is None:
         if not path.is_file():
             raise ToolError(f"No file {relative}.")
-        op = _journal(ctx.idempotency_key, action=FileOperation.Action.DELETE, path=relative,
-                      sha256=_file_sha256(path) or "", size=path.stat().st_size)
+        op = _journal(
+            ctx.idempotency_key,
+            action=FileOperation.Action.DELETE,
+            path=relative,
+            sha256=_file_sha256(path) or "",
+            size=path.stat().st_size,
+        )
     if op.done:
         return _file_result(op)
     # Pending: gone already means this key deleted it before a crash.
@@ -353,8 +375,12 @@ reconcile_delete_file = reconcile_by_key("delete_file_permanently", _finished_op
 
 # --- money -----------------------------------------------------------------
 def _charge_result(payment: Payment) -> dict:
-    return {"charge_id": f"CH-{payment.pk}", "account": payment.account, "amount": str(payment.amount),
-            "status": "charged"}
+    return {
+        "charge_id": f"CH-{payment.pk}",
+        "account": payment.account,
+        "amount": str(payment.amount),
+        "status": "charged",
+    }
 
 
 @counted("charge_card")
@@ -362,8 +388,12 @@ def charge_card(ctx: ToolContext, args: dict) -> dict:
     amount = payments.money(args["amount"])
     if amount <= 0:
         raise ToolError("amount must be positive.")
-    payment = payments.charge(account=args["account"], amount=amount, description=args["description"],
-                              idempotency_key=ctx.idempotency_key)
+    payment = payments.charge(
+        account=args["account"],
+        amount=amount,
+        description=args["description"],
+        idempotency_key=ctx.idempotency_key,
+    )
     return _charge_result(payment)
 
 
@@ -380,8 +410,9 @@ def compensate_charge(ctx: ToolContext, args: dict, result, pre_state) -> str:
     charge = made_by_call(Payment, pre_state, result, "charge_id", "CH-")
     if charge is None or charge.kind != Payment.Kind.CHARGE:
         return "Nothing to refund: no charge was made by this call."
-    refund, made = payments.reverse(payment=charge, reason=f"Refund of charge CH-{charge.pk}",
-                                    idempotency_key=ctx.idempotency_key)
+    refund, made = payments.reverse(
+        payment=charge, reason=f"Refund of charge CH-{charge.pk}", idempotency_key=ctx.idempotency_key
+    )
     if not made:
         return f"Charge CH-{charge.pk} was already refunded (RF-{refund.pk}); nothing to do."
     return f"Refunded charge CH-{charge.pk}: ₹{refund.amount} back to {charge.account} (RF-{refund.pk})."
@@ -407,96 +438,142 @@ reconcile_webhook = reconcile_by_key("call_webhook", WebhookDelivery.objects.by_
 
 
 # --- registration ----------------------------------------------------------
-PATH = {"type": "string", "minLength": 1, "maxLength": 200,
-        "description": "relative to the sandbox folder, e.g. home/marie/welcome.txt"}
+PATH = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 200,
+    "description": "relative to the sandbox folder, e.g. home/marie/welcome.txt",
+}
 
-register_tool(ToolSpec(
-    name="list_files",
-    description="List the files in the sandbox folder with their sizes.",
-    input_schema={"type": "object", "properties": {}, "additionalProperties": False},
-    function=list_files,
-    kind=READ,
-))
-register_tool(ToolSpec(
-    name="create_user",
-    description="Create a user account in the directory.",
-    input_schema={"type": "object", "properties": {
-        "username": {"type": "string", "pattern": "^[a-z][a-z0-9_.-]{1,49}$"},
-        "email": {"type": "string", "format": "email", "pattern": "^[^@\\s]+@[^@\\s]+$"},
-    }, "required": ["username", "email"], "additionalProperties": False},
-    function=create_user,
-    reconcile=reconcile_user,
-    honours_key=True,
-    undo=REVERSIBLE,
-    capture=capture_key,
-    compensate=compensate_user,
-))
-register_tool(ToolSpec(
-    name="create_file",
-    description="Create a new file in the sandbox folder. It never overwrites an existing file.",
-    input_schema={"type": "object", "properties": {
-        "path": PATH,
-        "content": {"type": "string", "maxLength": 100_000},
-    }, "required": ["path", "content"], "additionalProperties": False},
-    function=create_file,
-    reconcile=reconcile_create_file,
-    honours_key=True,
-    undo=REVERSIBLE,
-    capture=capture_create_file,
-    compensate=compensate_create_file,
-))
-register_tool(ToolSpec(
-    name="rename_file",
-    description="Rename (move) a file within the sandbox folder. It never overwrites an existing file.",
-    input_schema={"type": "object", "properties": {"path": PATH, "new_path": PATH},
-                  "required": ["path", "new_path"], "additionalProperties": False},
-    function=rename_file,
-    reconcile=reconcile_rename_file,
-    honours_key=True,
-    undo=REVERSIBLE,
-    capture=capture_rename_file,
-    compensate=compensate_rename_file,
-))
-register_tool(ToolSpec(
-    name="charge_card",
-    description="Charge an account's card on file through the payment provider. "
-                "Amount in rupees, up to two decimals.",
-    input_schema={"type": "object", "properties": {
-        "account": {"type": "string", "pattern": "^[a-z][a-z0-9_.-]{1,49}$"},
-        "amount": {"type": "number", "exclusiveMinimum": 0},
-        "description": {"type": "string", "minLength": 1, "maxLength": 500},
-    }, "required": ["account", "amount", "description"], "additionalProperties": False},
-    function=charge_card,
-    reconcile=reconcile_charge,
-    honours_key=True,
-    facts=payments.payment_facts,
-    undo=COMPENSABLE,
-    capture=capture_key,
-    compensate=compensate_charge,
-))
-register_tool(ToolSpec(
-    name="delete_file_permanently",
-    description="Delete a file from the sandbox folder permanently. This cannot be undone.",
-    input_schema={"type": "object", "properties": {"path": PATH},
-                  "required": ["path"], "additionalProperties": False},
-    function=delete_file_permanently,
-    reconcile=reconcile_delete_file,
-    honours_key=True,
-    undo=IRREVERSIBLE,
-))
-register_tool(ToolSpec(
-    name="call_webhook",
-    description=f"POST a JSON payload to a webhook (https://{WEBHOOK_HOST}/...). "
-                "An external system acts on it: this cannot be undone.",
-    input_schema={"type": "object", "properties": {
-        "url": {"type": "string", "minLength": 1, "maxLength": 500},
-        "payload": {"type": "object"},
-    }, "required": ["url", "payload"], "additionalProperties": False},
-    function=call_webhook,
-    reconcile=reconcile_webhook,
-    honours_key=True,
-    undo=IRREVERSIBLE,
-))
+register_tool(
+    ToolSpec(
+        name="list_files",
+        description="List the files in the sandbox folder with their sizes.",
+        input_schema={"type": "object", "properties": {}, "additionalProperties": False},
+        function=list_files,
+        kind=READ,
+    )
+)
+register_tool(
+    ToolSpec(
+        name="create_user",
+        description="Create a user account in the directory.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "username": {"type": "string", "pattern": "^[a-z][a-z0-9_.-]{1,49}$"},
+                "email": {"type": "string", "format": "email", "pattern": "^[^@\\s]+@[^@\\s]+$"},
+            },
+            "required": ["username", "email"],
+            "additionalProperties": False,
+        },
+        function=create_user,
+        reconcile=reconcile_user,
+        honours_key=True,
+        undo=REVERSIBLE,
+        capture=capture_key,
+        compensate=compensate_user,
+    )
+)
+register_tool(
+    ToolSpec(
+        name="create_file",
+        description="Create a new file in the sandbox folder. It never overwrites an existing file.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "path": PATH,
+                "content": {"type": "string", "maxLength": 100_000},
+            },
+            "required": ["path", "content"],
+            "additionalProperties": False,
+        },
+        function=create_file,
+        reconcile=reconcile_create_file,
+        honours_key=True,
+        undo=REVERSIBLE,
+        capture=capture_create_file,
+        compensate=compensate_create_file,
+    )
+)
+register_tool(
+    ToolSpec(
+        name="rename_file",
+        description="Rename (move) a file within the sandbox folder. It never overwrites an existing file.",
+        input_schema={
+            "type": "object",
+            "properties": {"path": PATH, "new_path": PATH},
+            "required": ["path", "new_path"],
+            "additionalProperties": False,
+        },
+        function=rename_file,
+        reconcile=reconcile_rename_file,
+        honours_key=True,
+        undo=REVERSIBLE,
+        capture=capture_rename_file,
+        compensate=compensate_rename_file,
+    )
+)
+register_tool(
+    ToolSpec(
+        name="charge_card",
+        description="Charge an account's card on file through the payment provider. "
+        "Amount in rupees, up to two decimals.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "account": {"type": "string", "pattern": "^[a-z][a-z0-9_.-]{1,49}$"},
+                "amount": {"type": "number", "exclusiveMinimum": 0},
+                "description": {"type": "string", "minLength": 1, "maxLength": 500},
+            },
+            "required": ["account", "amount", "description"],
+            "additionalProperties": False,
+        },
+        function=charge_card,
+        reconcile=reconcile_charge,
+        honours_key=True,
+        facts=payments.payment_facts,
+        undo=COMPENSABLE,
+        capture=capture_key,
+        compensate=compensate_charge,
+    )
+)
+register_tool(
+    ToolSpec(
+        name="delete_file_permanently",
+        description="Delete a file from the sandbox folder permanently. This cannot be undone.",
+        input_schema={
+            "type": "object",
+            "properties": {"path": PATH},
+            "required": ["path"],
+            "additionalProperties": False,
+        },
+        function=delete_file_permanently,
+        reconcile=reconcile_delete_file,
+        honours_key=True,
+        undo=IRREVERSIBLE,
+    )
+)
+register_tool(
+    ToolSpec(
+        name="call_webhook",
+        description=f"POST a JSON payload to a webhook (https://{WEBHOOK_HOST}/...). "
+        "An external system acts on it: this cannot be undone.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "url": {"type": "string", "minLength": 1, "maxLength": 500},
+                "payload": {"type": "object"},
+            },
+            "required": ["url", "payload"],
+            "additionalProperties": False,
+        },
+        function=call_webhook,
+        reconcile=reconcile_webhook,
+        honours_key=True,
+        undo=IRREVERSIBLE,
+    )
+)
 
 DEMO_TASK = (
     "Onboard Marie Curie (username marie, marie@example.com): create her account, leave a "
@@ -504,44 +581,85 @@ DEMO_TASK = (
 )
 
 WELCOME = (
-    "Welcome aboard, Marie!\n\nYour account is ready. The lab opens at 9; your badge is at the "
-    "front desk.\n"
+    "Welcome aboard, Marie!\n\nYour account is ready. The lab opens at 9; your badge is at the front desk.\n"
 )
 
-DEMO_SCRIPT = {"turns": [
-    {"text": "Creating the account.",
-     "tool_calls": [{"name": "create_user", "input": {"username": "marie", "email": "marie@example.com"}}]},
-    {"text": "Drafting the welcome note.",
-     "tool_calls": [{"name": "create_file", "input": {
-         "path": "home/marie/welcome.draft.txt", "content": WELCOME}}]},
-    {"text": "Publishing the note.",
-     "tool_calls": [{"name": "rename_file", "input": {
-         "path": "home/marie/welcome.draft.txt", "new_path": "home/marie/welcome.txt"}}]},
-    {"text": "Charging the first month.",
-     "tool_calls": [{"name": "charge_card", "input": {
-         "account": "marie", "amount": 499.00, "description": "First month"}}]},
-    {"text": "Sending the welcome email.",
-     "tool_calls": [{"name": "send_email", "input": {
-         "to": "marie@example.com", "subject": "Welcome aboard",
-         "body": "Hello Marie, your account marie is ready and your welcome note is in "
-                 "home/marie/welcome.txt. We charged ₹499.00 for your first month."}}]},
-    {"text": "Onboarded marie: account created, welcome note at home/marie/welcome.txt, first month "
-             "(₹499.00) charged, welcome email sent to marie@example.com."},
-]}
+DEMO_SCRIPT = {
+    "turns": [
+        {
+            "text": "Creating the account.",
+            "tool_calls": [
+                {"name": "create_user", "input": {"username": "marie", "email": "marie@example.com"}}
+            ],
+        },
+        {
+            "text": "Drafting the welcome note.",
+            "tool_calls": [
+                {"name": "create_file", "input": {"path": "home/marie/welcome.draft.txt", "content": WELCOME}}
+            ],
+        },
+        {
+            "text": "Publishing the note.",
+            "tool_calls": [
+                {
+                    "name": "rename_file",
+                    "input": {"path": "home/marie/welcome.draft.txt", "new_path": "home/marie/welcome.txt"},
+                }
+            ],
+        },
+        {
+            "text": "Charging the first month.",
+            "tool_calls": [
+                {
+                    "name": "charge_card",
+                    "input": {"account": "marie", "amount": 499.00, "description": "First month"},
+                }
+            ],
+        },
+        {
+            "text": "Sending the welcome email.",
+            "tool_calls": [
+                {
+                    "name": "send_email",
+                    "input": {
+                        "to": "marie@example.com",
+                        "subject": "Welcome aboard",
+                        "body": "Hello Marie, your account marie is ready and your welcome note is in "
+                        "home/marie/welcome.txt. We charged ₹499.00 for your first month.",
+                    },
+                }
+            ],
+        },
+        {
+            "text": "Onboarded marie: account created, welcome note at home/marie/welcome.txt, first month "
+            "(₹499.00) charged, welcome email sent to marie@example.com."
+        },
+    ]
+}
 
 # send_email is refund-desk's tool, shared (one registry entry): tools.apps registers
 # the demo module first.
-register_agent(AgentSpec(
-    name="onboarding",
-    system=(
-        "You onboard new users. Use the tools to create their account, put a welcome note in "
-        "their home folder (home/<username>/), charge the first month to their account and email "
-        "them a welcome. Amounts are in rupees. Deleting files and calling webhooks cannot be "
-        "undone: do so only when the task asks for it. If a reviewer declines an action, do not "
-        "retry it: explain and stop."
-    ),
-    tool_names=("list_files", "create_user", "create_file", "rename_file", "send_email", "charge_card",
-                "delete_file_permanently", "call_webhook"),
-    demo_script=DEMO_SCRIPT,
-    demo_task=DEMO_TASK,
-))
+register_agent(
+    AgentSpec(
+        name="onboarding",
+        system=(
+            "You onboard new users. Use the tools to create their account, put a welcome note in "
+            "their home folder (home/<username>/), charge the first month to their account and email "
+            "them a welcome. Amounts are in rupees. Deleting files and calling webhooks cannot be "
+            "undone: do so only when the task asks for it. If a reviewer declines an action, do not "
+            "retry it: explain and stop."
+        ),
+        tool_names=(
+            "list_files",
+            "create_user",
+            "create_file",
+            "rename_file",
+            "send_email",
+            "charge_card",
+            "delete_file_permanently",
+            "call_webhook",
+        ),
+        demo_script=DEMO_SCRIPT,
+        demo_task=DEMO_TASK,
+    )
+)

@@ -135,8 +135,13 @@ def reverse(*, payment: Payment, reason: str, idempotency_key: str) -> tuple[Pay
         return existing, False
     try:
         return Payment.objects.create_once(
-            idempotency_key, kind=kinds[payment.kind], order_id=payment.order_id, account=payment.account,
-            amount=payment.amount, reason=reason, reverses=payment,
+            idempotency_key,
+            kind=kinds[payment.kind],
+            order_id=payment.order_id,
+            account=payment.account,
+            amount=payment.amount,
+            reason=reason,
+            reverses=payment,
         )
     except IntegrityError:  # reversed meanwhile under another key (one undo per payment)
         return Payment.objects.get(reverses=payment), False

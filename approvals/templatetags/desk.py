@@ -57,5 +57,7 @@ def aggregate_text(detail) -> str:
     within = f" in the last {window} min" if window else ""
     counted = "" if detail.get("aggregate") == "sum" else " calls"
     where = detail.get("where", detail.get("scope"))
-    return (f"{show(detail['so_far'])}{counted} so far on {where}{within} + {show(detail['this'])} = "
-            f"{show(detail['total'])} {detail['operator']} {show(detail['value'])}")
+    return (
+        f"{show(detail['so_far'])}{counted} so far on {where}{within} + {show(detail['this'])} = "
+        f"{show(detail['total'])} {detail['operator']} {show(detail['value'])}"
+    )

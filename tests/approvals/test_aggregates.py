@@ -214,9 +214,7 @@ def test_amounts_with_paise_add_up_exactly(users):
         script(turn(refund(0.01, reason="Rounding")), {"text": "Done."}), requester=users["requester"]
     )
     # 940.30 so far is not over 940.30; with the cent it is.
-    assert the_approval(run).reason == (
-        "amount 940.3 so far on order_id A-1001 + 0.01 = 940.31 > 940.30"
-    )
+    assert the_approval(run).reason == ("amount 940.3 so far on order_id A-1001 + 0.01 = 940.31 > 940.30")
 
 
 def test_a_window_counts_a_refund_from_when_it_ran_not_when_it_was_asked_for(users):

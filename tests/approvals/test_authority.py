@@ -487,8 +487,11 @@ def test_an_edit_after_escalation_keeps_the_rules_group(users):
     approval = pending(run)
     approvals_sweep_sla(now=approval.created_at + timedelta(minutes=61))
     # A senior who is not in finance edits the refund into finance's territory.
-    decide(approval, users["senior"],
-           Decision.approve(edit={**approval.proposal.input, "amount": 6000, "order_id": "A-1003"}))
+    decide(
+        approval,
+        users["senior"],
+        Decision.approve(edit={**approval.proposal.input, "amount": 6000, "order_id": "A-1003"}),
+    )
     approval.refresh_from_db()
     assert approval.status == ApprovalRequest.Status.PENDING
     assert {g.name for g in approval.required_groups.all()} == {"reviewers", "finance", "senior-reviewers"}

@@ -188,10 +188,14 @@ def test_a_deny_rule_still_denies_an_irreversible_call(users):
         (lambda: Decision.respond(" \n "), "A response needs text"),
         (lambda: Decision("maybe"), "Unknown decision 'maybe'"),
         (lambda: Decision("decline", "no", edit={"amount": 1}), "Edited arguments go with an approval"),
-        (lambda: Decision("respond", "done by phone", edit={"amount": 1}),
-         "Edited arguments go with an approval"),
-        (lambda: Decision("decline", "no", confirm_irreversible=True),
-         "Confirming an irreversible call goes with an approval"),
+        (
+            lambda: Decision("respond", "done by phone", edit={"amount": 1}),
+            "Edited arguments go with an approval",
+        ),
+        (
+            lambda: Decision("decline", "no", confirm_irreversible=True),
+            "Confirming an irreversible call goes with an approval",
+        ),
     ],
 )
 def test_a_decision_that_means_nothing_is_refused_before_it_reaches_an_approval(make, message):
@@ -237,15 +241,34 @@ def test_the_gate_reads_exactly_the_rule_terms_it_needs(users):
     from approvals.gate import RuleTerms, enabled_rules
 
     rule = GateRule.objects.create(
-        name="Refunds per order", tool="refund_item", field="amount", operator="gte", value="750",
-        effect="deny", aggregate="sum", scope="fact", scope_fact="order_id", window_minutes=90,
-        priority=99, approvers_required=3, allow_self_approval=True,
+        name="Refunds per order",
+        tool="refund_item",
+        field="amount",
+        operator="gte",
+        value="750",
+        effect="deny",
+        aggregate="sum",
+        scope="fact",
+        scope_fact="order_id",
+        window_minutes=90,
+        priority=99,
+        approvers_required=3,
+        allow_self_approval=True,
     )
     GateRule.objects.filter(pk=rule.pk).update(version=7)
     terms = enabled_rules("refund_item")[0]
     assert terms == RuleTerms(
-        id=rule.pk, name="Refunds per order", field="amount", operator="gte", value="750", effect="deny",
-        version=7, aggregate="sum", scope="fact", scope_fact="order_id", window_minutes=90,
+        id=rule.pk,
+        name="Refunds per order",
+        field="amount",
+        operator="gte",
+        value="750",
+        effect="deny",
+        version=7,
+        aggregate="sum",
+        scope="fact",
+        scope_fact="order_id",
+        window_minutes=90,
     )
     assert terms.label == "Refunds per order (v7)"
     with pytest.raises(AttributeError):

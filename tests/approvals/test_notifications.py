@@ -69,7 +69,10 @@ def test_reviewers_allowed_to_decide_get_one_email_each_with_html_text_link_and_
     assert deliver() == ["sent", "sent", "sent"]
 
     assert sorted(m.to[0] for m in mail.outbox) == [
-        "admin@countersign.local", "reviewer@countersign.local", "senior@countersign.local"]
+        "admin@countersign.local",
+        "reviewer@countersign.local",
+        "senior@countersign.local",
+    ]
     [email] = inbox("reviewer@countersign.local")
     assert email.subject == f"[Countersign] Approve refund_item for run {run.pk}? (amount 2900.0 > 500)"
     link = f"http://127.0.0.1:8000/desk/approvals/{approval.pk}/"
@@ -116,8 +119,10 @@ def test_emails_are_recorded_with_the_event_and_only_enqueued_after_commit(
 
 def test_an_arguments_script_tag_is_text_in_the_html_email(users):
     evil = "<script>alert(1)</script>"
-    start(script(turn(("send_email", {"to": "ada@example.com", "subject": "Hi", "body": evil}))),
-          requester=users["requester"])
+    start(
+        script(turn(("send_email", {"to": "ada@example.com", "subject": "Hi", "body": evil}))),
+        requester=users["requester"],
+    )
     deliver()
     email = mail.outbox[0]
     assert evil not in html_of(email)
@@ -132,8 +137,13 @@ def test_sending_the_same_event_twice_sends_once(users):
     assert notification_send(notification_id=note.pk) == "sent"
     assert notification_send(notification_id=note.pk) == "skipped"
     # Recording the same event again (a repeated signal, a second sweep) adds nothing.
-    again = notifications_record(event=note.event, kind=Kind.APPROVAL_OPENED, approval=approval,
-                                 recipients=["reviewer@countersign.local"], subject="again")
+    again = notifications_record(
+        event=note.event,
+        kind=Kind.APPROVAL_OPENED,
+        approval=approval,
+        recipients=["reviewer@countersign.local"],
+        subject="again",
+    )
     assert again == []
     assert deliver() == ["sent", "sent"]  # the two other reviewers
     assert len(inbox("reviewer@countersign.local")) == 1
@@ -292,7 +302,8 @@ def test_a_decline_records_one_email_to_the_requester_and_nothing_else(users):
     decide(approval, users["reviewer"], Decision.decline("Ask for a photo first"))
     made = Notification.objects.exclude(pk__in=before)
     assert [(n.event, n.recipient) for n in made] == [
-        (f"approval:{approval.pk}:declined", "requester@countersign.local")]
+        (f"approval:{approval.pk}:declined", "requester@countersign.local")
+    ]
 
 
 def test_an_audit_row_that_says_declined_is_a_record_not_a_trigger(users):
@@ -300,8 +311,14 @@ def test_an_audit_row_that_says_declined_is_a_record_not_a_trigger(users):
     action (a migration, an admin's note, a bug) sends nothing."""
     run = start(requester=users["requester"])
     approval = the_approval(run)
-    AuditEvent.objects.create(action="approval.declined", run=run, approval=approval,
-                              tool_call=approval.tool_call, before="pending", after="declined")
+    AuditEvent.objects.create(
+        action="approval.declined",
+        run=run,
+        approval=approval,
+        tool_call=approval.tool_call,
+        before="pending",
+        after="declined",
+    )
     AuditEvent.objects.create(action="approval.expired", run=run, approval=approval)
     AuditEvent.objects.create(action="run.done", run=run, before="waiting_approval", after="done")
     assert not Notification.objects.filter(recipient="requester@countersign.local").exists()
@@ -318,7 +335,8 @@ def rewind_and_finish_with(run: Run, final_text: str, *, by) -> Run:
     """Rewind ``run`` to its first step; this time the model ends with ``final_text``."""
     run_rewind(run=Run.objects.get(pk=run.pk), to_step=0, by=by, enqueue=False)
     Run.objects.filter(pk=run.pk).update(
-        script=script(turn(("get_order", {"order_id": "A-1001"})), {"text": final_text}))
+        script=script(turn(("get_order", {"order_id": "A-1001"})), {"text": final_text})
+    )
     run_advance_until_settled(run.pk)
     run.refresh_from_db()
     return run

@@ -30,8 +30,11 @@ def minutes_after(approval, minutes: float):
 
 
 def recipients(approval, what: str) -> list[str]:
-    return sorted(Notification.objects.filter(event=f"approval:{approval.pk}:{what}")
-                  .values_list("recipient", flat=True))
+    return sorted(
+        Notification.objects.filter(event=f"approval:{approval.pk}:{what}").values_list(
+            "recipient", flat=True
+        )
+    )
 
 
 @pytest.fixture
@@ -50,7 +53,10 @@ def test_reviewers_are_reminded_once_after_the_sla(users, sla_30):
     assert approval.reminded_at == minutes_after(approval, 31)
     assert approval.escalated_at is None
     assert recipients(approval, "reminder") == [
-        "admin@countersign.local", "reviewer@countersign.local", "senior@countersign.local"]
+        "admin@countersign.local",
+        "reviewer@countersign.local",
+        "senior@countersign.local",
+    ]
 
 
 def test_two_sweeps_racing_remind_once(users, sla_30):
@@ -165,8 +171,9 @@ def test_expiry_with_timeout_effect_approve_runs_the_call(users):
     assert run.status == Run.Status.QUEUED
     run_advance_until_settled(run.pk)
     assert [p.amount for p in Payment.objects.all()] == [2900]
-    assert not Notification.objects.filter(recipient="requester@countersign.local",
-                                           kind="approval_declined").exists()
+    assert not Notification.objects.filter(
+        recipient="requester@countersign.local", kind="approval_declined"
+    ).exists()
 
 
 def test_an_approval_not_yet_due_does_not_expire(users):
@@ -176,13 +183,15 @@ def test_an_approval_not_yet_due_does_not_expire(users):
     assert the_approval(run).status == ApprovalRequest.Status.PENDING
 
 
-def test_the_sweep_re_enqueues_emails_whose_nudge_was_lost(users, monkeypatch,
-                                                           django_capture_on_commit_callbacks):
+def test_the_sweep_re_enqueues_emails_whose_nudge_was_lost(
+    users, monkeypatch, django_capture_on_commit_callbacks
+):
     run = start(requester=users["requester"])
     rows = Notification.objects.filter(approval__run=run).order_by("pk")
     old, sent, _fresh = list(rows)  # _fresh: made just now, its own nudge is on the way
     Notification.objects.filter(pk__in=[old.pk, sent.pk]).update(
-        created_at=timezone.now() - timedelta(minutes=2))
+        created_at=timezone.now() - timedelta(minutes=2)
+    )
     Notification.objects.filter(pk=sent.pk).update(status=Notification.Status.SENT)
     enqueued = []
     monkeypatch.setattr(send_notification, "delay", enqueued.append)

@@ -65,9 +65,12 @@ def test_a_second_decider_sees_who_decided_first(users):
 
 def test_model_text_and_tool_arguments_are_escaped(users):
     evil = "<script>alert(1)</script>"
-    run = start(script(
-        turn(("send_email", {"to": "ada@example.com", "subject": evil, "body": evil}), text=evil),
-    ), requester=users["requester"])
+    run = start(
+        script(
+            turn(("send_email", {"to": "ada@example.com", "subject": evil, "body": evil}), text=evil),
+        ),
+        requester=users["requester"],
+    )
     approval = the_approval(run)
     client = client_for(users["reviewer"])
     for url in ["/desk/", f"/desk/approvals/{approval.pk}/", f"/runs/{run.pk}/"]:
@@ -83,25 +86,50 @@ def many_pending(n: int, requester) -> None:
     from runs.models import ToolCall
 
     rule = GateRule.objects.get(name="Refunds over ₹500")
-    runs = Run.objects.bulk_create([
-        Run(agent="refund-desk", agent_version="x", task=f"Refund {i}", requester=requester,
-            status=Run.Status.WAITING_APPROVAL) for i in range(n)
-    ])
-    calls = ToolCall.objects.bulk_create([
-        ToolCall(run=run, step=0, position=0, tool_use_id="t", tool_name="refund_item",
-                 input={"order_id": "A-1001", "amount": 600 + i, "reason": "r"}, input_hash="h",
-                 idempotency_key=f"k{i}", status="awaiting_approval") for i, run in enumerate(runs)
-    ])
-    ApprovalRequest.objects.bulk_create([
-        ApprovalRequest(tool_call=call, run=call.run, rule=rule, rule_version=1, args_hash="h",
-                        reason="amount > 500") for call in calls
-    ])
+    runs = Run.objects.bulk_create(
+        [
+            Run(
+                agent="refund-desk",
+                agent_version="x",
+                task=f"Refund {i}",
+                requester=requester,
+                status=Run.Status.WAITING_APPROVAL,
+            )
+            for i in range(n)
+        ]
+    )
+    calls = ToolCall.objects.bulk_create(
+        [
+            ToolCall(
+                run=run,
+                step=0,
+                position=0,
+                tool_use_id="t",
+                tool_name="refund_item",
+                input={"order_id": "A-1001", "amount": 600 + i, "reason": "r"},
+                input_hash="h",
+                idempotency_key=f"k{i}",
+                status="awaiting_approval",
+            )
+            for i, run in enumerate(runs)
+        ]
+    )
+    ApprovalRequest.objects.bulk_create(
+        [
+            ApprovalRequest(
+                tool_call=call, run=call.run, rule=rule, rule_version=1, args_hash="h", reason="amount > 500"
+            )
+            for call in calls
+        ]
+    )
 
 
 def test_the_queue_lists_pending_oldest_first_with_the_facts(users):
     first = start(requester=users["requester"])
-    start(script(turn(("send_email", {"to": "grace@example.com", "subject": "Hi", "body": "Hello"}))),
-          requester=users["requester"])
+    start(
+        script(turn(("send_email", {"to": "grace@example.com", "subject": "Hi", "body": "Hello"}))),
+        requester=users["requester"],
+    )
     text = get_html(client_for(users["reviewer"]), "/desk/")
     assert text.index("₹2,900.00") < text.index("to grace@example.com")
     assert "Refunds over ₹500" in text and "amount 2900.0 &gt; 500" in text
@@ -111,8 +139,10 @@ def test_the_queue_lists_pending_oldest_first_with_the_facts(users):
 
 def test_queue_filters_narrow_the_list(users):
     start(requester=users["requester"])
-    start(script(turn(("send_email", {"to": "grace@example.com", "subject": "Hi", "body": "Hello"}))),
-          requester=users["requester"])
+    start(
+        script(turn(("send_email", {"to": "grace@example.com", "subject": "Hi", "body": "Hello"}))),
+        requester=users["requester"],
+    )
     client = client_for(users["reviewer"])
     assert get_html(client, "/desk/?tool=send_email").count('data-testid="queue-row"') == 1
     assert get_html(client, "/desk/?tool=refund_item").count('data-testid="queue-row"') == 1
@@ -123,7 +153,8 @@ def test_queue_filters_narrow_the_list(users):
 
 
 def test_the_queue_stays_at_a_constant_number_of_queries_with_ten_thousand_pending(
-        users, django_assert_max_num_queries):
+    users, django_assert_max_num_queries
+):
     many_pending(10_000, users["requester"])
     client = client_for(users["reviewer"])
     with django_assert_max_num_queries(12):
@@ -135,12 +166,17 @@ def test_the_queue_stays_at_a_constant_number_of_queries_with_ten_thousand_pendi
 
 # --- the approval page ---------------------------------------------------------
 def test_the_approval_page_shows_context_rule_and_siblings(users):
-    run = start(script(
-        turn(("get_order", {"order_id": "A-1001"}), text="Looking it up."),
-        turn(("add_note", {"order_id": "A-1001", "text": "Refund requested"}),
-             ("refund_item", {"order_id": "A-1001", "amount": 900, "reason": "Broken"}),
-             text="Refunding now."),
-    ), requester=users["requester"])
+    run = start(
+        script(
+            turn(("get_order", {"order_id": "A-1001"}), text="Looking it up."),
+            turn(
+                ("add_note", {"order_id": "A-1001", "text": "Refund requested"}),
+                ("refund_item", {"order_id": "A-1001", "amount": 900, "reason": "Broken"}),
+                text="Refunding now.",
+            ),
+        ),
+        requester=users["requester"],
+    )
     approval = the_approval(run)
     text = get_html(client_for(users["reviewer"]), f"/desk/approvals/{approval.pk}/")
     assert "Looking it up." in text and "Refunding now." in text  # what the model said
@@ -153,8 +189,9 @@ def test_the_approval_page_shows_context_rule_and_siblings(users):
 def test_approving_over_htmx_swaps_the_decision_and_tells_the_page(users):
     run = start(requester=users["requester"])
     approval = the_approval(run)
-    response = post_decision(client_for(users["reviewer"]), approval, "approve", comment="ok",
-                             headers={"HX-Request": "true"})
+    response = post_decision(
+        client_for(users["reviewer"]), approval, "approve", comment="ok", headers={"HX-Request": "true"}
+    )
     assert response.status_code == 200
     assert response.headers["HX-Trigger"] == f'{{"approvalDecided": {{"id": {approval.pk}}}}}'
     assert 'id="decision"' in response.content.decode()
@@ -165,8 +202,9 @@ def test_a_reviewer_who_decides_late_sees_who_decided_and_when(users):
     run = start(requester=users["requester"])
     approval = the_approval(run)
     post_decision(client_for(users["senior"]), approval, "approve")
-    response = post_decision(client_for(users["reviewer"]), approval, "decline", comment="no",
-                             headers={"HX-Request": "true"})
+    response = post_decision(
+        client_for(users["reviewer"]), approval, "decline", comment="no", headers={"HX-Request": "true"}
+    )
     text = response.content.decode()
     assert "already approved by senior at" in text
     assert "Approved by senior at" in text
@@ -175,13 +213,20 @@ def test_a_reviewer_who_decides_late_sees_who_decided_and_when(users):
 def test_approve_with_edited_arguments_records_the_edit(users):
     run = start(requester=users["requester"])
     approval = the_approval(run)
-    post_decision(client_for(users["reviewer"]), approval, "approve_edited", **{
-        "arg-order_id": "A-1001", "arg-amount": "1500", "arg-reason": "Partial refund: chipped lid"})
+    post_decision(
+        client_for(users["reviewer"]),
+        approval,
+        "approve_edited",
+        **{"arg-order_id": "A-1001", "arg-amount": "1500", "arg-reason": "Partial refund: chipped lid"},
+    )
     approval.refresh_from_db()
     assert approval.status == "approved"
     assert approval.proposal.number == 2 and approval.proposal.proposed_by == users["reviewer"]
-    assert approval.proposal.input == {"order_id": "A-1001", "amount": 1500,
-                                       "reason": "Partial refund: chipped lid"}
+    assert approval.proposal.input == {
+        "order_id": "A-1001",
+        "amount": 1500,
+        "reason": "Partial refund: chipped lid",
+    }
     call = approval.tool_call
     call.refresh_from_db()
     assert call.original_input["amount"] == 2900.0 and call.input["amount"] == 1500.0
@@ -190,8 +235,12 @@ def test_approve_with_edited_arguments_records_the_edit(users):
 def test_an_edit_that_breaks_the_schema_is_refused_and_nothing_changes(users):
     run = start(requester=users["requester"])
     approval = the_approval(run)
-    response = post_decision(client_for(users["reviewer"]), approval, "approve_edited", **{
-        "arg-order_id": "nope", "arg-amount": "1500", "arg-reason": "x"})
+    response = post_decision(
+        client_for(users["reviewer"]),
+        approval,
+        "approve_edited",
+        **{"arg-order_id": "nope", "arg-amount": "1500", "arg-reason": "x"},
+    )
     assert response.status_code == 400
     assert "does not match" in response.content.decode()
     approval.refresh_from_db()
@@ -204,13 +253,15 @@ def test_respond_answers_the_model_and_runs_nothing(users):
 
     run = start(requester=users["requester"])
     approval = the_approval(run)
-    post_decision(client_for(users["reviewer"]), approval, "respond",
-                  comment="Offer store credit instead of a refund.")
+    post_decision(
+        client_for(users["reviewer"]), approval, "respond", comment="Offer store credit instead of a refund."
+    )
     run_advance_until_settled(run.pk)
     assert Payment.objects.count() == 0
     result = Message.objects.get(run=run, seq=6).content[0]
-    assert result["content"] == ("Reviewer answered instead of running refund_item: "
-                                 "Offer store credit instead of a refund.")
+    assert result["content"] == (
+        "Reviewer answered instead of running refund_item: Offer store credit instead of a refund."
+    )
     assert not result.get("is_error")
 
 
@@ -256,16 +307,24 @@ def test_an_admin_edits_a_threshold_from_the_list_and_it_is_versioned_and_audite
     rules = list(GateRule.objects.order_by("tool", "-priority", "id"))
     form = {"form-TOTAL_FORMS": str(len(rules)), "form-INITIAL_FORMS": str(len(rules)), "_save": "Save"}
     for i, r in enumerate(rules):
-        form.update({f"form-{i}-id": r.pk, f"form-{i}-value": "1000" if r.pk == rule.pk else r.value,
-                     f"form-{i}-effect": r.effect, f"form-{i}-enabled": "on" if r.enabled else ""})
+        form.update(
+            {
+                f"form-{i}-id": r.pk,
+                f"form-{i}-value": "1000" if r.pk == rule.pk else r.value,
+                f"form-{i}-effect": r.effect,
+                f"form-{i}-enabled": "on" if r.enabled else "",
+            }
+        )
     response = client_for(users["admin"]).post("/admin/approvals/gaterule/", form)
     assert response.status_code == 302, response.content.decode()[:2000]
     rule.refresh_from_db()
     assert rule.value == "1000" and rule.version == 2
     event = AuditEvent.objects.get(action="rule.changed")
     assert event.actor == users["admin"] and "value: '500' -> '1000'" in event.detail
-    run = start(script(turn(("refund_item", {"order_id": "A-1001", "amount": 900, "reason": "x"}))),
-                requester=users["requester"])
+    run = start(
+        script(turn(("refund_item", {"order_id": "A-1001", "amount": 900, "reason": "x"}))),
+        requester=users["requester"],
+    )
     assert run.status == Run.Status.DONE  # 900 is now under the threshold
 
 
@@ -282,8 +341,11 @@ def test_the_record_is_read_only_in_admin(users):
 
 
 def test_the_page_asks_to_type_the_tool_name_before_approving_what_cannot_be_undone(users):
-    run = start(script(turn(("delete_file_permanently", {"path": "home/marie/old.txt"}))),
-                agent="onboarding", requester=users["requester"])
+    run = start(
+        script(turn(("delete_file_permanently", {"path": "home/marie/old.txt"}))),
+        agent="onboarding",
+        requester=users["requester"],
+    )
     approval = the_approval(run)
     client = client_for(users["reviewer"])
     page = get_html(client, f"/desk/approvals/{approval.pk}/")
@@ -299,11 +361,19 @@ def test_the_page_asks_to_type_the_tool_name_before_approving_what_cannot_be_und
 
 def test_a_decline_with_the_tool_name_typed_is_still_a_decline(users):
     """The confirmation field is on the one form: it means something to Approve only."""
-    run = start(script(turn(("delete_file_permanently", {"path": "home/marie/old.txt"}))),
-                agent="onboarding", requester=users["requester"])
+    run = start(
+        script(turn(("delete_file_permanently", {"path": "home/marie/old.txt"}))),
+        agent="onboarding",
+        requester=users["requester"],
+    )
     approval = the_approval(run)
-    response = post_decision(client_for(users["reviewer"]), approval, "decline", comment="Keep the file",
-                             confirm_irreversible="delete_file_permanently")
+    response = post_decision(
+        client_for(users["reviewer"]),
+        approval,
+        "decline",
+        comment="Keep the file",
+        confirm_irreversible="delete_file_permanently",
+    )
     assert response.status_code == 302
     approval.refresh_from_db()
     assert approval.status == "declined" and approval.comment == "Keep the file"

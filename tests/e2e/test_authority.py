@@ -16,11 +16,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(databases=["default", "worl
 
 def test_an_edit_above_the_reviewers_authority_waits_for_a_senior(page, desk, tmp_path, browser):
     desk.start_worker()
-    run_id = desk.start_run("Refund A-1003 in part", script=script(
-        turn(("refund_item", {"order_id": "A-1001", "amount": 600, "reason": "Scratched case"}),
-             text="Refunding the scratched case."),
-        turn(text="Refunded."),
-    ))
+    run_id = desk.start_run(
+        "Refund A-1003 in part",
+        script=script(
+            turn(
+                ("refund_item", {"order_id": "A-1001", "amount": 600, "reason": "Scratched case"}),
+                text="Refunding the scratched case.",
+            ),
+            turn(text="Refunded."),
+        ),
+    )
     desk.wait_for(run_id, "waiting_approval")
     approval = ApprovalRequest.objects.get(run_id=run_id)
 
@@ -50,8 +55,11 @@ def test_an_edit_above_the_reviewers_authority_waits_for_a_senior(page, desk, tm
         other.get_by_text("Approved by senior").wait_for()
     finally:
         senior.close()
-    wait_until(lambda: Payment.objects.filter(kind="refund").exists(), timeout=30,
-               message=lambda: f"the worker to refund the edited amount:\n{desk.logs()}")
+    wait_until(
+        lambda: Payment.objects.filter(kind="refund").exists(),
+        timeout=30,
+        message=lambda: f"the worker to refund the edited amount:\n{desk.logs()}",
+    )
     desk.wait_for(run_id, "done")
     [refund] = Payment.objects.all()
     assert (refund.order.order_id, refund.amount) == ("A-1003", 6000)

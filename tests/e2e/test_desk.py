@@ -35,9 +35,12 @@ def test_a_reviewer_takes_the_demo_run_to_the_end_from_the_browser(page, desk, t
     page.get_by_text("Approved by reviewer").wait_for()
 
     # The worker refunds, then the run waits for the email to the customer.
-    wait_until(lambda: ApprovalRequest.objects.filter(run_id=run_id, status="pending",
-                                                      tool_call__tool_name="send_email").exists(),
-               message=lambda: f"the refund, then the email's approval:\n{desk.logs()}")
+    wait_until(
+        lambda: ApprovalRequest.objects.filter(
+            run_id=run_id, status="pending", tool_call__tool_name="send_email"
+        ).exists(),
+        message=lambda: f"the refund, then the email's approval:\n{desk.logs()}",
+    )
     page.goto("/desk/")
     page.get_by_test_id("queue-row").first.click()
     assert "ada@example.com" in page.inner_text("[data-testid=call-args]")
@@ -47,8 +50,10 @@ def test_a_reviewer_takes_the_demo_run_to_the_end_from_the_browser(page, desk, t
     # The run page polls its status while the run is live: watch it finish.
     page.goto(f"/runs/{run_id}/")
     page.get_by_text("Refunded ₹2,900.00 for order A-1001, emailed", exact=False).wait_for(timeout=30_000)
-    wait_until(lambda: Run.objects.get(pk=run_id).status == "done",
-               message=lambda: f"run {run_id} to be done:\n{desk.logs()}")
+    wait_until(
+        lambda: Run.objects.get(pk=run_id).status == "done",
+        message=lambda: f"run {run_id} to be done:\n{desk.logs()}",
+    )
     page.get_by_text("Done", exact=True).first.wait_for(timeout=10_000)
     assert Payment.objects.count() == 1
     # The record check follows the run: all six checkpoints, as written.
@@ -98,8 +103,10 @@ def test_the_requester_cannot_decide_their_own_run(page, desk, users):
 
 def test_a_script_in_model_text_or_arguments_shows_as_text(page, desk, users):
     evil = "<script>alert('pwned')</script><img src=x onerror=alert(2)>"
-    run = start(script(turn(("send_email", {"to": "ada@example.com", "subject": evil, "body": evil}),
-                            text=evil)), requester=users["requester"])
+    run = start(
+        script(turn(("send_email", {"to": "ada@example.com", "subject": evil, "body": evil}), text=evil)),
+        requester=users["requester"],
+    )
     sign_in(page, "reviewer")
     for url in ["/desk/", f"/desk/approvals/{pending(run).pk}/", f"/runs/{run.pk}/"]:
         page.goto(url)
@@ -110,8 +117,10 @@ def test_a_script_in_model_text_or_arguments_shows_as_text(page, desk, users):
 
 def test_the_keyboard_path(page, desk, users):
     first = start(requester=users["requester"])
-    second = start(script(turn(("refund_item", {"order_id": "A-1003", "amount": 800, "reason": "Late"}))),
-                   requester=users["requester"])
+    second = start(
+        script(turn(("refund_item", {"order_id": "A-1003", "amount": 800, "reason": "Late"}))),
+        requester=users["requester"],
+    )
     sign_in(page, "senior")
     page.goto("/desk/")
     page.keyboard.press("j")

@@ -44,6 +44,9 @@ def test_an_admin_rolls_back_a_finished_run_from_its_timeline(page, desk, tmp_pa
     assert sorted(Payment.objects.values_list("kind", flat=True)) == ["refund", "reversal"]
     assert OutboxEmail.objects.count() == 2
     assert Ticket.objects.get(ticket_id="T-1").status == "open"
-    assert set(ToolCall.objects.filter(run=run, tool_name__in=["refund_item", "send_email", "close_ticket"])
-               .values_list("status", flat=True)) == {"compensated"}
+    assert set(
+        ToolCall.objects.filter(
+            run=run, tool_name__in=["refund_item", "send_email", "close_ticket"]
+        ).values_list("status", flat=True)
+    ) == {"compensated"}
     screenshot(page, "rollback", tmp_path)

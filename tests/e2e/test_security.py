@@ -81,12 +81,16 @@ def test_a_violation_is_caught(page, desk):
         script.textContent = "window.ran = true";
         document.body.append(script);
     }""")
+
     def reported(kind: str) -> bool:
         return any(kind in violation for violation in page.csp_violations)
 
     # The browser reports violations asynchronously; page.wait_for_timeout lets them in.
-    wait_until(lambda: reported("style-src") and reported("script-src"), timeout=5,
-               sleep=lambda seconds: page.wait_for_timeout(seconds * 1000),
-               message=lambda: f"a style-src and a script-src violation (so far: {page.csp_violations})")
+    wait_until(
+        lambda: reported("style-src") and reported("script-src"),
+        timeout=5,
+        sleep=lambda seconds: page.wait_for_timeout(seconds * 1000),
+        message=lambda: f"a style-src and a script-src violation (so far: {page.csp_violations})",
+    )
     assert page.evaluate("window.ran === undefined")
     page.csp_violations.clear()  # provoked on purpose: not a failure of this test

@@ -23,17 +23,32 @@ PROCESSES = 4
 
 
 def test_concurrent_refunds_on_one_order_cannot_all_slip_under_the_total(desk):
-    scenario = desk.scenario(script(
-        turn(("refund_item", {"order_id": "A-1003", "amount": 400, "reason": "Partial refund"}),
-             text="Refunding."),
-        turn(text="Refunded."),
-    ))
+    scenario = desk.scenario(
+        script(
+            turn(
+                ("refund_item", {"order_id": "A-1003", "amount": 400, "reason": "Partial refund"}),
+                text="Refunding.",
+            ),
+            turn(text="Refunded."),
+        )
+    )
     # Each review holds its order's lock for a while, as a slow commit would: without
     # the lock every process would add up an empty total and refund.
     pause = {"DESK_PAUSEPOINTS": "aggregate_review=0.5"}
     processes = [
-        desk.manage_async("startrun", "--agent", "refund-desk", "--task", f"Refund part {n} of A-1003",
-                          "--script", str(scenario), "--user", "requester", "--sync", env=pause)
+        desk.manage_async(
+            "startrun",
+            "--agent",
+            "refund-desk",
+            "--task",
+            f"Refund part {n} of A-1003",
+            "--script",
+            str(scenario),
+            "--user",
+            "requester",
+            "--sync",
+            env=pause,
+        )
         for n in range(PROCESSES)
     ]
     outputs = [process.communicate(timeout=60) for process in processes]

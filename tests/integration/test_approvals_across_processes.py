@@ -10,8 +10,10 @@ from approvals.models import AuditEvent
 from runs.models import Message, Step, ToolCall
 from tests.helpers import script, turn
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(databases=["default", "world"],
-                                                              transaction=True)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.django_db(databases=["default", "world"], transaction=True),
+]
 
 
 def start_demo(desk) -> int:
@@ -48,8 +50,9 @@ def test_a_decline_from_another_process_reaches_the_model(desk):
     desk.start_worker()
     run_id = start_demo(desk)
     [refund] = desk.wait_for(run_id, "waiting_approval")["pending_approvals"]
-    desk.manage("decide", str(refund["id"]), "--decline", "--user", "reviewer",
-                "--comment", "Ask for a photo first")
+    desk.manage(
+        "decide", str(refund["id"]), "--decline", "--user", "reviewer", "--comment", "Ask for a photo first"
+    )
     data = desk.wait_for(run_id, "waiting_approval")
     assert data["pending_approvals"][0]["tool"] == "send_email"
     assert desk.world()["payments"] == []
@@ -65,8 +68,7 @@ def test_concurrent_decisions_one_wins_and_the_refund_runs_once(desk):
     racers = [
         desk.manage_async("decide", str(refund["id"]), "--approve", "--user", "reviewer"),
         desk.manage_async("decide", str(refund["id"]), "--approve", "--user", "senior"),
-        desk.manage_async("decide", str(refund["id"]), "--decline", "--user", "admin",
-                          "--comment", "no"),
+        desk.manage_async("decide", str(refund["id"]), "--decline", "--user", "admin", "--comment", "no"),
     ]
     outcomes = [(p.wait(timeout=60), *p.communicate()) for p in racers]
     winners = [o for o in outcomes if o[0] == 0]

@@ -15,8 +15,10 @@ from aiosmtpd.controller import Controller
 from approvals.models import ApprovalRequest, Notification
 from tests.helpers import holds_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(databases=["default", "world"],
-                                                              transaction=True)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.django_db(databases=["default", "world"], transaction=True),
+]
 
 BASE_URL = "https://desk.example.com"
 REVIEWERS = ["admin@countersign.local", "reviewer@countersign.local", "senior@countersign.local"]
@@ -71,19 +73,24 @@ def smtp():
 
 
 def test_reviewers_get_the_email_over_smtp_once_and_an_outage_is_retried(desk, smtp):
-    desk.env.update(EMAIL_URL=f"smtp://127.0.0.1:{smtp.port}", DESK_BASE_URL=BASE_URL,
-                    DESK_EMAIL_RETRY_SECONDS="1")
+    desk.env.update(
+        EMAIL_URL=f"smtp://127.0.0.1:{smtp.port}", DESK_BASE_URL=BASE_URL, DESK_EMAIL_RETRY_SECONDS="1"
+    )
     worker = desk.start_worker()
     run_id = desk.start_run("Refund A-1001, it broke")
 
     # The worker gates the refund, commits, and sends the reviewers' emails.
-    refund = desk.eventually(lambda: ApprovalRequest.objects.filter(run_id=run_id).first(),
-                             what="the refund's approval")
+    refund = desk.eventually(
+        lambda: ApprovalRequest.objects.filter(run_id=run_id).first(), what="the refund's approval"
+    )
     opened = f"approval:{refund.pk}:opened"
     desk.eventually(lambda: len(smtp.inbox.messages) >= 3, what="three emails")
     # A duplicate would come right after: none does while the worker runs on.
-    holds_for(lambda: len(smtp.inbox.messages) == 3, seconds=0.5,
-              message=f"a fourth email arrived: {smtp.inbox.delivered()}")
+    holds_for(
+        lambda: len(smtp.inbox.messages) == 3,
+        seconds=0.5,
+        message=f"a fourth email arrived: {smtp.inbox.delivered()}",
+    )
     assert smtp.inbox.delivered() == {(opened, to): 1 for to in REVIEWERS}
     message = smtp.inbox.one(opened, "reviewer@countersign.local")
     link = f"{BASE_URL}/desk/approvals/{refund.pk}/"
@@ -98,24 +105,30 @@ def test_reviewers_get_the_email_over_smtp_once_and_an_outage_is_retried(desk, s
 
     # The SMTP server goes away; the reviewer declines; the requester's email fails...
     smtp.stop()
-    desk.manage("decide", str(refund.pk), "--decline", "--user", "reviewer",
-                "--comment", "Ask for a photo first")
+    desk.manage(
+        "decide", str(refund.pk), "--decline", "--user", "reviewer", "--comment", "Ask for a photo first"
+    )
     declined = f"approval:{refund.pk}:declined"
     failed_once = desk.eventually(
         lambda: Notification.objects.filter(event=declined, attempts__gte=1, status="pending").first(),
-        what="a failed first attempt")
+        what="a failed first attempt",
+    )
     assert "ConnectionRefusedError" in failed_once.last_error
     assert "will retry" in worker.log()
 
     # ...and is retried until the server is back: delivered exactly once.
     smtp.start()
-    note = desk.eventually(lambda: Notification.objects.filter(event=declined, status="sent").first(),
-                           what="the retried email")
+    note = desk.eventually(
+        lambda: Notification.objects.filter(event=declined, status="sent").first(), what="the retried email"
+    )
     assert note.attempts >= 2 and note.last_error == ""
     desk.eventually(lambda: not Notification.objects.exclude(status="sent").exists(), what="every email sent")
     sent = Notification.objects.count()
-    holds_for(lambda: len(smtp.inbox.messages) == sent, seconds=0.5,
-              message=f"{sent} notifications, but the inbox got {len(smtp.inbox.messages)} emails")
+    holds_for(
+        lambda: len(smtp.inbox.messages) == sent,
+        seconds=0.5,
+        message=f"{sent} notifications, but the inbox got {len(smtp.inbox.messages)} emails",
+    )
     delivered = smtp.inbox.delivered()
     assert delivered[(declined, "requester@countersign.local")] == 1
     assert all(count == 1 for count in delivered.values()), delivered

@@ -8,24 +8,46 @@ import pytest
 
 from runs.models import Message, Step, ToolCall
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(databases=["default", "world"],
-                                                              transaction=True)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.django_db(databases=["default", "world"], transaction=True),
+]
 
 # A refund under the threshold (allowed, no approval) at step 3.
-SCENARIO = {"turns": [
-    {"text": "Looking up the order.", "tool_calls": [{"name": "get_order", "input": {"order_id": "A-1002"}}]},
-    {"text": "Reading the policy.", "tool_calls": [{"name": "get_policy", "input": {}}]},
-    {"text": "Noting the call.", "tool_calls": [
-        {"name": "add_note", "input": {"order_id": "A-1002", "text": "Customer asked for a refund"}}]},
-    {"text": "Refunding.", "tool_calls": [
-        {"name": "refund_item", "input": {"order_id": "A-1002", "amount": 250, "reason": "Late delivery"}}]},
-    {"text": "Closing the ticket.", "tool_calls": [{"name": "close_ticket", "input": {"ticket_id": "T-2"}}]},
-    {"text": "Refunded ₹250.00 and closed T-2."},
-]}
+SCENARIO = {
+    "turns": [
+        {
+            "text": "Looking up the order.",
+            "tool_calls": [{"name": "get_order", "input": {"order_id": "A-1002"}}],
+        },
+        {"text": "Reading the policy.", "tool_calls": [{"name": "get_policy", "input": {}}]},
+        {
+            "text": "Noting the call.",
+            "tool_calls": [
+                {"name": "add_note", "input": {"order_id": "A-1002", "text": "Customer asked for a refund"}}
+            ],
+        },
+        {
+            "text": "Refunding.",
+            "tool_calls": [
+                {
+                    "name": "refund_item",
+                    "input": {"order_id": "A-1002", "amount": 250, "reason": "Late delivery"},
+                }
+            ],
+        },
+        {
+            "text": "Closing the ticket.",
+            "tool_calls": [{"name": "close_ticket", "input": {"ticket_id": "T-2"}}],
+        },
+        {"text": "Refunded ₹250.00 and closed T-2."},
+    ]
+}
 
 
-@pytest.mark.parametrize("point", ["after_model_reply", "before_tool_effect", "after_tool_effect",
-                                   "after_step_commit"])
+@pytest.mark.parametrize(
+    "point", ["after_model_reply", "before_tool_effect", "after_tool_effect", "after_step_commit"]
+)
 def test_a_killed_worker_resumes_from_the_step_it_died_in(desk, point):
     doomed = desk.start_worker(failpoints=f"{point}@3")
     run_id = desk.start_run("Refund A-1002", script=SCENARIO)
@@ -60,8 +82,7 @@ def test_a_killed_worker_resumes_from_the_step_it_died_in(desk, point):
 
     # Every checkpoint loads from the command line and shows what the model had seen.
     for number in range(6):
-        data = json.loads(desk.manage("showcheckpoint", str(run_id), "--step", str(number),
-                                      "--json").stdout)
+        data = json.loads(desk.manage("showcheckpoint", str(run_id), "--step", str(number), "--json").stdout)
         assert data["message_count"] == 2 * number + 1
         assert data["seen"][0]["content"][0]["text"] == "Refund A-1002"
         assert data["reply"][0]["text"] == SCENARIO["turns"][number]["text"]

@@ -12,8 +12,10 @@ from runs.models import Run, ToolCall
 from tests.helpers import finished_demo
 from tools.models import OutboxEmail, Payment, Ticket, WorldUser
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(databases=["default", "world"],
-                                                              transaction=True)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.django_db(databases=["default", "world"], transaction=True),
+]
 
 
 def test_the_onboarding_demo_killed_before_its_email_is_rolled_back_in_the_world(desk):
@@ -59,8 +61,14 @@ def test_a_rollback_killed_midway_resumes_without_compensating_twice(desk):
 
     # Killed after the second compensation (the correction email) took effect,
     # before it was recorded.
-    crashed = desk.manage("rollback", str(run_id), "--user", "admin", check=False,
-                          env={"DESK_FAILPOINTS": "after_compensation@2"})
+    crashed = desk.manage(
+        "rollback",
+        str(run_id),
+        "--user",
+        "admin",
+        check=False,
+        env={"DESK_FAILPOINTS": "after_compensation@2"},
+    )
     assert crashed.returncode == 137
     assert Ticket.objects.get(ticket_id="T-1").status == "open"
     assert OutboxEmail.objects.count() == 2
@@ -82,12 +90,21 @@ def test_rewind_and_fork_from_the_command_line(desk, users):
     run_id = finished_demo(users).pk  # committed: the commands' processes see it
 
     for args, status, said in [
-        (["fork", str(run_id), "--step", "2", "--user", "reviewer"], 1,
-         "CommandError: reviewer may not roll back, rewind or fork runs."),
-        (["rewind", str(run_id), "--to-step", "9", "--user", "admin"], 1,
-         f"CommandError: Run {run_id} has no checkpoint for step 9."),
-        (["rewind", str(run_id), "--to-step", "two", "--user", "admin"], 2,
-         "manage.py rewind: error: argument --to-step: 'two' is not a step number (0, 1, 2, ...)"),
+        (
+            ["fork", str(run_id), "--step", "2", "--user", "reviewer"],
+            1,
+            "CommandError: reviewer may not roll back, rewind or fork runs.",
+        ),
+        (
+            ["rewind", str(run_id), "--to-step", "9", "--user", "admin"],
+            1,
+            f"CommandError: Run {run_id} has no checkpoint for step 9.",
+        ),
+        (
+            ["rewind", str(run_id), "--to-step", "two", "--user", "admin"],
+            2,
+            "manage.py rewind: error: argument --to-step: 'two' is not a step number (0, 1, 2, ...)",
+        ),
     ]:
         refused = desk.manage(*args, check=False)
         assert (refused.returncode, refused.stderr.strip().splitlines()[-1]) == (status, said), refused
@@ -95,16 +112,19 @@ def test_rewind_and_fork_from_the_command_line(desk, users):
     assert Run.objects.count() == 1
     assert (OutboxEmail.objects.count(), Ticket.objects.get(ticket_id="T-1").status) == (1, "closed")
 
-    fork_id, stopped = desk.manage("fork", str(run_id), "--step", "2", "--user", "admin",
-                                   "--sync").stdout.splitlines()
+    fork_id, stopped = desk.manage(
+        "fork", str(run_id), "--step", "2", "--user", "admin", "--sync"
+    ).stdout.splitlines()
     assert stopped == f"run {fork_id}: done at step 6"  # its parent's record, replayed
     assert Payment.objects.count() == 1 and OutboxEmail.objects.count() == 1
 
     email = ToolCall.objects.get(run_id=run_id, tool_name="send_email")
     ticket = ToolCall.objects.get(run_id=run_id, tool_name="close_ticket")
     out = desk.manage("rewind", str(run_id), "--to-step", "2", "--user", "admin", "--sync").stdout
-    assert out.splitlines() == [f"compensated #{ticket.pk} close_ticket (step 4)",
-                                f"compensated #{email.pk} send_email (step 3)",
-                                f"run {run_id}: waiting_approval at step 3"]
+    assert out.splitlines() == [
+        f"compensated #{ticket.pk} close_ticket (step 4)",
+        f"compensated #{email.pk} send_email (step 3)",
+        f"run {run_id}: waiting_approval at step 3",
+    ]
     assert (OutboxEmail.objects.count(), Ticket.objects.get(ticket_id="T-1").status) == (2, "open")
     assert [p.kind for p in Payment.objects.all()] == ["refund"]  # the refund at step 2 stands

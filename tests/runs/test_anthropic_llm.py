@@ -73,10 +73,14 @@ class FakeAnthropic:
                 except ValueError:
                     body = {"unparsed": raw.decode("utf-8", "replace")}
                 with fake.lock:
-                    fake.requests.append(Received(
-                        method="POST", path=self.path,
-                        headers={k.lower(): v for k, v in self.headers.items()}, body=body,
-                    ))
+                    fake.requests.append(
+                        Received(
+                            method="POST",
+                            path=self.path,
+                            headers={k.lower(): v for k, v in self.headers.items()},
+                            body=body,
+                        )
+                    )
                     scripted = fake.queue.popleft() if fake.queue else None
                 if scripted is None:
                     scripted = error(418, "fake_error", "the fake has no scripted response left")
@@ -88,8 +92,11 @@ class FakeAnthropic:
                 else:
                     payload, ctype = json.dumps(scripted.body).encode(), "application/json"
                 self.send_response(scripted.status)
-                headers = {"content-type": ctype, "request-id": f"req_fake_{len(fake.requests)}",
-                           **scripted.headers}
+                headers = {
+                    "content-type": ctype,
+                    "request-id": f"req_fake_{len(fake.requests)}",
+                    **scripted.headers,
+                }
                 for name, value in headers.items():
                     self.send_header(name, value)
                 self.send_header("content-length", str(len(payload)))
@@ -101,8 +108,12 @@ class FakeAnthropic:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                       name="fake-anthropic", daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="fake-anthropic",
+            daemon=True,
+        )
 
     @property
     def url(self) -> str:
@@ -122,25 +133,29 @@ class FakeAnthropic:
         self.thread.join(timeout=5)
 
 
-def message(*blocks: dict, input_tokens: int = 1200, output_tokens: int = 340,
-            stop_reason: str | None = None) -> Scripted:
+def message(
+    *blocks: dict, input_tokens: int = 1200, output_tokens: int = 340, stop_reason: str | None = None
+) -> Scripted:
     """A Messages API success, shaped as anthropic.types.Message."""
     has_tool_use = any(b["type"] == "tool_use" for b in blocks)
-    return Scripted(200, {
-        "id": "msg_01FakeFakeFakeFakeFake",
-        "type": "message",
-        "role": "assistant",
-        "model": MODEL,
-        "content": list(blocks),
-        "stop_reason": stop_reason or ("tool_use" if has_tool_use else "end_turn"),
-        "stop_sequence": None,
-        "usage": {
-            "input_tokens": input_tokens,
-            "output_tokens": output_tokens,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
+    return Scripted(
+        200,
+        {
+            "id": "msg_01FakeFakeFakeFakeFake",
+            "type": "message",
+            "role": "assistant",
+            "model": MODEL,
+            "content": list(blocks),
+            "stop_reason": stop_reason or ("tool_use" if has_tool_use else "end_turn"),
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": input_tokens,
+                "output_tokens": output_tokens,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
         },
-    })
+    )
 
 
 def text(value: str) -> dict:
@@ -153,8 +168,7 @@ def tool_use(name: str, tool_input: dict, tool_use_id: str = "toolu_01A") -> dic
 
 def error(status: int, error_type: str, msg: str, headers: dict[str, str] | None = None) -> Scripted:
     """An API error, shaped as the Messages API sends it."""
-    return Scripted(status, {"type": "error", "error": {"type": error_type, "message": msg}},
-                    headers or {})
+    return Scripted(status, {"type": "error", "error": {"type": error_type, "message": msg}}, headers or {})
 
 
 @pytest.fixture
@@ -191,11 +205,14 @@ def ask(llm: AnthropicLLM, messages: list[dict] = TASK):
 
 # --- the adapter -------------------------------------------------------------
 def test_it_parses_a_tool_use_reply(llm, fake_api):
-    fake_api.then(message(
-        text("Looking up the order."),
-        tool_use("get_order", {"order_id": "A-1001"}, "toolu_01XYZ"),
-        input_tokens=1200, output_tokens=340,
-    ))
+    fake_api.then(
+        message(
+            text("Looking up the order."),
+            tool_use("get_order", {"order_id": "A-1001"}, "toolu_01XYZ"),
+            input_tokens=1200,
+            output_tokens=340,
+        )
+    )
 
     reply = ask(llm)
 
@@ -231,10 +248,17 @@ def test_it_sends_tool_results_back_as_given(llm, fake_api):
     transcript = [
         *TASK,
         {"role": "assistant", "content": [text("Looking."), tool_use("get_order", {"order_id": "A-1001"})]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_01A", "content": "No order A-1001.",
-             "is_error": True},
-        ]},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_01A",
+                    "content": "No order A-1001.",
+                    "is_error": True,
+                },
+            ],
+        },
     ]
     fake_api.then(message(text("The order does not exist.")))
 
@@ -256,8 +280,14 @@ def test_an_overloaded_api_is_transient_and_the_sdk_does_not_retry_it(llm, fake_
 
 
 def test_a_rate_limit_carries_its_retry_after(llm, fake_api):
-    fake_api.then(error(429, "rate_limit_error", "Number of request tokens has exceeded your "
-                        "per-minute rate limit", {"retry-after": "17"}))
+    fake_api.then(
+        error(
+            429,
+            "rate_limit_error",
+            "Number of request tokens has exceeded your per-minute rate limit",
+            {"retry-after": "17"},
+        )
+    )
 
     with pytest.raises(TransientLLMError, match="429: Number of request tokens") as caught:
         ask(llm)
@@ -266,13 +296,16 @@ def test_a_rate_limit_carries_its_retry_after(llm, fake_api):
     assert len(fake_api.requests) == 1
 
 
-@pytest.mark.parametrize(("status", "error_type"), [
-    (500, "api_error"),
-    (502, "api_error"),
-    (503, "api_error"),
-    (504, "timeout_error"),
-    (408, "timeout_error"),
-])
+@pytest.mark.parametrize(
+    ("status", "error_type"),
+    [
+        (500, "api_error"),
+        (502, "api_error"),
+        (503, "api_error"),
+        (504, "timeout_error"),
+        (408, "timeout_error"),
+    ],
+)
 def test_a_server_error_is_transient(llm, fake_api, status, error_type):
     fake_api.then(error(status, error_type, "Internal server error"))
 
@@ -291,13 +324,16 @@ def test_an_html_error_page_is_transient_and_says_what_came_back(llm, fake_api):
     assert len(fake_api.requests) == 1
 
 
-@pytest.mark.parametrize(("status", "error_type", "msg"), [
-    (400, "invalid_request_error", "max_tokens: 999999 > 64000, which is the maximum allowed"),
-    (401, "authentication_error", "invalid x-api-key"),
-    (403, "permission_error", "Your API key does not have permission to use the specified resource."),
-    (404, "not_found_error", "model: claude-sonnet-4-6"),
-    (413, "request_too_large", "Request exceeds the maximum allowed number of bytes."),
-])
+@pytest.mark.parametrize(
+    ("status", "error_type", "msg"),
+    [
+        (400, "invalid_request_error", "max_tokens: 999999 > 64000, which is the maximum allowed"),
+        (401, "authentication_error", "invalid x-api-key"),
+        (403, "permission_error", "Your API key does not have permission to use the specified resource."),
+        (404, "not_found_error", "model: claude-sonnet-4-6"),
+        (413, "request_too_large", "Request exceeds the maximum allowed number of bytes."),
+    ],
+)
 def test_a_client_error_is_permanent_and_carries_the_api_message(llm, fake_api, status, error_type, msg):
     fake_api.then(error(status, error_type, msg))
 
@@ -327,12 +363,16 @@ def test_a_reply_with_neither_text_nor_tool_use_is_permanent(llm, fake_api):
         ask(llm)
 
 
-@pytest.mark.parametrize("scripted", [
-    Scripted(200, "<html><body>Welcome to the proxy</body></html>"),
-    Scripted(200, '{"type": "message", "content": [', {"content-type": "application/json"}),
-    Scripted(200, {"hello": "not a message"}),
-    Scripted(200, {"type": "message", "role": "assistant", "content": [text("Hi.")]}),
-], ids=["html-page", "truncated-json", "other-json", "no-usage"])
+@pytest.mark.parametrize(
+    "scripted",
+    [
+        Scripted(200, "<html><body>Welcome to the proxy</body></html>"),
+        Scripted(200, '{"type": "message", "content": [', {"content-type": "application/json"}),
+        Scripted(200, {"hello": "not a message"}),
+        Scripted(200, {"type": "message", "role": "assistant", "content": [text("Hi.")]}),
+    ],
+    ids=["html-page", "truncated-json", "other-json", "no-usage"],
+)
 def test_a_garbled_success_reply_is_transient_not_a_crash(llm, fake_api, scripted):
     fake_api.then(scripted)
 
@@ -376,8 +416,13 @@ def test_an_overloaded_api_holds_the_run_until_the_backoff_ends_then_takes_the_r
     assert len(fake_api.requests) == 1
 
     past_the_backoff(run)
-    fake_api.then(message(text("Refunds for A-1001 need a person; I have left it to the desk."),
-                          input_tokens=1500, output_tokens=60))
+    fake_api.then(
+        message(
+            text("Refunds for A-1001 need a person; I have left it to the desk."),
+            input_tokens=1500,
+            output_tokens=60,
+        )
+    )
 
     assert run_advance(run.pk).outcome == Outcome.FINISHED
     run.refresh_from_db()
@@ -400,10 +445,13 @@ def test_after_a_retry_it_runs_a_tool_and_sends_its_result_back(demo, anthropic_
 
     past_the_backoff(run)
     fake_api.then(
-        message(text("Looking up the order."), tool_use("get_order", {"order_id": "A-1001"}),
-                input_tokens=1000, output_tokens=50),
-        message(text("Order A-1001 is a ceramic teapot for ₹2,900.00."),
-                input_tokens=1300, output_tokens=40),
+        message(
+            text("Looking up the order."),
+            tool_use("get_order", {"order_id": "A-1001"}),
+            input_tokens=1000,
+            output_tokens=50,
+        ),
+        message(text("Order A-1001 is a ceramic teapot for ₹2,900.00."), input_tokens=1300, output_tokens=40),
     )
 
     assert run_advance(run.pk).outcome == Outcome.FINISHED
@@ -412,8 +460,11 @@ def test_after_a_retry_it_runs_a_tool_and_sends_its_result_back(demo, anthropic_
     assert [m.role for m in run.messages.order_by("seq")] == ["user", "assistant", "user", "assistant"]
     assert len(assistant_turns(run)) == 2
     call = ToolCall.objects.get(run=run)
-    assert (call.tool_name, call.status, call.tool_use_id) == ("get_order", ToolCall.Status.COMMITTED,
-                                                               "toolu_01A")
+    assert (call.tool_name, call.status, call.tool_use_id) == (
+        "get_order",
+        ToolCall.Status.COMMITTED,
+        "toolu_01A",
+    )
     # The third request carries the model's tool_use and our tool_result, in order.
     assert len(fake_api.requests) == 3
     sent = fake_api.requests[2].body["messages"]
@@ -430,8 +481,11 @@ def test_a_bad_request_fails_the_run_with_the_api_message_and_saves_nothing(
     demo, anthropic_settings, fake_api
 ):
     run = new_run()
-    fake_api.then(error(400, "invalid_request_error",
-                        "messages.0.content.0.text: text content blocks must be non-empty"))
+    fake_api.then(
+        error(
+            400, "invalid_request_error", "messages.0.content.0.text: text content blocks must be non-empty"
+        )
+    )
 
     assert run_advance(run.pk).outcome == Outcome.FINISHED
 
@@ -557,8 +611,10 @@ def test_a_reply_after_a_retry_clears_the_retry_note(demo, anthropic_settings, f
     run = new_run()
     fake_api.then(
         error(529, "overloaded_error", "Overloaded"),
-        message(text("Refunding."), tool_use("refund_item", {
-            "order_id": "A-1001", "amount": 2900, "reason": "Broken"})),
+        message(
+            text("Refunding."),
+            tool_use("refund_item", {"order_id": "A-1001", "amount": 2900, "reason": "Broken"}),
+        ),
     )
     assert run_advance(run.pk).outcome == Outcome.RETRY
     run.refresh_from_db()

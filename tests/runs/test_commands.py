@@ -27,8 +27,9 @@ pytestmark = pytest.mark.django_db(databases=["default", "world"])
 
 
 def test_startrun_prints_the_run_id_first_and_sync_pauses_at_the_gate(demo):
-    out = run_command("startrun", "--agent", "refund-desk", "--task", "Refund A-1001",
-                      "--user", "requester", "--sync")
+    out = run_command(
+        "startrun", "--agent", "refund-desk", "--task", "Refund A-1001", "--user", "requester", "--sync"
+    )
     first, *rest = out.splitlines()
     run = Run.objects.get(pk=int(first))
     assert run.status == Run.Status.WAITING_APPROVAL
@@ -48,8 +49,16 @@ def test_runstatus_json_lists_pending_approvals(demo):
 def test_decide_and_showcheckpoint_from_the_command_line(demo):
     run_id = run_command("startrun", "--agent", "refund-desk", "--task", "t", "--sync").split()[0]
     approval = ApprovalRequest.objects.get()
-    out = run_command("decide", str(approval.pk), "--decline", "--user", "reviewer",
-                      "--comment", "Ask for a photo", "--sync")
+    out = run_command(
+        "decide",
+        str(approval.pk),
+        "--decline",
+        "--user",
+        "reviewer",
+        "--comment",
+        "Ask for a photo",
+        "--sync",
+    )
     assert f"approval {approval.pk}: declined by reviewer" in out
     # Step 3 (the email) waits for a decision: its checkpoint is the open step.
     data = json.loads(run_command("showcheckpoint", run_id, "--step", "3", "--json"))
@@ -68,31 +77,39 @@ def startrun_with_scenario(tmp_path, content: bytes) -> str:
     return run_command("startrun", "--agent", "refund-desk", "--task", "t", "--script", str(path))
 
 
-@pytest.mark.parametrize("content, message", [
-    ("{not json", "is not valid JSON"),
-    ('{"turns": "x"}', 'a "turns" list'),
-    ('{"turns": [{"tool_calls": [{"input": {}}]}]}',
-     'turns[0].tool_calls[0] must be an object with a "name"'),
-    ('{"turns": [{"text": "hi", "extra": 1}]}', "turns[0]: unknown keys extra"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "is not valid JSON"),
+        ('{"turns": "x"}', 'a "turns" list'),
+        (
+            '{"turns": [{"tool_calls": [{"input": {}}]}]}',
+            'turns[0].tool_calls[0] must be an object with a "name"',
+        ),
+        ('{"turns": [{"text": "hi", "extra": 1}]}', "turns[0]: unknown keys extra"),
+    ],
+)
 def test_a_malformed_scenario_is_refused_and_no_run_is_created(demo, tmp_path, content, message):
     with pytest.raises(CommandError, match=re.escape(message)):
         startrun_with_scenario(tmp_path, content.encode())
     assert not Run.objects.exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["startrun", "--agent", "nope", "--task", "t"], "unknown agent 'nope'"),
-    (["startrun", "--agent", "refund-desk", "--task", "t", "--user", "ghost"], "No user 'ghost'"),
-    (["startrun", "--agent", "refund-desk", "--task", "  "], "a run needs a task"),
-    (["runstatus", "999"], "No run 999"),
-    (["runstatus", "abc"], "No run abc"),
-    (["showcheckpoint", "999", "--step", "0"], "No run 999"),
-    (["resume", "999"], "No run 999"),
-    (["decide", "999", "--approve", "--user", "reviewer"], "No approval 999"),
-    (["decide", "x", "--approve", "--user", "reviewer"], "No approval x"),
-    (["decide", "1", "--approve", "--user", "ghost"], "No user 'ghost'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["startrun", "--agent", "nope", "--task", "t"], "unknown agent 'nope'"),
+        (["startrun", "--agent", "refund-desk", "--task", "t", "--user", "ghost"], "No user 'ghost'"),
+        (["startrun", "--agent", "refund-desk", "--task", "  "], "a run needs a task"),
+        (["runstatus", "999"], "No run 999"),
+        (["runstatus", "abc"], "No run abc"),
+        (["showcheckpoint", "999", "--step", "0"], "No run 999"),
+        (["resume", "999"], "No run 999"),
+        (["decide", "999", "--approve", "--user", "reviewer"], "No approval 999"),
+        (["decide", "x", "--approve", "--user", "reviewer"], "No approval x"),
+        (["decide", "1", "--approve", "--user", "ghost"], "No user 'ghost'"),
+    ],
+)
 def test_unknown_ids_and_names_get_a_clear_error(demo, args, message):
     with pytest.raises(CommandError, match=message):
         run_command(*args)
@@ -131,25 +148,28 @@ def with_input(amount: str) -> bytes:
     return ('{"turns": [{"text": "Refunding.", "tool_calls": [' + call + "]}]}").encode()
 
 
-@pytest.mark.parametrize("content, message", [
-    (bytes(range(128, 256)) + b"\x00\x01{", "is not UTF-8 text"),
-    (b'{"turns": [{"text": "caf\xe9"}]}', "is not UTF-8 text"),
-    (b'\xef\xbb\xbf{"turns": []}', "is not valid JSON: Unexpected UTF-8 BOM"),
-    (with_input("NaN"), "NaN is not a number: use a finite number"),
-    (with_input("Infinity"), "Infinity is not a number"),
-    (with_input("-Infinity"), "-Infinity is not a number"),
-    (with_input("1e999999"), "the number 1e999999 is out of range"),
-    (with_input("1" * 50), "has more than 40 digits"),
-    (deep(100_000), "nested more than 32 levels deep"),
-    (with_input(deep(40).decode()), "nested more than 32 levels deep"),
-    (b"[1, 2]", 'a scenario is a JSON object with a "turns" list'),
-    (b"null", 'a scenario is a JSON object with a "turns" list'),
-    (b'"turns"', 'a scenario is a JSON object with a "turns" list'),
-    (b"", "is not valid JSON"),
-    # JSON may spell them; PostgreSQL's jsonb stores neither.
-    (b'{"turns": [{"text": "a\\u0000b"}]}', "text contains a NUL character"),
-    (b'{"turns": [{"text": "\\ud800"}]}', "text contains an unpaired surrogate"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (bytes(range(128, 256)) + b"\x00\x01{", "is not UTF-8 text"),
+        (b'{"turns": [{"text": "caf\xe9"}]}', "is not UTF-8 text"),
+        (b'\xef\xbb\xbf{"turns": []}', "is not valid JSON: Unexpected UTF-8 BOM"),
+        (with_input("NaN"), "NaN is not a number: use a finite number"),
+        (with_input("Infinity"), "Infinity is not a number"),
+        (with_input("-Infinity"), "-Infinity is not a number"),
+        (with_input("1e999999"), "the number 1e999999 is out of range"),
+        (with_input("1" * 50), "has more than 40 digits"),
+        (deep(100_000), "nested more than 32 levels deep"),
+        (with_input(deep(40).decode()), "nested more than 32 levels deep"),
+        (b"[1, 2]", 'a scenario is a JSON object with a "turns" list'),
+        (b"null", 'a scenario is a JSON object with a "turns" list'),
+        (b'"turns"', 'a scenario is a JSON object with a "turns" list'),
+        (b"", "is not valid JSON"),
+        # JSON may spell them; PostgreSQL's jsonb stores neither.
+        (b'{"turns": [{"text": "a\\u0000b"}]}', "text contains a NUL character"),
+        (b'{"turns": [{"text": "\\ud800"}]}', "text contains an unpaired surrogate"),
+    ],
+)
 def test_a_scenario_that_is_not_plain_json_is_refused_with_the_reason(demo, tmp_path, content, message):
     with pytest.raises(CommandError, match=re.escape(message)):
         startrun_with_scenario(tmp_path, content)
@@ -157,8 +177,11 @@ def test_a_scenario_that_is_not_plain_json_is_refused_with_the_reason(demo, tmp_
 
 
 def test_a_scenario_that_is_not_a_file_is_refused(demo, tmp_path):
-    for path, message in [(tmp_path, "Is a directory"), (tmp_path / "missing.json", "No such file"),
-                          ("/dev/zero", "too big for a scenario")]:
+    for path, message in [
+        (tmp_path, "Is a directory"),
+        (tmp_path / "missing.json", "No such file"),
+        ("/dev/zero", "too big for a scenario"),
+    ]:
         with pytest.raises(CommandError, match=message):
             run_command("startrun", "--agent", "refund-desk", "--task", "t", "--script", str(path))
     assert not Run.objects.exists()
@@ -169,37 +192,43 @@ def test_a_scenario_given_to_run_create_is_checked_the_same_way(demo):
 
     call = {"name": "refund_item", "input": {"order_id": "A-1001", "amount": float("nan"), "reason": "r"}}
     with pytest.raises(ValueError, match=r"(?i)nan is not a finite number"):
-        run_create(agent_name="refund-desk", task="t", script={"turns": [{"tool_calls": [call]}]},
-                   enqueue=False)
+        run_create(
+            agent_name="refund-desk", task="t", script={"turns": [{"tool_calls": [call]}]}, enqueue=False
+        )
     assert not Run.objects.exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["runstatus", "²"], "No run ²: a run id is made of digits 0-9, at most 18"),
-    (["runstatus", "١"], "No run ١: a run id is made of digits 0-9"),  # int() would read it as run 1
-    (["runstatus", "99999999999999999999999"], "No run 99999999999999999999999"),
-    (["runstatus", "-1"], "No run -1"),
-    (["runstatus", "1e999"], "No run 1e999"),
-    (["runstatus", "NaN"], "No run NaN"),
-    (["runstatus", "\udcff"], "No run \udcff"),  # an argument that was not UTF-8
-    (["resume", "99999999999999999999999"], "No run 99999999999999999999999"),
-    (["resume", "²"], "No run ²"),
-    (["showcheckpoint", "RUN", "--step", "99999999999999999999999"], "is not a step number"),
-    (["showcheckpoint", "RUN", "--step", "-1"], "'-1' is not a step number"),
-    (["showcheckpoint", "RUN", "--step", "²"], "'²' is not a step number"),
-    (["showcheckpoint", "99999999999999999999999", "--step", "0"], "No run 99999999999999999999999"),
-    (["rollback", "RUN", "--to-step", "-5", "--user", "admin", "--dry-run"], "'-5' is not a step number"),
-    (["rollback", "99999999999999999999999", "--user", "admin"], "No run 99999999999999999999999"),
-    (["rollback", "RUN", "--user", "a\x00b"], "The user name contains a NUL character"),
-    (["rewind", "RUN", "--to-step", "1e3", "--user", "admin"], "'1e3' is not a step number"),
-    (["fork", "RUN", "--step", "99999999999999999999999", "--user", "admin"], "is not a step number"),
-    (["fork", "²", "--step", "0", "--user", "admin"], "No run ²"),
-    (["startrun", "--agent", "refund-desk", "--task", "t", "--user", "\udcff"],
-     "The user name is not valid UTF-8 text"),
-    (["startrun", "--agent", "refund-desk", "--task", "\udcff"], "The task is not valid UTF-8 text"),
-    (["startrun", "--agent", "refund-desk", "--task", "a\x00b"], "The task contains a NUL character"),
-    (["decide", "99999999999999999999999", "--approve", "--user", "reviewer"], "No approval"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["runstatus", "²"], "No run ²: a run id is made of digits 0-9, at most 18"),
+        (["runstatus", "١"], "No run ١: a run id is made of digits 0-9"),  # int() would read it as run 1
+        (["runstatus", "99999999999999999999999"], "No run 99999999999999999999999"),
+        (["runstatus", "-1"], "No run -1"),
+        (["runstatus", "1e999"], "No run 1e999"),
+        (["runstatus", "NaN"], "No run NaN"),
+        (["runstatus", "\udcff"], "No run \udcff"),  # an argument that was not UTF-8
+        (["resume", "99999999999999999999999"], "No run 99999999999999999999999"),
+        (["resume", "²"], "No run ²"),
+        (["showcheckpoint", "RUN", "--step", "99999999999999999999999"], "is not a step number"),
+        (["showcheckpoint", "RUN", "--step", "-1"], "'-1' is not a step number"),
+        (["showcheckpoint", "RUN", "--step", "²"], "'²' is not a step number"),
+        (["showcheckpoint", "99999999999999999999999", "--step", "0"], "No run 99999999999999999999999"),
+        (["rollback", "RUN", "--to-step", "-5", "--user", "admin", "--dry-run"], "'-5' is not a step number"),
+        (["rollback", "99999999999999999999999", "--user", "admin"], "No run 99999999999999999999999"),
+        (["rollback", "RUN", "--user", "a\x00b"], "The user name contains a NUL character"),
+        (["rewind", "RUN", "--to-step", "1e3", "--user", "admin"], "'1e3' is not a step number"),
+        (["fork", "RUN", "--step", "99999999999999999999999", "--user", "admin"], "is not a step number"),
+        (["fork", "²", "--step", "0", "--user", "admin"], "No run ²"),
+        (
+            ["startrun", "--agent", "refund-desk", "--task", "t", "--user", "\udcff"],
+            "The user name is not valid UTF-8 text",
+        ),
+        (["startrun", "--agent", "refund-desk", "--task", "\udcff"], "The task is not valid UTF-8 text"),
+        (["startrun", "--agent", "refund-desk", "--task", "a\x00b"], "The task contains a NUL character"),
+        (["decide", "99999999999999999999999", "--approve", "--user", "reviewer"], "No approval"),
+    ],
+)
 def test_garbage_ids_numbers_and_text_get_a_clear_error(demo, args, message):
     run = start()
     args = [str(run.pk) if arg == "RUN" else arg for arg in args]
@@ -213,10 +242,12 @@ def test_garbage_ids_numbers_and_text_get_a_clear_error(demo, args, message):
 # --- fork and rewind ------------------------------------------------------------------
 def the_world() -> dict:
     """What a rollback, rewind or fork could have changed in the world."""
-    return {"payments": sorted(Payment.objects.values_list("kind", flat=True)),
-            "emails": OutboxEmail.objects.count(),
-            "T-1": Ticket.objects.get(ticket_id="T-1").status,
-            "marie": WorldUser.objects.filter(username="marie").exists()}
+    return {
+        "payments": sorted(Payment.objects.values_list("kind", flat=True)),
+        "emails": OutboxEmail.objects.count(),
+        "T-1": Ticket.objects.get(ticket_id="T-1").status,
+        "marie": WorldUser.objects.filter(username="marie").exists(),
+    }
 
 
 DEMO_DONE = {"payments": ["refund"], "emails": 1, "T-1": "closed", "marie": False}
@@ -244,7 +275,8 @@ def test_fork_sync_replays_its_parents_record_and_leaves_the_world_alone(users):
     assert counters.snapshot() == world_before
     assert the_world() == DEMO_DONE
     assert set(ToolCall.objects.filter(run=fork).values_list("verdict_reason", flat=True)) == {
-        f"reused from run {parent.pk} step {n}" for n in (2, 3, 4)}
+        f"reused from run {parent.pk} step {n}" for n in (2, 3, 4)
+    }
 
 
 def test_rewind_undoes_what_came_after_the_step_and_queues_the_run(users):
@@ -286,8 +318,10 @@ def test_rewinding_a_waiting_run_withdraws_the_call_it_waited_on(users):
 def test_a_rewind_across_a_call_that_cannot_be_undone_is_refused_and_changes_nothing(users, sandbox):
     run = onboarding_with_a_permanent_delete(users)
     delete = ToolCall.objects.get(run=run, tool_name="delete_file_permanently")
-    refusal = (f"Cannot rewind run {run.pk} to step 0: #{delete.pk} delete_file_permanently (step 1) "
-               "cannot be undone. Nothing was changed.")
+    refusal = (
+        f"Cannot rewind run {run.pk} to step 0: #{delete.pk} delete_file_permanently (step 1) "
+        "cannot be undone. Nothing was changed."
+    )
     with pytest.raises(CommandError, match=f"^{re.escape(refusal)}$"):
         run_command("rewind", str(run.pk), "--to-step", "0", "--user", "admin")
     assert WorldUser.objects.filter(username="marie").exists()
@@ -298,8 +332,10 @@ def test_a_rewind_across_a_call_that_cannot_be_undone_is_refused_and_changes_not
     # To the delete's own step: the delete stays, what came after it is undone.
     user = ToolCall.objects.get(run=run, tool_name="create_user")
     out = run_command("rewind", str(run.pk), "--to-step", "1", "--user", "admin")
-    assert out.splitlines() == [f"compensated #{user.pk} create_user (step 2)",
-                                f"run {run.pk}: queued at step 2"]
+    assert out.splitlines() == [
+        f"compensated #{user.pk} create_user (step 2)",
+        f"run {run.pk}: queued at step 2",
+    ]
     assert not WorldUser.objects.filter(username="marie").exists()
 
 
@@ -323,11 +359,14 @@ def test_fork_and_rewind_need_the_permission(users, command, step):
 
 
 @pytest.mark.parametrize("command, step", [("fork", "--step"), ("rewind", "--to-step")])
-@pytest.mark.parametrize("args, message", [
-    (["RUN", "9", "--user", "admin"], "Run RUN has no checkpoint for step 9."),
-    (["999999", "2", "--user", "admin"], "No run 999999."),
-    (["RUN", "2", "--user", "ghost"], "No user 'ghost'."),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["RUN", "9", "--user", "admin"], "Run RUN has no checkpoint for step 9."),
+        (["999999", "2", "--user", "admin"], "No run 999999."),
+        (["RUN", "2", "--user", "ghost"], "No user 'ghost'."),
+    ],
+)
 def test_fork_and_rewind_name_what_they_cannot_find(users, command, step, args, message):
     run = finished_demo(users)
     run_id, step_number, *rest = [str(run.pk) if arg == "RUN" else arg for arg in args]

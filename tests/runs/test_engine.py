@@ -67,12 +67,17 @@ def test_a_decline_leaves_the_ledger_untouched_and_tells_the_model_why(users):
 
 
 def test_parallel_calls_wait_together_and_report_in_tool_use_order(users):
-    run = start(script(
-        turn(("add_note", {"order_id": "A-1001", "text": "Customer called"}),
-             ("refund_item", {"order_id": "A-1001", "amount": 900, "reason": "Broken"}),
-             ("get_order", {"order_id": "A-1001"})),
-        {"text": "Done."},
-    ), requester=users["requester"])
+    run = start(
+        script(
+            turn(
+                ("add_note", {"order_id": "A-1001", "text": "Customer called"}),
+                ("refund_item", {"order_id": "A-1001", "amount": 900, "reason": "Broken"}),
+                ("get_order", {"order_id": "A-1001"}),
+            ),
+            {"text": "Done."},
+        ),
+        requester=users["requester"],
+    )
     assert run.status == Run.Status.WAITING_APPROVAL
     assert Note.objects.count() == 1  # the allowed call ran before the pause
     assert Message.objects.filter(run=run).count() == 2  # no results yet
@@ -110,12 +115,14 @@ def test_a_timeout_before_the_effect_is_retried_with_the_same_key(users):
 
 def test_a_repeated_refund_is_not_refunded_twice(users):
     refund = ("refund_item", {"order_id": "A-1002", "amount": 100, "reason": "Late"})
-    run = start(script(
-        turn(refund),
-        turn(("get_order", {"order_id": "A-1002"})),
-        turn(("refund_item", {"order_id": "A-1002", "amount": 100.0, "reason": "Late"})),
-        {"text": "Done."},
-    ))
+    run = start(
+        script(
+            turn(refund),
+            turn(("get_order", {"order_id": "A-1002"})),
+            turn(("refund_item", {"order_id": "A-1002", "amount": 100.0, "reason": "Late"})),
+            {"text": "Done."},
+        )
+    )
     assert run.status == Run.Status.DONE
     assert Payment.objects.count() == 1
     repeat = ToolCall.objects.get(run=run, step=2)
@@ -134,12 +141,16 @@ def test_two_identical_calls_in_one_reply_run_once(users):
 
 
 def test_an_unknown_tool_and_bad_arguments_become_error_results(users):
-    run = start(script(
-        turn(("delete_everything", {}),
-             ("refund_item", {"order_id": "A-1002", "amount": "lots", "reason": "x"}),
-             ("get_order", {"order_id": 1002})),
-        {"text": "I could not do it."},
-    ))
+    run = start(
+        script(
+            turn(
+                ("delete_everything", {}),
+                ("refund_item", {"order_id": "A-1002", "amount": "lots", "reason": "x"}),
+                ("get_order", {"order_id": 1002}),
+            ),
+            {"text": "I could not do it."},
+        )
+    )
     assert run.status == Run.Status.DONE
     unknown, wrong_type, wrong_id = tool_results(run)
     assert unknown["is_error"] and "Unknown tool 'delete_everything'" in unknown["content"]
@@ -151,10 +162,12 @@ def test_an_unknown_tool_and_bad_arguments_become_error_results(users):
 
 
 def test_a_tool_that_refuses_tells_the_model(users):
-    run = start(script(
-        turn(("refund_item", {"order_id": "A-1002", "amount": 400, "reason": "x"})),
-        {"text": "ok"},
-    ))
+    run = start(
+        script(
+            turn(("refund_item", {"order_id": "A-1002", "amount": 400, "reason": "x"})),
+            {"text": "ok"},
+        )
+    )
     [refused] = tool_results(run)
     assert refused["is_error"] and "exceeds the refundable 250.00" in refused["content"]
     assert ToolCall.objects.get(run=run).status == ToolCall.Status.FAILED
@@ -181,11 +194,13 @@ def test_a_deny_rule_resolves_the_call_with_an_error(users):
 
 
 def test_the_checkpoint_of_every_step_shows_what_the_model_had_seen(users):
-    run = start(script(
-        turn(("get_order", {"order_id": "A-1001"})),
-        turn(("get_policy", {})),
-        {"text": "Done."},
-    ))
+    run = start(
+        script(
+            turn(("get_order", {"order_id": "A-1001"})),
+            turn(("get_policy", {})),
+            {"text": "Done."},
+        )
+    )
     for number in range(3):
         data = checkpoint(run, number)
         assert data["message_count"] == 2 * number + 1
@@ -310,10 +325,15 @@ def test_arguments_changed_after_the_approval_are_not_executed(users):
 def test_a_write_whose_capture_fails_fails_cleanly_before_its_effect(users, sandbox):
     """create_file records what its undo will need before it writes anything; a path
     that leaves the sandbox is refused there, so the file tool itself never runs."""
-    run = start(script(
-        turn(("create_file", {"path": "../outside.txt", "content": "escaped"}), text="Writing it."),
-        turn(text="I could not write it."),
-    ), agent="onboarding", task="Write a file", requester=users["requester"])
+    run = start(
+        script(
+            turn(("create_file", {"path": "../outside.txt", "content": "escaped"}), text="Writing it."),
+            turn(text="I could not write it."),
+        ),
+        agent="onboarding",
+        task="Write a file",
+        requester=users["requester"],
+    )
 
     assert run.status == Run.Status.DONE
     call = ToolCall.objects.get(run=run)
@@ -352,8 +372,12 @@ def test_a_write_that_crashes_after_its_effect_is_reconciled_not_repeated(users)
         call, payment = the_one_refund(start(REFUND_250))
 
     assert call.attempts == 1
-    assert call.result == {"refund_id": f"RF-{payment.pk}", "order_id": "A-1002", "amount": "250.00",
-                           "status": "refunded"}
+    assert call.result == {
+        "refund_id": f"RF-{payment.pk}",
+        "order_id": "A-1002",
+        "amount": "250.00",
+        "status": "refunded",
+    }
     [told] = tool_results(call.run)
     assert not told.get("is_error") and '"refunded"' in told["content"]
     # Asked the world once, looked it up once: never run again blind.

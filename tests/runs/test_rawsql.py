@@ -45,8 +45,10 @@ def run(db):
 
 
 def test_a_message_is_stored_as_save_would_store_it(run):
-    content = [{"type": "text", "text": "Refunding ₹2,900.00 \u2014 “quoted”"},
-               {"type": "tool_use", "id": "tu_1", "name": "get_order", "input": {"order_id": "A-1001"}}]
+    content = [
+        {"type": "text", "text": "Refunding ₹2,900.00 \u2014 “quoted”"},
+        {"type": "tool_use", "id": "tu_1", "name": "get_order", "input": {"order_id": "A-1001"}},
+    ]
     by_orm, by_raw = twins(lambda i: Message(run=run, seq=10 + i, role="assistant", content=content))
     assert differences(by_orm, by_raw, allowed={"seq", "created_at"}) == {}
     # auto_now_add is applied, as save() applies it.
@@ -54,9 +56,18 @@ def test_a_message_is_stored_as_save_would_store_it(run):
 
 
 def test_a_checkpoint_is_stored_as_save_would_store_it(run):
-    by_orm, by_raw = twins(lambda i: Step(run=run, number=5 + i, message_count=7, status="running",
-                                          digest="ab" * 32, input_tokens=1200, output_tokens=80,
-                                          cost=Decimal("0.012345")))
+    by_orm, by_raw = twins(
+        lambda i: Step(
+            run=run,
+            number=5 + i,
+            message_count=7,
+            status="running",
+            digest="ab" * 32,
+            input_tokens=1200,
+            output_tokens=80,
+            cost=Decimal("0.012345"),
+        )
+    )
     assert differences(by_orm, by_raw, allowed={"number", "created_at"}) == {}
     assert by_raw.cost == Decimal("0.012345")
 
@@ -64,10 +75,19 @@ def test_a_checkpoint_is_stored_as_save_would_store_it(run):
 def test_a_call_is_stored_as_save_would_store_it_defaults_included(run):
     # Only a few fields set: every other one must get its model default, not NULL
     # or whatever the database would make of a missing column.
-    by_orm, by_raw = twins(lambda i: ToolCall(run=run, step=3, position=i, tool_use_id=f"tu_{i}",
-                                              tool_name="get_order", input={"order_id": "A-1001"},
-                                              input_hash="h" * 64, status="committed",
-                                              result={"amount": "2900.00"}))
+    by_orm, by_raw = twins(
+        lambda i: ToolCall(
+            run=run,
+            step=3,
+            position=i,
+            tool_use_id=f"tu_{i}",
+            tool_name="get_order",
+            input={"order_id": "A-1001"},
+            input_hash="h" * 64,
+            status="committed",
+            result={"amount": "2900.00"},
+        )
+    )
     assert differences(by_orm, by_raw, allowed={"position", "tool_use_id", "created_at"}) == {}
     assert by_raw.attempts == 0 and by_raw.is_error is False and by_raw.verdict == ""
 
@@ -81,8 +101,9 @@ def test_insert_objects_writes_every_field_the_model_has():
 
 
 def test_a_raw_update_moves_updated_at_like_save_would(run):
-    Run.objects.filter(pk=run.pk).update(updated_at=timezone.now() - timedelta(hours=1),
-                                         status="running", lease_owner="me")
+    Run.objects.filter(pk=run.pk).update(
+        updated_at=timezone.now() - timedelta(hours=1), status="running", lease_owner="me"
+    )
     before = Run.objects.get(pk=run.pk).updated_at
     assert update_rows(Run, {"id": run.pk, "lease_owner": "me"}, {"step": 4}) == 1
     after = Run.objects.get(pk=run.pk)

@@ -42,7 +42,8 @@ def test_rolling_back_the_demo_undoes_refund_email_and_ticket(users):
     assert OutboxEmail.objects.count() == 2
     assert Ticket.objects.get(ticket_id="T-1").status == "open"
     assert set(ToolCall.objects.filter(run=run, idempotency_key__gt="").values_list("status", flat=True)) == {
-        "compensated"}
+        "compensated"
+    }
     assert AuditEvent.objects.filter(run=run, action="call.compensated").count() == 3
     assert AuditEvent.objects.filter(run=run, action="run.rolled_back", actor=users["admin"]).exists()
 

@@ -33,8 +33,14 @@ HTMX = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "run-status"}
 def rows(content: str, testid: str = "undo-row") -> list[tuple[str, str, str]]:
     """(step, tool, undo kind) of each call listed on a confirmation page, in order."""
     found = re.findall(rf'<tr data-testid="{testid}">(.*?)</tr>', content, re.S)
-    return [(re.search(r'#step-(\d+)"', row).group(1), re.search(r'<code class="tool">(\w+)<', row).group(1),
-             re.search(r'<span class="kind (\w+)"', row).group(1)) for row in found]
+    return [
+        (
+            re.search(r'#step-(\d+)"', row).group(1),
+            re.search(r'<code class="tool">(\w+)<', row).group(1),
+            re.search(r'<span class="kind (\w+)"', row).group(1),
+        )
+        for row in found
+    ]
 
 
 def statuses(content: str) -> list[str]:
@@ -56,8 +62,12 @@ def test_a_reviewer_sees_no_undo_buttons_and_gets_403_from_every_endpoint(users,
     assert 'data-testid="run-status">Done<' in content  # the run, as a reviewer sees it
     for label in ["Roll back to here", "Rewind to here", "Fork from here", "Roll back entire run"]:
         assert label not in content
-    for url in [f"/runs/{run.pk}/rollback", f"/runs/{run.pk}/rollback?to_step=2",
-                f"/runs/{run.pk}/rewind?to_step=2", f"/runs/{run.pk}/fork?step=2"]:
+    for url in [
+        f"/runs/{run.pk}/rollback",
+        f"/runs/{run.pk}/rollback?to_step=2",
+        f"/runs/{run.pk}/rewind?to_step=2",
+        f"/runs/{run.pk}/fork?step=2",
+    ]:
         assert client.get(url).status_code == 403, url
     assert client.post(f"/runs/{run.pk}/rollback").status_code == 403
     assert client.post(f"/runs/{run.pk}/rewind", {"to_step": 2}).status_code == 403
@@ -95,12 +105,18 @@ def test_the_confirmation_lists_what_will_be_compensated_newest_first(users):
     assert response.status_code == 200
     content = response.content.decode()
     assert f"Roll back run {run.pk} entirely" in content
-    assert rows(content) == [("4", "close_ticket", "reversible"), ("3", "send_email", "compensable"),
-                             ("2", "refund_item", "compensable")]
+    assert rows(content) == [
+        ("4", "close_ticket", "reversible"),
+        ("3", "send_email", "compensable"),
+        ("2", "refund_item", "compensable"),
+    ]
     # (Key order is the database's: PostgreSQL's jsonb sorts keys.)
     [summary] = re.findall(r"<code>([^<]*order_id: A-1001[^<]*)</code>", content)
-    assert sorted(summary.split(", ")) == ["amount: 2900.0", "order_id: A-1001",
-                                           "reason: Item arrived broken"]
+    assert sorted(summary.split(", ")) == [
+        "amount: 2900.0",
+        "order_id: A-1001",
+        "reason: Item arrived broken",
+    ]
     assert 'data-testid="irreversible-none"' in content
     assert ">Undo 3 calls</button>" in content and 'name="csrfmiddlewaretoken"' in content
     # Looking changes nothing.
@@ -115,15 +131,18 @@ def test_a_partial_rollback_lists_only_the_calls_after_the_step(users):
     assert '<input type="hidden" name="to_step" value="2">' in content
 
 
-def test_a_range_with_an_irreversible_call_is_refused_up_front_and_names_it(users, enqueued,
-                                                                             django_capture_on_commit_callbacks):
+def test_a_range_with_an_irreversible_call_is_refused_up_front_and_names_it(
+    users, enqueued, django_capture_on_commit_callbacks
+):
     run = onboarding_with_a_permanent_delete(users)
     delete = ToolCall.objects.get(run=run, tool_name="delete_file_permanently")
     client = client_for(users["admin"])
     content = client.get(f"/runs/{run.pk}/rollback").content.decode()
     refusal = re.search(r'data-testid="undo-refusal">([^<]+)<', content).group(1)
-    assert refusal == (f"Cannot roll back run {run.pk}: #{delete.pk} delete_file_permanently (step 1) "
-                       "cannot be undone. Nothing will be changed.")
+    assert refusal == (
+        f"Cannot roll back run {run.pk}: #{delete.pk} delete_file_permanently (step 1) "
+        "cannot be undone. Nothing will be changed."
+    )
     assert rows(content, "irreversible-row") == [("1", "delete_file_permanently", "irreversible")]
     assert 'data-testid="undo-confirm"' not in content
     assert f'<form method="post" action="/runs/{run.pk}/rollback">' not in content
@@ -190,7 +209,8 @@ def test_the_confirm_post_needs_csrf(users, enqueued, django_capture_on_commit_c
 
 
 def test_confirming_enqueues_the_rollback_on_commit_and_the_page_waits_for_it(
-        users, enqueued, django_capture_on_commit_callbacks):
+    users, enqueued, django_capture_on_commit_callbacks
+):
     run = finished_demo(users)
     client = client_for(users["admin"])
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
@@ -243,11 +263,17 @@ def test_a_partial_rollback_is_followed_until_nothing_after_the_step_is_left(use
     assert "data-polling" not in content and "runChanged" in poll["HX-Trigger"]
     assert "Rolled back to step 3: 1 call compensated." in content
     assert statuses(client.get(f"/runs/{run.pk}/").content.decode()) == [
-        "Committed", "Committed", "Committed", "Committed", "Compensated"]
+        "Committed",
+        "Committed",
+        "Committed",
+        "Committed",
+        "Compensated",
+    ]
 
 
 def test_a_halted_rollback_is_recorded_on_the_run_and_a_second_one_finishes(
-        users, enqueued, django_capture_on_commit_callbacks):
+    users, enqueued, django_capture_on_commit_callbacks
+):
     run = finished_demo(users)
     WorldFault.objects.create(tool="send_email", kind="compensation_fails", remaining=1)
     email = ToolCall.objects.get(run=run, tool_name="send_email")
@@ -286,7 +312,8 @@ def test_a_stopped_rollback_keeps_the_runs_own_error(users):
 
 
 def test_rewind_from_the_desk_enqueues_a_rewind_and_the_run_continues(
-        users, enqueued, django_capture_on_commit_callbacks):
+    users, enqueued, django_capture_on_commit_callbacks
+):
     run = finished_demo(users)
     client = client_for(users["admin"])
     content = client.get(f"/runs/{run.pk}/rewind", {"to_step": 2}).content.decode()

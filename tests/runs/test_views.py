@@ -79,30 +79,50 @@ def history(users):
     """Four runs that differ in one way each from `plain`."""
     plain = queued("Refund order A-1002", users["requester"])
     by_admin = queued("Refund order A-1002", users["admin"])
-    done = start(script(turn(text="Nothing to do.")), task="Refund order A-1002",
-                 requester=users["requester"])
+    done = start(
+        script(turn(text="Nothing to do.")), task="Refund order A-1002", requester=users["requester"]
+    )
     other_agent = queued("Refund order A-1002", users["requester"])
     Run.objects.filter(pk=other_agent.pk).update(agent="returns-desk")
     old = queued("Refund order A-1002", users["requester"])
     Run.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=40))
     teapot = queued("Teapot arrived cracked", users["requester"])
-    return {"plain": plain, "by_admin": by_admin, "done": done, "other_agent": other_agent,
-            "old": old, "teapot": teapot}
+    return {
+        "plain": plain,
+        "by_admin": by_admin,
+        "done": done,
+        "other_agent": other_agent,
+        "old": old,
+        "teapot": teapot,
+    }
 
 
-@pytest.mark.parametrize("query, expected", [
-    ({"status": "done"}, ["done"]),
-    ({"agent": "returns-desk"}, ["other_agent"]),
-    ({"requester": "admin"}, ["by_admin"]),
-    ({"q": "TEAPOT"}, ["teapot"]),
-    ({"created_to": "OLD"}, ["old"]),
-    ({"created_from": "RECENT"}, ["plain", "by_admin", "done", "other_agent", "teapot"]),
-    ({"requester": "requester", "status": "queued", "agent": "refund-desk", "q": "A-1002",
-      "created_from": "RECENT"}, ["plain"]),
-])
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        ({"status": "done"}, ["done"]),
+        ({"agent": "returns-desk"}, ["other_agent"]),
+        ({"requester": "admin"}, ["by_admin"]),
+        ({"q": "TEAPOT"}, ["teapot"]),
+        ({"created_to": "OLD"}, ["old"]),
+        ({"created_from": "RECENT"}, ["plain", "by_admin", "done", "other_agent", "teapot"]),
+        (
+            {
+                "requester": "requester",
+                "status": "queued",
+                "agent": "refund-desk",
+                "q": "A-1002",
+                "created_from": "RECENT",
+            },
+            ["plain"],
+        ),
+    ],
+)
 def test_each_filter_narrows_the_history(users, history, query, expected):
-    day = {"OLD": (timezone.localdate() - timedelta(days=39)).isoformat(),
-           "RECENT": (timezone.localdate() - timedelta(days=1)).isoformat()}
+    day = {
+        "OLD": (timezone.localdate() - timedelta(days=39)).isoformat(),
+        "RECENT": (timezone.localdate() - timedelta(days=1)).isoformat(),
+    }
     query = {key: day.get(value, value) for key, value in query.items()}
     response = client_for(users["reviewer"]).get("/runs/", query)
     assert response.status_code == 200
@@ -110,8 +130,7 @@ def test_each_filter_narrows_the_history(users, history, query, expected):
 
 
 def test_an_invalid_filter_is_reported_and_the_others_still_apply(users, history):
-    response = client_for(users["reviewer"]).get("/runs/", {"created_from": "last tuesday",
-                                                            "status": "done"})
+    response = client_for(users["reviewer"]).get("/runs/", {"created_from": "last tuesday", "status": "done"})
     assert response.status_code == 200
     assert b"Enter a valid date" in response.content
     assert listed_ids(response) == [history["done"].pk]
@@ -122,8 +141,13 @@ def test_paging_costs_the_same_few_queries_on_any_page(users, django_assert_max_
     runs = [queued(f"Refund order {n}", people[n % 3]) for n in range(200)]
     client = client_for(users["reviewer"])
     client.get("/runs/")  # warm the session
-    for query in [{}, {"page": 2}, {"page": 4}, {"requester": "admin", "page": 2},
-                  {"q": "order", "created_from": "2000-01-01"}]:
+    for query in [
+        {},
+        {"page": 2},
+        {"page": 4},
+        {"requester": "admin", "page": 2},
+        {"q": "order", "created_from": "2000-01-01"},
+    ]:
         # Two of them load the viewer's permissions: who may see which runs.
         with django_assert_max_num_queries(12):
             response = client.get("/runs/", query)
@@ -135,8 +159,9 @@ def test_paging_costs_the_same_few_queries_on_any_page(users, django_assert_max_
 
 
 def test_htmx_filtering_swaps_only_the_table(users, history):
-    response = client_for(users["reviewer"]).get("/runs/", {"status": "done"},
-                                                 HTTP_HX_TARGET="run-table", **HTMX)
+    response = client_for(users["reviewer"]).get(
+        "/runs/", {"status": "done"}, HTTP_HX_TARGET="run-table", **HTMX
+    )
     assert response.status_code == 200
     content = response.content.decode()
     assert content.lstrip().startswith('<section id="run-table"')
@@ -174,7 +199,7 @@ def test_the_timeline_shows_texts_calls_badges_and_decisions(users):
     assert approval.decided_at.strftime("%Y-%m-%d %H:%M:%S") in content
     assert "amount 2900.0 &gt; 500" in content  # why it was asked
     # Arguments are pretty-printed JSON; the run's facts are there.
-    assert '&quot;order_id&quot;: &quot;A-1001&quot;' in content
+    assert "&quot;order_id&quot;: &quot;A-1001&quot;" in content
     assert 'data-testid="run-status">Done<' in content
     assert run.agent_version in content and ">requester<" in content
 
@@ -184,8 +209,14 @@ def test_the_timeline_shows_edited_arguments_and_every_vote_of_a_two_person_rule
     run = start(requester=users["requester"])
     approval = ApprovalRequest.objects.get(run=run)
     decide(approval, users["reviewer"], Decision.approve(comment="Fine by me"))
-    decide(approval, users["senior"], Decision.approve(comment="Partial refund only", edit={
-        "order_id": "A-1001", "amount": 1500, "reason": "Item arrived broken"}))
+    decide(
+        approval,
+        users["senior"],
+        Decision.approve(
+            comment="Partial refund only",
+            edit={"order_id": "A-1001", "amount": 1500, "reason": "Item arrived broken"},
+        ),
+    )
     # The edit is a new proposal: the reviewer's vote was for ₹2,900, so a second
     # person must approve ₹1,500.
     decide(approval, users["admin"], Decision.approve(comment="Agreed"))
@@ -222,7 +253,8 @@ def test_a_long_run_renders_in_a_constant_number_of_queries(users, django_assert
     reads = [turn(("get_policy", {}), text=f"Reading the policy, pass {n}.") for n in range(500)]
     long_script = script(
         turn(("refund_item", {"order_id": "A-1001", "amount": 2900, "reason": "broken"})),
-        *reads, turn(text="All done."),
+        *reads,
+        turn(text="All done."),
     )
     long_run = start(long_script, requester=users["requester"], max_steps=600)
     decide_and_advance(long_run, users["reviewer"], Decision.approve(comment="ok"))
@@ -285,8 +317,7 @@ def test_the_step_a_cancelled_run_ended_inside_still_shows_what_the_model_saw(us
 
 def test_htmx_loads_the_seen_messages_into_the_step(users):
     run = demo_with_the_email_declined(users)
-    response = client_for(users["reviewer"]).get(f"/runs/{run.pk}/steps/1/",
-                                                 HTTP_HX_TARGET="seen-1", **HTMX)
+    response = client_for(users["reviewer"]).get(f"/runs/{run.pk}/steps/1/", HTTP_HX_TARGET="seen-1", **HTMX)
     content = response.content.decode()
     assert content.lstrip().startswith('<div class="seen"') and "<html" not in content
     assert re.findall(r'data-seq="(\d+)"', content) == ["0", "1", "2"]
@@ -294,9 +325,13 @@ def test_htmx_loads_the_seen_messages_into_the_step(users):
 
 # --- untrusted text ---------------------------------------------------------------
 def test_script_in_model_text_and_tool_arguments_is_escaped(users):
-    run = start(script(
-        turn(("send_email", {"to": "ada@example.com", "subject": EVIL, "body": EVIL}), text=EVIL),
-    ), task=f"Refund {EVIL}", requester=users["requester"])
+    run = start(
+        script(
+            turn(("send_email", {"to": "ada@example.com", "subject": EVIL, "body": EVIL}), text=EVIL),
+        ),
+        task=f"Refund {EVIL}",
+        requester=users["requester"],
+    )
     decide_and_advance(run, users["reviewer"], Decision.decline(EVIL))
     client = client_for(users["reviewer"])
     for url in ["/runs/", f"/runs/{run.pk}/", f"/runs/{run.pk}/steps/0/", f"/runs/{run.pk}/steps/1/"]:
@@ -317,10 +352,14 @@ def test_the_start_page_offers_the_agents_and_the_demo_script(users):
 def test_a_requester_starts_a_demo_run_from_the_web(users, settings, django_capture_on_commit_callbacks):
     settings.ANTHROPIC_API_KEY = ""
     with django_capture_on_commit_callbacks() as nudges:
-        response = client_for(users["requester"]).post("/runs/new", {
-            "agent": "refund-desk", "task": "  Refund order A-1002, it never arrived.  ",
-            "llm": "scripted",
-        })
+        response = client_for(users["requester"]).post(
+            "/runs/new",
+            {
+                "agent": "refund-desk",
+                "task": "  Refund order A-1002, it never arrived.  ",
+                "llm": "scripted",
+            },
+        )
     run = Run.objects.get()
     assert response.status_code == 302 and response["Location"] == f"/runs/{run.pk}/"
     assert run.requester == users["requester"]
@@ -334,8 +373,7 @@ def test_choosing_anthropic_without_a_key_is_refused_clearly(users, settings):
     settings.ANTHROPIC_API_KEY = ""
     client = client_for(users["requester"])
     assert b"not available: this server has no ANTHROPIC_API_KEY" in client.get("/runs/new").content
-    response = client.post("/runs/new", {"agent": "refund-desk", "task": "Refund A-1001",
-                                         "llm": "anthropic"})
+    response = client.post("/runs/new", {"agent": "refund-desk", "task": "Refund A-1001", "llm": "anthropic"})
     assert response.status_code == 200
     assert b"Anthropic is not available: ANTHROPIC_API_KEY is not set" in response.content
     assert Run.objects.count() == 0
@@ -343,8 +381,9 @@ def test_choosing_anthropic_without_a_key_is_refused_clearly(users, settings):
 
 def test_choosing_anthropic_with_a_key_starts_an_anthropic_run(users, settings):
     settings.ANTHROPIC_API_KEY = "sk-test"
-    response = client_for(users["requester"]).post("/runs/new", {
-        "agent": "refund-desk", "task": "Refund A-1001", "llm": "anthropic"})
+    response = client_for(users["requester"]).post(
+        "/runs/new", {"agent": "refund-desk", "task": "Refund A-1001", "llm": "anthropic"}
+    )
     run = Run.objects.get()
     assert response.status_code == 302
     assert run.llm == Run.LLMKind.ANTHROPIC and run.requester == users["requester"]
@@ -417,8 +456,9 @@ def test_cancelling_needs_a_post(users):
 
 def test_cancelling_with_htmx_swaps_the_status_and_refreshes_the_timeline(users):
     run = start(requester=users["requester"])
-    response = client_for(users["requester"]).post(f"/runs/{run.pk}/cancel",
-                                                   HTTP_HX_TARGET="run-status", **HTMX)
+    response = client_for(users["requester"]).post(
+        f"/runs/{run.pk}/cancel", HTTP_HX_TARGET="run-status", **HTMX
+    )
     content = response.content.decode()
     assert response.status_code == 200 and content.lstrip().startswith('<section id="run-status"')
     assert "Cancelled" in content and "every 2s" not in content
@@ -463,6 +503,7 @@ def test_dates_are_whole_days_in_the_local_time_zone(users):
     late = timezone.make_aware(datetime(2026, 3, 9, 23, 59))
     Run.objects.filter(pk=run.pk).update(created_at=late)
     client = client_for(users["reviewer"])
-    assert listed_ids(client.get("/runs/", {"created_from": "2026-03-09", "created_to": "2026-03-09"})) \
-        == [run.pk]
+    assert listed_ids(client.get("/runs/", {"created_from": "2026-03-09", "created_to": "2026-03-09"})) == [
+        run.pk
+    ]
     assert listed_ids(client.get("/runs/", {"created_from": "2026-03-10"})) == []

@@ -9,19 +9,22 @@ import pytest
 from tools.inputs import UnsafeJSON, check_json, finite_decimal, parse_json
 
 
-@pytest.mark.parametrize(("text", "problem"), [
-    ("NaN", "NaN is not a number"),
-    ('{"amount": Infinity}', "Infinity is not a number"),
-    ('{"amount": -Infinity}', "-Infinity is not a number"),
-    ('{"amount": 1e999999}', "out of range"),
-    ('{"n": ' + "9" * 60 + "}", "more than 40 digits"),
-    ("[" * 100_000 + "]" * 100_000, "nested more than 32 levels"),
-    ("[" * 40 + "]" * 40, "nested more than 32 levels"),
-    (b"\xff\xfe{}", "not UTF-8"),
-    ('{"text": "a\\u0000b"}', "NUL character"),
-    ('{"text": "\\ud800"}', "unpaired surrogate"),
-    ('{"a": 1,}', "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("NaN", "NaN is not a number"),
+        ('{"amount": Infinity}', "Infinity is not a number"),
+        ('{"amount": -Infinity}', "-Infinity is not a number"),
+        ('{"amount": 1e999999}', "out of range"),
+        ('{"n": ' + "9" * 60 + "}", "more than 40 digits"),
+        ("[" * 100_000 + "]" * 100_000, "nested more than 32 levels"),
+        ("[" * 40 + "]" * 40, "nested more than 32 levels"),
+        (b"\xff\xfe{}", "not UTF-8"),
+        ('{"text": "a\\u0000b"}', "NUL character"),
+        ('{"text": "\\ud800"}', "unpaired surrogate"),
+        ('{"a": 1,}', "not valid JSON"),
+    ],
+)
 def test_it_refuses_what_cannot_be_stored_hashed_or_compared(text, problem):
     with pytest.raises(UnsafeJSON, match=problem):
         parse_json(text)
@@ -29,7 +32,10 @@ def test_it_refuses_what_cannot_be_stored_hashed_or_compared(text, problem):
 
 def test_it_parses_plain_json():
     assert parse_json('{"order_id": "A-1001", "amount": 2900.5, "lines": [[1, 2]]}') == {
-        "order_id": "A-1001", "amount": 2900.5, "lines": [[1, 2]]}
+        "order_id": "A-1001",
+        "amount": 2900.5,
+        "lines": [[1, 2]],
+    }
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), Decimal("NaN"), {1: "x"}, {"a": {1, 2}}])

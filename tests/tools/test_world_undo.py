@@ -84,8 +84,9 @@ def files(sandbox) -> dict[str, str]:
     """The sandbox folder as it is on disk: path -> content."""
     if not sandbox.exists():
         return {}
-    return {p.relative_to(sandbox).as_posix(): p.read_text()
-            for p in sorted(sandbox.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(sandbox).as_posix(): p.read_text() for p in sorted(sandbox.rglob("*")) if p.is_file()
+    }
 
 
 def folders(sandbox) -> list[str]:
@@ -150,14 +151,23 @@ def another_process_inserts_after_our_first_look(looking_at: str, insert: Callab
 def test_every_write_tool_of_both_agents_declares_its_undo():
     kinds = {
         spec.name: spec.effect_kind
-        for agent in ("refund-desk", "onboarding") for spec in get_agent(agent).tools
+        for agent in ("refund-desk", "onboarding")
+        for spec in get_agent(agent).tools
     }
     assert kinds == {
-        "get_order": "read", "get_policy": "read", "list_files": "read",
-        "refund_item": COMPENSABLE, "send_email": COMPENSABLE, "charge_card": COMPENSABLE,
-        "close_ticket": REVERSIBLE, "add_note": REVERSIBLE, "create_user": REVERSIBLE,
-        "create_file": REVERSIBLE, "rename_file": REVERSIBLE,
-        "delete_file_permanently": IRREVERSIBLE, "call_webhook": IRREVERSIBLE,
+        "get_order": "read",
+        "get_policy": "read",
+        "list_files": "read",
+        "refund_item": COMPENSABLE,
+        "send_email": COMPENSABLE,
+        "charge_card": COMPENSABLE,
+        "close_ticket": REVERSIBLE,
+        "add_note": REVERSIBLE,
+        "create_user": REVERSIBLE,
+        "create_file": REVERSIBLE,
+        "rename_file": REVERSIBLE,
+        "delete_file_permanently": IRREVERSIBLE,
+        "call_webhook": IRREVERSIBLE,
     }
     for agent in ("refund-desk", "onboarding"):
         for spec in get_agent(agent).tools:
@@ -178,8 +188,13 @@ def test_both_agents_share_one_send_email():
 def test_the_onboarding_demo_script_fits_the_tool_schemas():
     agent = get_agent("onboarding")
     calls = [c for turn in agent.demo_script["turns"] for c in turn.get("tool_calls", [])]
-    assert [c["name"] for c in calls] == ["create_user", "create_file", "rename_file", "charge_card",
-                                          "send_email"]
+    assert [c["name"] for c in calls] == [
+        "create_user",
+        "create_file",
+        "rename_file",
+        "charge_card",
+        "send_email",
+    ]
     for call in calls:
         assert call["name"] in agent.tool_names
         assert get_tool(call["name"]).validation_errors(call["input"]) == []
@@ -203,8 +218,10 @@ def test_the_onboarding_demo_undone_in_reverse_leaves_the_world_as_it_was(sandbo
     assert files(sandbox) == {} and folders(sandbox) == []
     assert account_balance("marie") == 0
     assert sorted(Payment.objects.values_list("kind", flat=True)) == ["charge", "refund"]
-    assert [e.subject for e in OutboxEmail.objects.order_by("pk")] == ["Welcome aboard",
-                                                                     "Correction: Welcome aboard"]
+    assert [e.subject for e in OutboxEmail.objects.order_by("pk")] == [
+        "Welcome aboard",
+        "Correction: Welcome aboard",
+    ]
 
 
 # --- refund-desk -----------------------------------------------------------------
@@ -287,8 +304,9 @@ def test_a_ticket_that_was_already_closed_stays_closed(world):
 
 def test_a_note_is_deleted_once(world):
     args = {"order_id": "A-1002", "text": "Customer called."}
-    Note.objects.create(order=Order.objects.get(order_id="A-1002"), text="someone else's",
-                        idempotency_key="other")
+    Note.objects.create(
+        order=Order.objects.get(order_id="A-1002"), text="someone else's", idempotency_key="other"
+    )
     result, pre_state = do("add_note", args)
     assert undo("add_note", args, result, pre_state).startswith("Deleted note")
     assert "nothing to do" in undo("add_note", args, result, pre_state)
@@ -391,10 +409,20 @@ def test_a_permanent_delete_is_irreversible_and_done_once(sandbox):
         do("delete_file_permanently", {"path": "old.txt"}, key="k2")
 
 
-@pytest.mark.parametrize("path", [
-    "../escape.txt", "home/../../escape.txt", "/etc/passwd", "/tmp/escape.txt", "~/escape.txt",
-    "", ".", "./", "a\\..\\..\\escape.txt",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "../escape.txt",
+        "home/../../escape.txt",
+        "/etc/passwd",
+        "/tmp/escape.txt",
+        "~/escape.txt",
+        "",
+        ".",
+        "./",
+        "a\\..\\..\\escape.txt",
+    ],
+)
 def test_paths_outside_the_sandbox_are_refused(sandbox, tmp_path, path):
     for tool, args in [
         ("create_file", {"path": path, "content": "x"}),
@@ -434,8 +462,12 @@ def test_a_compensation_refuses_a_path_outside_the_sandbox_too(sandbox, tmp_path
 def test_a_charge_compensated_by_a_refund_leaves_both_on_the_ledger_and_the_balance_at_zero():
     result, pre_state = do("charge_card", CHARGE)
     made = Payment.objects.get()
-    assert result == {"charge_id": f"CH-{made.pk}", "account": "marie", "amount": "499.50",
-                      "status": "charged"}
+    assert result == {
+        "charge_id": f"CH-{made.pk}",
+        "account": "marie",
+        "amount": "499.50",
+        "status": "charged",
+    }
     assert account_balance("marie") == Decimal("499.50")
 
     assert "Refunded charge" in undo("charge_card", CHARGE, result, pre_state)
@@ -473,8 +505,15 @@ def test_a_webhook_is_delivered_to_the_local_sink_once():
     assert (delivery.url, delivery.payload) == (WEBHOOK["url"], {"user": "marie"})
 
 
-@pytest.mark.parametrize("url", ["http://hooks.example.test/x", "https://example.com/hook",
-                                 "https://hooks.example.test.evil.com/x", "hooks.example.test/x"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://hooks.example.test/x",
+        "https://example.com/hook",
+        "https://hooks.example.test.evil.com/x",
+        "hooks.example.test/x",
+    ],
+)
 def test_a_webhook_to_any_other_host_is_refused(url):
     with pytest.raises(ToolError, match=r"hooks\.example\.test"):
         do("call_webhook", {**WEBHOOK, "url": url})
@@ -500,10 +539,13 @@ def test_a_world_fault_for_one_tool_leaves_the_others_alone(sandbox):
     assert WorldFault.objects.get().remaining == 5
 
 
-@pytest.mark.parametrize(("left_by_the_other_taker", "kind_taken"), [
-    (0, "timeout_after_apply"),  # the first fault is used up: the next one is taken
-    (1, "timeout_before_apply"),  # the first fault has a unit left: it is still taken
-])
+@pytest.mark.parametrize(
+    ("left_by_the_other_taker", "kind_taken"),
+    [
+        (0, "timeout_after_apply"),  # the first fault is used up: the next one is taken
+        (1, "timeout_before_apply"),  # the first fault has a unit left: it is still taken
+    ],
+)
 def test_a_fault_another_taker_used_after_we_looked_is_taken_only_if_it_has_units_left(
     left_by_the_other_taker, kind_taken
 ):
@@ -513,8 +555,7 @@ def test_a_fault_another_taker_used_after_we_looked_is_taken_only_if_it_has_unit
     def another_taker():
         ProviderFault.objects.filter(pk=first.pk).update(remaining=left_by_the_other_taker)
 
-    with just_before_the_first("UPDATE", "tools_providerfault", another_taker), \
-            pytest.raises(UnknownOutcome):
+    with just_before_the_first("UPDATE", "tools_providerfault", another_taker), pytest.raises(UnknownOutcome):
         do("charge_card", CHARGE)
     applied = kind_taken == "timeout_after_apply"
     assert Payment.objects.count() == (1 if applied else 0)
@@ -557,23 +598,51 @@ def test_the_same_key_makes_one_effect_and_reconciles_to_it(world, sandbox, tool
 
 
 SAME_KEY_OTHER_ARGUMENTS = [
-    ("refund_item", {**REFUND, "amount": 100}, {"amount": 200},
-     lambda: Payment.objects.get().amount, Decimal("100.00")),
-    ("send_email", EMAIL, {"subject": "Something else"}, lambda: OutboxEmail.objects.get().subject,
-     EMAIL["subject"]),
-    ("add_note", {"order_id": "A-1001", "text": "hi"}, {"text": "bye"}, lambda: Note.objects.get().text,
-     "hi"),
-    ("create_user", USER, {"email": "curie@example.com"}, lambda: WorldUser.objects.get().email,
-     USER["email"]),
+    (
+        "refund_item",
+        {**REFUND, "amount": 100},
+        {"amount": 200},
+        lambda: Payment.objects.get().amount,
+        Decimal("100.00"),
+    ),
+    (
+        "send_email",
+        EMAIL,
+        {"subject": "Something else"},
+        lambda: OutboxEmail.objects.get().subject,
+        EMAIL["subject"],
+    ),
+    (
+        "add_note",
+        {"order_id": "A-1001", "text": "hi"},
+        {"text": "bye"},
+        lambda: Note.objects.get().text,
+        "hi",
+    ),
+    (
+        "create_user",
+        USER,
+        {"email": "curie@example.com"},
+        lambda: WorldUser.objects.get().email,
+        USER["email"],
+    ),
     ("create_file", FILE, {"content": "Other"}, lambda: FileOperation.objects.get().size, 16),
     ("charge_card", CHARGE, {"amount": 1}, lambda: Payment.objects.get().amount, Decimal("499.50")),
-    ("call_webhook", WEBHOOK, {"payload": {"user": "pierre"}}, lambda: WebhookDelivery.objects.get().payload,
-     WEBHOOK["payload"]),
+    (
+        "call_webhook",
+        WEBHOOK,
+        {"payload": {"user": "pierre"}},
+        lambda: WebhookDelivery.objects.get().payload,
+        WEBHOOK["payload"],
+    ),
 ]
 
 
-@pytest.mark.parametrize(("tool", "args", "change", "stored", "first_value"), SAME_KEY_OTHER_ARGUMENTS,
-                         ids=[row[0] for row in SAME_KEY_OTHER_ARGUMENTS])
+@pytest.mark.parametrize(
+    ("tool", "args", "change", "stored", "first_value"),
+    SAME_KEY_OTHER_ARGUMENTS,
+    ids=[row[0] for row in SAME_KEY_OTHER_ARGUMENTS],
+)
 def test_the_same_key_with_other_arguments_gets_the_first_effect_unchanged(
     world, sandbox, tool, args, change, stored, first_value
 ):
@@ -599,8 +668,10 @@ def test_a_username_another_process_took_after_we_looked_is_refused_as_taken():
     def someone_else():
         WorldUser.objects.create(username="marie", email="other@example.com", idempotency_key="other")
 
-    with another_process_inserts_after_our_first_look('"tools_worlduser"', someone_else), \
-            pytest.raises(ToolError, match="'marie' is taken"):
+    with (
+        another_process_inserts_after_our_first_look('"tools_worlduser"', someone_else),
+        pytest.raises(ToolError, match="'marie' is taken"),
+    ):
         do("create_user", USER)
     assert list(WorldUser.objects.values_list("idempotency_key", flat=True)) == ["other"]
 
@@ -611,8 +682,9 @@ def test_a_charge_another_process_refunded_after_we_looked_is_not_refunded_twice
     charge = Payment.objects.get()
 
     def another_compensation():
-        Payment.objects.create(kind="refund", account="marie", amount=charge.amount, reverses=charge,
-                               idempotency_key="another")
+        Payment.objects.create(
+            kind="refund", account="marie", amount=charge.amount, reverses=charge, idempotency_key="another"
+        )
 
     # Just after we asked "is this charge refunded already?" and heard no.
     with another_process_inserts_after_our_first_look('"reverses_id" = ', another_compensation):
@@ -636,8 +708,12 @@ def test_a_reconcile_counts_under_its_own_tools_name(world, tool):
 
 
 def test_every_write_tool_is_in_the_reconcile_table():
-    writes = {spec.name for agent in ("refund-desk", "onboarding") for spec in get_agent(agent).tools
-              if not spec.is_read}
+    writes = {
+        spec.name
+        for agent in ("refund-desk", "onboarding")
+        for spec in get_agent(agent).tools
+        if not spec.is_read
+    }
     assert writes == set(RECONCILE_ARGS)
 
 
@@ -661,9 +737,13 @@ def test_a_rename_with_the_same_key_is_done_once(sandbox):
 
 def test_a_file_write_interrupted_before_it_was_journalled_done_is_finished_not_repeated(sandbox):
     # The crash came after the file was written, before the journal said done.
-    FileOperation.objects.create(idempotency_key="k1", action="create", path=FILE["path"],
-                                 sha256=hashlib.sha256(FILE["content"].encode()).hexdigest(),
-                                 size=16)
+    FileOperation.objects.create(
+        idempotency_key="k1",
+        action="create",
+        path=FILE["path"],
+        sha256=hashlib.sha256(FILE["content"].encode()).hexdigest(),
+        size=16,
+    )
     write(sandbox, FILE["path"], FILE["content"])
     assert get_tool("create_file").reconcile(CTX, FILE) is None  # unknown: the engine re-runs it
     result, _ = do("create_file", FILE)
@@ -711,9 +791,17 @@ def test_counters_move_on_every_call_that_reaches_the_world(world, sandbox):
     get_tool("rename_file").reconcile(CTX, rename)
 
     assert counters.snapshot() == {
-        "get_order": 2, "get_policy": 1, "list_files": 2, "close_ticket": 1, "close_ticket:capture": 1,
-        "close_ticket:compensate": 1, "close_ticket:reconcile": 1,
-        "rename_file": 3, "rename_file:capture": 2, "rename_file:compensate": 1, "rename_file:reconcile": 1,
+        "get_order": 2,
+        "get_policy": 1,
+        "list_files": 2,
+        "close_ticket": 1,
+        "close_ticket:capture": 1,
+        "close_ticket:compensate": 1,
+        "close_ticket:reconcile": 1,
+        "rename_file": 3,
+        "rename_file:capture": 2,
+        "rename_file:compensate": 1,
+        "rename_file:reconcile": 1,
     }
     assert counters.total() == 16
 

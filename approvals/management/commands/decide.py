@@ -69,8 +69,12 @@ class Command(BaseCommand):
             self._require_hash_if_edited(int(approval_id))
         try:
             if approve:
-                decision = Decision.approve(comment=comment, args_hash=args_hash, edit=edited,
-                                            confirm_irreversible=confirm_irreversible)
+                decision = Decision.approve(
+                    comment=comment,
+                    args_hash=args_hash,
+                    edit=edited,
+                    confirm_irreversible=confirm_irreversible,
+                )
             else:
                 decision = Decision.decline(comment, args_hash=args_hash)
             result = approval_decide(

@@ -18,9 +18,11 @@ class Command(BaseCommand):
 
     def handle(self, *args, run_id, as_json, **options):
         run = run_by_id(run_id)
-        pending = ApprovalRequest.objects.filter(
-            run=run, status=ApprovalRequest.Status.PENDING
-        ).select_related("tool_call", "rule", "proposal__proposed_by").prefetch_related("required_groups")
+        pending = (
+            ApprovalRequest.objects.filter(run=run, status=ApprovalRequest.Status.PENDING)
+            .select_related("tool_call", "rule", "proposal__proposed_by")
+            .prefetch_related("required_groups")
+        )
         data = {
             "id": run.pk,
             "agent": run.agent,
@@ -30,10 +32,15 @@ class Command(BaseCommand):
             "status": run.status,
             "step": run.step,
             "messages": run.message_count,
-            "usage": {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens,
-                      "cost": str(run.cost)},
-            "lease": {"owner": run.lease_owner,
-                      "until": run.lease_until.isoformat() if run.lease_until else None},
+            "usage": {
+                "input_tokens": run.input_tokens,
+                "output_tokens": run.output_tokens,
+                "cost": str(run.cost),
+            },
+            "lease": {
+                "owner": run.lease_owner,
+                "until": run.lease_until.isoformat() if run.lease_until else None,
+            },
             "error": run.error,
             "pending_approvals": [_pending(approval) for approval in pending],
         }
@@ -42,9 +49,7 @@ class Command(BaseCommand):
             return
         self.stdout.write(f"Run {run.pk} [{run.agent}] {run.status} at step {run.step}")
         self.stdout.write(f"  task: {run.task}")
-        self.stdout.write(
-            f"  usage: {run.input_tokens} in / {run.output_tokens} out tokens, ${run.cost}"
-        )
+        self.stdout.write(f"  usage: {run.input_tokens} in / {run.output_tokens} out tokens, ${run.cost}")
         if run.error:
             self.stdout.write(f"  error: {run.error}")
         for item in data["pending_approvals"]:

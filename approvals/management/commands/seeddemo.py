@@ -26,8 +26,7 @@ USERS = (
 RULES = (
     ("Refunds up to ₹500", "refund_item", "", "gt", "", "allow", 0, None),
     ("Refunds over ₹500", "refund_item", "amount", "gt", "500", "needs_approval", 10, "reviewers"),
-    ("Refunds over ₹5,000", "refund_item", "amount", "gt", "5000", "needs_approval", 20,
-     "senior-reviewers"),
+    ("Refunds over ₹5,000", "refund_item", "amount", "gt", "5000", "needs_approval", 20, "senior-reviewers"),
     ("Emails to customers", "send_email", "", "gt", "", "needs_approval", 10, "reviewers"),
     ("Closing tickets", "close_ticket", "", "gt", "", "allow", 0, None),
     ("Internal notes", "add_note", "", "gt", "", "allow", 0, None),
@@ -43,8 +42,19 @@ RULES = (
 # threshold. name, tool, aggregate, field, scope, scope_fact, operator, value, effect,
 # priority, group. Below the per-call rules, above the catch-all allow.
 AGGREGATE_RULES = (
-    ("Refunds per order over ₹500 in total need approval", "refund_item", "sum", "amount", "fact",
-     "order_id", "gt", "500", "needs_approval", 5, "reviewers"),
+    (
+        "Refunds per order over ₹500 in total need approval",
+        "refund_item",
+        "sum",
+        "amount",
+        "fact",
+        "order_id",
+        "gt",
+        "500",
+        "needs_approval",
+        5,
+        "reviewers",
+    ),
 )
 
 
@@ -53,7 +63,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument(
-            "--demo-run", action="store_true",
+            "--demo-run",
+            action="store_true",
             help="also start the refund-desk demo run (if there is no run yet) up to its first gate",
         )
 
@@ -66,8 +77,9 @@ class Command(BaseCommand):
             path = settings.VAR_DIR / "demo-password.txt"
             path.write_text(password + "\n")
             path.chmod(0o600)
-            self.stdout.write(f"Demo users {', '.join(u[0] for u in USERS)} created; "
-                              f"password: {password} (also in {path})")
+            self.stdout.write(
+                f"Demo users {', '.join(u[0] for u in USERS)} created; password: {password} (also in {path})"
+            )
         elif settings.DESK_DEMO_PASSWORD:
             self.stdout.write("Demo users ready; password from DESK_DEMO_PASSWORD.")
         else:
@@ -75,8 +87,7 @@ class Command(BaseCommand):
         self.stdout.write(f"World seeded; {GateRule.objects.count()} gate rules.")
         if demo_run and not Run.objects.exists():
             requester = get_user_model().objects.get(username="requester")
-            run = run_create(agent_name="refund-desk", task=DEMO_TASK, requester=requester,
-                             enqueue=False)
+            run = run_create(agent_name="refund-desk", task=DEMO_TASK, requester=requester, enqueue=False)
             run_advance_until_settled(run.pk)
             run.refresh_from_db()
             self.stdout.write(f"Demo run {run.pk}: {run.status} at step {run.step}.")
@@ -98,8 +109,12 @@ class Command(BaseCommand):
         for username, group_names, superuser in USERS:
             user, created = User.objects.get_or_create(
                 username=username,
-                defaults={"email": f"{username}@countersign.local", "first_name": username.title(),
-                          "is_staff": superuser, "is_superuser": superuser},
+                defaults={
+                    "email": f"{username}@countersign.local",
+                    "first_name": username.title(),
+                    "is_staff": superuser,
+                    "is_superuser": superuser,
+                },
             )
             if created or settings.DESK_DEMO_PASSWORD:
                 user.set_password(password)
@@ -113,15 +128,40 @@ class Command(BaseCommand):
             if GateRule.objects.filter(name=name).exists():
                 continue
             GateRule.objects.create(
-                name=name, tool=tool, field=field, operator=operator, value=value, effect=effect,
-                priority=priority, required_group=Group.objects.get(name=group) if group else None,
+                name=name,
+                tool=tool,
+                field=field,
+                operator=operator,
+                value=value,
+                effect=effect,
+                priority=priority,
+                required_group=Group.objects.get(name=group) if group else None,
             )
-        for (name, tool, aggregate, field, scope, scope_fact, operator, value, effect, priority,
-             group) in AGGREGATE_RULES:
+        for (
+            name,
+            tool,
+            aggregate,
+            field,
+            scope,
+            scope_fact,
+            operator,
+            value,
+            effect,
+            priority,
+            group,
+        ) in AGGREGATE_RULES:
             if GateRule.objects.filter(name=name).exists():
                 continue
             GateRule.objects.create(
-                name=name, tool=tool, aggregate=aggregate, field=field, scope=scope, scope_fact=scope_fact,
-                operator=operator, value=value, effect=effect, priority=priority,
+                name=name,
+                tool=tool,
+                aggregate=aggregate,
+                field=field,
+                scope=scope,
+                scope_fact=scope_fact,
+                operator=operator,
+                value=value,
+                effect=effect,
+                priority=priority,
                 required_group=Group.objects.get(name=group) if group else None,
             )

@@ -21,7 +21,8 @@ class Command(BaseCommand):
         parser.add_argument("run_id")
         parser.add_argument("--sync", action="store_true", help="advance here, without a worker")
         parser.add_argument(
-            "--steal", action="store_true",
+            "--steal",
+            action="store_true",
             help="take the lease at once (you vouch that its owner is dead)",
         )
 

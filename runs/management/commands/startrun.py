@@ -31,8 +31,9 @@ class Command(BaseCommand):
             raise CommandError(str(exc).strip("'\"")) from None
         requester = user_by_name(user)
         try:
-            run = run_create(agent_name=agent, task=task, requester=requester, script=scenario,
-                             enqueue=not sync)
+            run = run_create(
+                agent_name=agent, task=task, requester=requester, script=scenario, enqueue=not sync
+            )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(str(run.pk))

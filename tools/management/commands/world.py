@@ -11,8 +11,10 @@ from tools.payments import account_balance, refunded_total
 
 
 class Command(BaseCommand):
-    help = ("Show the sandbox world: orders, payments ledger, outbox, tickets, notes, users, "
-            "files, webhook deliveries, counters.")
+    help = (
+        "Show the sandbox world: orders, payments ledger, outbox, tickets, notes, users, "
+        "files, webhook deliveries, counters."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--json", action="store_true", dest="as_json")
@@ -22,37 +24,70 @@ class Command(BaseCommand):
         accounts = sorted({payment.account for payment in payments if payment.account})
         data = {
             "orders": [
-                {"order_id": order.order_id, "item": order.item, "amount": str(order.amount),
-                 "refunded": str(refunded_total(order)), "customer": order.customer.name,
-                 "email": order.customer.email, "ticket": order.ticket.ticket_id if order.ticket else None}
+                {
+                    "order_id": order.order_id,
+                    "item": order.item,
+                    "amount": str(order.amount),
+                    "refunded": str(refunded_total(order)),
+                    "customer": order.customer.name,
+                    "email": order.customer.email,
+                    "ticket": order.ticket.ticket_id if order.ticket else None,
+                }
                 for order in Order.objects.select_related("customer", "ticket").order_by("order_id")
             ],
             "payments": [
-                {"id": payment.pk, "kind": payment.kind,
-                 "order_id": payment.order.order_id if payment.order else None,
-                 "account": payment.account, "amount": str(payment.amount), "reason": payment.reason,
-                 "reverses": payment.reverses_id, "idempotency_key": payment.idempotency_key,
-                 "created_at": payment.created_at.isoformat()}
+                {
+                    "id": payment.pk,
+                    "kind": payment.kind,
+                    "order_id": payment.order.order_id if payment.order else None,
+                    "account": payment.account,
+                    "amount": str(payment.amount),
+                    "reason": payment.reason,
+                    "reverses": payment.reverses_id,
+                    "idempotency_key": payment.idempotency_key,
+                    "created_at": payment.created_at.isoformat(),
+                }
                 for payment in payments
             ],
             "balances": {account: str(account_balance(account)) for account in accounts},
             "outbox": [
-                {"id": email.pk, "to": email.to, "subject": email.subject, "body": email.body,
-                 "idempotency_key": email.idempotency_key}
+                {
+                    "id": email.pk,
+                    "to": email.to,
+                    "subject": email.subject,
+                    "body": email.body,
+                    "idempotency_key": email.idempotency_key,
+                }
                 for email in OutboxEmail.objects.order_by("pk")
             ],
-            "tickets": [{"ticket_id": ticket.ticket_id, "status": ticket.status}
-                        for ticket in Ticket.objects.order_by("ticket_id")],
-            "notes": [{"id": note.pk, "order_id": note.order.order_id, "text": note.text}
-                      for note in Note.objects.select_related("order").order_by("pk")],
-            "users": [{"id": user.pk, "username": user.username, "email": user.email,
-                       "idempotency_key": user.idempotency_key}
-                      for user in WorldUser.objects.order_by("pk")],
+            "tickets": [
+                {"ticket_id": ticket.ticket_id, "status": ticket.status}
+                for ticket in Ticket.objects.order_by("ticket_id")
+            ],
+            "notes": [
+                {"id": note.pk, "order_id": note.order.order_id, "text": note.text}
+                for note in Note.objects.select_related("order").order_by("pk")
+            ],
+            "users": [
+                {
+                    "id": user.pk,
+                    "username": user.username,
+                    "email": user.email,
+                    "idempotency_key": user.idempotency_key,
+                }
+                for user in WorldUser.objects.order_by("pk")
+            ],
             "sandbox": str(sandbox_root()),
             "files": sandbox_files(),
-            "webhooks": [{"id": delivery.pk, "url": delivery.url, "payload": delivery.payload,
-                          "idempotency_key": delivery.idempotency_key}
-                         for delivery in WebhookDelivery.objects.order_by("pk")],
+            "webhooks": [
+                {
+                    "id": delivery.pk,
+                    "url": delivery.url,
+                    "payload": delivery.payload,
+                    "idempotency_key": delivery.idempotency_key,
+                }
+                for delivery in WebhookDelivery.objects.order_by("pk")
+            ],
             "counters": counters.snapshot(),
         }
         if as_json:
@@ -60,9 +95,11 @@ class Command(BaseCommand):
             return
         self.stdout.write("Orders:")
         for order in data["orders"]:
-            self.stdout.write(f"  {order['order_id']} {order['item']}: ₹{order['amount']} "
-                              f"(refunded ₹{order['refunded']}) {order['customer']} <{order['email']}> "
-                              f"ticket {order['ticket']}")
+            self.stdout.write(
+                f"  {order['order_id']} {order['item']}: ₹{order['amount']} "
+                f"(refunded ₹{order['refunded']}) {order['customer']} <{order['email']}> "
+                f"ticket {order['ticket']}"
+            )
         self.stdout.write(f"Payments ledger ({len(data['payments'])}):")
         for payment in data["payments"]:
             on = payment["order_id"] or payment["account"]

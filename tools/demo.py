@@ -83,12 +83,9 @@ def get_policy(ctx: ToolContext, args: dict) -> str:
 # --- writes ----------------------------------------------------------------
 @counted("refund_item")
 def refund_item(ctx: ToolContext, args: dict) -> dict:
-    amount = payments.money(args["amount"])
-    if amount <= 0:
-        raise ToolError("amount must be positive.")
     payment = payments.refund(
         order_id=args["order_id"],
-        amount=amount,
+        amount=payments.amount_to_pay(args["amount"]),
         reason=args["reason"],
         idempotency_key=ctx.idempotency_key,
     )

@@ -385,12 +385,9 @@ def _charge_result(payment: Payment) -> dict:
 
 @counted("charge_card")
 def charge_card(ctx: ToolContext, args: dict) -> dict:
-    amount = payments.money(args["amount"])
-    if amount <= 0:
-        raise ToolError("amount must be positive.")
     payment = payments.charge(
         account=args["account"],
-        amount=amount,
+        amount=payments.amount_to_pay(args["amount"]),
         description=args["description"],
         idempotency_key=ctx.idempotency_key,
     )

@@ -41,6 +41,14 @@ def money(value) -> Decimal:
     return amount.quantize(CENT)
 
 
+def amount_to_pay(value) -> Decimal:
+    """The amount of a refund or a charge: ``money`` and more than zero."""
+    amount = money(value)
+    if amount <= 0:
+        raise ToolError("amount must be positive.")
+    return amount
+
+
 def payment_facts(args: dict) -> dict:
     """What a gate rule may test about a payment: its arguments, with ``amount`` as a
     Decimal when it reads as a number (2900, 2900.0 and "2900.00" compare alike)."""

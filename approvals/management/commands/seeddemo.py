@@ -39,23 +39,23 @@ RULES = (
     ("Charges over ₹1,000", "charge_card", "amount", "gt", "1000", "needs_approval", 10, "reviewers"),
 )
 # Aggregate rules: a running total, so that splitting a refund does not beat the
-# threshold. name, tool, aggregate, field, scope, scope_fact, operator, value, effect,
-# priority, group. Below the per-call rules, above the catch-all allow.
+# threshold. Below the per-call rules, above the catch-all allow.
 AGGREGATE_RULES = (
-    (
-        "Refunds per order over ₹500 in total need approval",
-        "refund_item",
-        "sum",
-        "amount",
-        "fact",
-        "order_id",
-        "gt",
-        "500",
-        "needs_approval",
-        5,
-        "reviewers",
-    ),
+    {
+        "name": "Refunds per order over ₹500 in total need approval",
+        "tool": "refund_item",
+        "aggregate": "sum",
+        "field": "amount",
+        "scope": "fact",
+        "scope_fact": "order_id",
+        "operator": "gt",
+        "value": "500",
+        "effect": "needs_approval",
+        "priority": 5,
+        "group": "reviewers",
+    },
 )
+RULE_FIELDS = ("name", "tool", "field", "operator", "value", "effect", "priority", "group")
 
 
 class Command(BaseCommand):
@@ -124,44 +124,9 @@ class Command(BaseCommand):
         return password, created_any
 
     def _rules(self) -> None:
-        for name, tool, field, operator, value, effect, priority, group in RULES:
-            if GateRule.objects.filter(name=name).exists():
+        for rule in [*(dict(zip(RULE_FIELDS, rule, strict=True)) for rule in RULES), *AGGREGATE_RULES]:
+            fields = {**rule}
+            if GateRule.objects.filter(name=fields["name"]).exists():
                 continue
-            GateRule.objects.create(
-                name=name,
-                tool=tool,
-                field=field,
-                operator=operator,
-                value=value,
-                effect=effect,
-                priority=priority,
-                required_group=Group.objects.get(name=group) if group else None,
-            )
-        for (
-            name,
-            tool,
-            aggregate,
-            field,
-            scope,
-            scope_fact,
-            operator,
-            value,
-            effect,
-            priority,
-            group,
-        ) in AGGREGATE_RULES:
-            if GateRule.objects.filter(name=name).exists():
-                continue
-            GateRule.objects.create(
-                name=name,
-                tool=tool,
-                aggregate=aggregate,
-                field=field,
-                scope=scope,
-                scope_fact=scope_fact,
-                operator=operator,
-                value=value,
-                effect=effect,
-                priority=priority,
-                required_group=Group.objects.get(name=group) if group else None,
-            )
+            group = fields.pop("group")
+            GateRule.objects.create(**fields, required_group=Group.objects.get(name=group) if group else None)

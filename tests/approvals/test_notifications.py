@@ -369,3 +369,38 @@ def test_an_email_sent_after_a_rewind_reports_the_branch_it_was_about(users):
     assert "Order A-1001 is fine." in emails[f"run:{run.pk}:g0:done"]
     assert "never shipped" not in emails[f"run:{run.pk}:g0:done"]
     assert "Order A-1001 was never shipped." in emails[f"run:{run.pk}:g1:done"]
+
+
+def test_a_server_that_cannot_be_reached_leaves_the_email_plainly_pending(users, monkeypatch):
+    # Refused at connect time: nothing was handed over, so the row is not "sending"
+    # (outcome unknown) but pending, for the retry.
+    run = start(requester=users["requester"])
+    note = Notification.objects.get(approval=the_approval(run), recipient="reviewer@countersign.local")
+
+    def refuse(backend):
+        raise ConnectionRefusedError("Connection refused")
+
+    monkeypatch.setattr(EmailBackend, "open", refuse)
+    with pytest.raises(ConnectionRefusedError):
+        notification_send(notification_id=note.pk)
+    note.refresh_from_db()
+    assert note.status == "pending" and note.attempts == 1
+    assert note.last_error == "ConnectionRefusedError: Connection refused"
+    assert mail.outbox == []
+
+
+def test_an_approval_nobody_may_decide_records_no_email_and_says_so(users, caplog):
+    # The rule's group is empty and the one superuser has no email address: nobody
+    # can be told, and the log says why.
+    from django.contrib.auth.models import Group
+
+    from approvals.models import GateRule
+
+    lonely = Group.objects.create(name="nobody-here")
+    GateRule.objects.filter(name="Refunds over ₹500").update(required_group=lonely)
+    users["admin"].email = ""
+    users["admin"].save()
+    run = start(requester=users["requester"])
+    approval = the_approval(run)
+    assert not Notification.objects.filter(approval=approval).exists()
+    assert f"approval {approval.pk}: nobody may decide it" in caplog.text

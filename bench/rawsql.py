@@ -9,7 +9,8 @@ tool_result message, the call and the Step checkpoint. This script writes exactl
 those rows for N steps of one run, in one process on fresh SQLite files (the
 project's durable settings, DEBUG off), two ways:
 
-- ``raw``: ``runs.rawsql.insert_objects`` and ``update_rows``, as the engine does;
+- ``raw``: ``runs.rawsql.insert_rows`` (the messages, the checkpoint), ``insert_objects``
+  (the call) and ``update_rows``, as the engine does;
 - ``orm``: ``Model.objects.bulk_create`` and ``QuerySet.update`` for the same rows.
 
 The two alternate in rounds of N steps each (raw, orm, raw, orm, ...) so machine
@@ -47,7 +48,7 @@ def one_round(run, start: int, n: int, *, raw: bool) -> float:
     from django.utils import timezone
 
     from runs.models import Message, Run, Step, ToolCall
-    from runs.rawsql import insert_objects, update_rows
+    from runs.rawsql import insert_objects, insert_rows, update_rows
 
     t0 = time.perf_counter()
     for step in range(start, start + n):
@@ -58,8 +59,8 @@ def one_round(run, start: int, n: int, *, raw: bool) -> float:
         ]
         results = [{"type": "tool_result", "tool_use_id": f"tu_{step}", "content": str(RESULT)}]
         messages = [
-            Message(run=run, seq=seq, role="assistant", content=assistant),
-            Message(run=run, seq=seq + 1, role="user", content=results),
+            {"run_id": run.pk, "seq": seq, "role": "assistant", "content": assistant},
+            {"run_id": run.pk, "seq": seq + 1, "role": "user", "content": results},
         ]
         call = ToolCall(
             run=run,
@@ -74,7 +75,13 @@ def one_round(run, start: int, n: int, *, raw: bool) -> float:
             result=RESULT,
             finished_at=timezone.now(),
         )
-        checkpoint = Step(run=run, number=step, message_count=seq, status="running", digest="d" * 64)
+        checkpoint = {
+            "run_id": run.pk,
+            "number": step,
+            "message_count": seq,
+            "status": "running",
+            "digest": "d" * 64,
+        }
         fields = {
             "step": step + 1,
             "message_count": seq + 2,
@@ -85,16 +92,16 @@ def one_round(run, start: int, n: int, *, raw: bool) -> float:
         with transaction.atomic():
             if raw:
                 update_rows(Run, {"id": run.pk, "lease_owner": "bench", "status": "running"}, fields)
-                insert_objects(messages)
+                insert_rows(Message, messages)
                 insert_objects([call])
-                insert_objects([checkpoint])
+                insert_rows(Step, [checkpoint])
             else:
                 Run.objects.filter(pk=run.pk, lease_owner="bench", status="running").update(
                     updated_at=timezone.now(), **fields
                 )
-                Message.objects.bulk_create(messages)
+                Message.objects.bulk_create([Message(**message) for message in messages])
                 ToolCall.objects.bulk_create([call])
-                Step.objects.bulk_create([checkpoint])
+                Step.objects.bulk_create([Step(**checkpoint)])
     return (time.perf_counter() - t0) / n
 
 

@@ -18,7 +18,7 @@ from runs.models import Run, ToolCall
 
 from .models import ApprovalRequest, GateRule, as_comparable, rule_label
 from .notifications import notify_run_finished
-from .services import approval_open
+from .services import approval_open, approvals_cancel
 
 OPERATOR_SYMBOLS = dict(GateRule.Operator.choices)
 
@@ -120,20 +120,12 @@ class RuleGate:
 
     def run_ended(self, *, run, actor, reason: str) -> None:
         # Nothing is left to decide on a run that ended.
-        ApprovalRequest.objects.filter(run_id=run.pk, status=ApprovalRequest.Status.PENDING).update(
-            status=ApprovalRequest.Status.CANCELLED,
-            decided_at=timezone.now(),
-            comment=f"run {run.status}",
-        )
+        approvals_cancel(ApprovalRequest.objects.filter(run_id=run.pk), comment=f"run {run.status}")
         if run.status in (Run.Status.DONE, Run.Status.FAILED):
             notify_run_finished(run=run)
 
     def call_withdrawn(self, *, call, actor, reason: str) -> None:
-        ApprovalRequest.objects.filter(tool_call_id=call.pk, status=ApprovalRequest.Status.PENDING).update(
-            status=ApprovalRequest.Status.CANCELLED,
-            decided_at=timezone.now(),
-            comment=reason,
-        )
+        approvals_cancel(ApprovalRequest.objects.filter(tool_call_id=call.pk), comment=reason)
 
 
 # --- aggregate rules -----------------------------------------------------------

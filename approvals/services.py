@@ -581,6 +581,14 @@ def _close(
     return run_wake_if_ready(run_id=approval.run_id, actor=actor)
 
 
+def approvals_cancel(approvals, *, comment: str) -> int:
+    """Cancel the pending ones of ``approvals``: what they were about was withdrawn or
+    its run ended, so nobody is left to decide them (a late decision gets AlreadyDecided)."""
+    return approvals.filter(status=ApprovalRequest.Status.PENDING).update(
+        status=ApprovalRequest.Status.CANCELLED, decided_at=timezone.now(), comment=comment
+    )
+
+
 def _display_name(user) -> str:
     return user.get_full_name() or user.get_username()
 

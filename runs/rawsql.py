@@ -22,7 +22,7 @@ from django.utils import timezone
 
 
 @cache
-def insert_fields(model) -> tuple:
+def _insert_fields(model) -> tuple:
     """What save() would insert: every concrete field but an automatic primary key."""
     return tuple(
         field
@@ -51,7 +51,7 @@ class _Missing:
 @cache
 def _insert_plan(model, connection_alias: str, count: int):
     connection = connections[connection_alias]
-    fields = insert_fields(model)
+    fields = _insert_fields(model)
     quote = connection.ops.quote_name
     columns = ", ".join(quote(field.column) for field in fields)
     row_sql = "(" + ", ".join(["%s"] * len(fields)) + ")"
@@ -80,7 +80,7 @@ def insert_objects(objects: Sequence[models.Model]) -> None:
     """INSERT unsaved instances of one model in one statement (their primary keys
     are not read back: use ``bulk_create`` where they are needed)."""
     if objects:
-        fields = insert_fields(type(objects[0]))
+        fields = _insert_fields(type(objects[0]))
         insert_rows(type(objects[0]), [{f.attname: f.pre_save(obj, True) for f in fields} for obj in objects])
 
 

@@ -11,8 +11,10 @@ import pytest
 from django.core.management import CommandError
 
 from approvals.models import ApprovalRequest
+from approvals.services import AlreadyDecided
 from runs.models import Run, ToolCall
 from tests.helpers import (
+    decide,
     finished_demo,
     hold_lease,
     onboarding_with_a_permanent_delete,
@@ -313,6 +315,11 @@ def test_rewinding_a_waiting_run_withdraws_the_call_it_waited_on(users):
     refund = ToolCall.objects.get(run=run, tool_name="refund_item")
     assert (refund.status, refund.result) == (ToolCall.Status.DENIED, "Withdrawn: the run was rewound.")
     assert Payment.objects.count() == 0
+    # A reviewer whose page still shows the withdrawn refund approves it: refused, nothing runs.
+    with pytest.raises(AlreadyDecided):
+        decide(ApprovalRequest.objects.get(tool_call=refund), users["reviewer"])
+    refund.refresh_from_db()
+    assert refund.status == ToolCall.Status.DENIED and Payment.objects.count() == 0
 
 
 def test_a_rewind_across_a_call_that_cannot_be_undone_is_refused_and_changes_nothing(users, sandbox):

@@ -37,6 +37,9 @@ class Verdict:
     # What an aggregate rule added up (so far, this call, total, threshold, scope), for
     # people: the desk shows "₹2,450 so far on A-1001 + ₹490 = ₹2,940 > ₹500".
     detail: dict | None = None
+    # Who a needs_approval verdict waits for, for people: "reviewers (1)",
+    # "senior-reviewers (2)" (a dry run reports it; nothing is opened).
+    needs: str = ""
 
 
 class Gate(Protocol):
@@ -59,6 +62,13 @@ class Gate(Protocol):
         """A call that was waiting for a decision was withdrawn (a rewind abandoned
         its branch): its request is no longer anyone's to decide."""
 
+    def open_guard(
+        self, *, run: Run, kind: str, reason: str, detail: dict, call: ToolCall | None = None
+    ) -> None:
+        """A guard tripped (``kind``: budget, stuck, verify, outcome): put the run in
+        front of a person through the one queue, notify on commit. Called inside the
+        transaction that moves the run to waiting."""
+
 
 class ReadsOnlyGate:
     """Fallback gate: reads run, anything else is denied. Used when no gate is set."""
@@ -77,6 +87,23 @@ class ReadsOnlyGate:
     def call_withdrawn(self, *, call: ToolCall, actor, reason: str) -> None:
         pass
 
+    def open_guard(
+        self, *, run: Run, kind: str, reason: str, detail: dict, call: ToolCall | None = None
+    ) -> None:
+        pass  # nobody to ask: the run waits until an operator acts on it
+
+
+# What a person may do with each kind of request (ApprovalRequest.kind), applied by
+# the services in runs.services. "call" keeps approve / decline / respond.
+HAND_OVER = "hand_over"
+GUARD_ACTIONS: dict[str, tuple[str, ...]] = {
+    "call": (HAND_OVER,),
+    "budget": ("grant", "stop", HAND_OVER),
+    "stuck": ("continue", "stop", HAND_OVER),
+    "verify": ("accept", "send_back", HAND_OVER),
+    "outcome": ("happened", "not_happened", HAND_OVER),
+}
+
 
 def review_call(*, run: Run, call: ToolCall, spec: ToolSpec) -> Verdict:
     """The configured gate's verdict on a proposal, with what no rule can change:
@@ -91,6 +118,7 @@ def review_call(*, run: Run, call: ToolCall, spec: ToolSpec) -> Verdict:
             rule=verdict.rule,
             rule_id=verdict.rule_id,
             detail=verdict.detail,
+            needs=verdict.needs or "a reviewer (1)",
             reason=f"irreversible: {call.tool_name} cannot be undone"
             + (f"; {verdict.reason}" if verdict.reason else ""),
         )

@@ -29,6 +29,30 @@ class CallStatus(models.TextChoices):
     DENIED = "denied"
     RESPONDED = "responded"  # a reviewer answered in the tool's place; nothing ran
     COMPENSATED = "compensated"
+    # A write whose outcome stayed unknown (reconcile could not tell, retries timed
+    # out): it waits for a person to say whether it happened.
+    UNKNOWN = "unknown", "outcome unknown"
+    PREVIEWED = "previewed"  # a dry run: the tool said what it would do; nothing ran
+
+
+class GuardKind(models.TextChoices):
+    """What a request in the one queue is about (ApprovalRequest.kind)."""
+
+    CALL = "call", "gated call"
+    BUDGET = "budget", "budget spent"
+    STUCK = "stuck", "no progress"
+    VERIFY = "verify", "verification failed"
+    OUTCOME = "outcome", "outcome unknown"
+
+
+class RunGuard(models.TextChoices):
+    """What a waiting run waits on besides its calls' approvals."""
+
+    NONE = "", "nothing"
+    BUDGET = "budget", "a budget decision"
+    STUCK = "stuck", "a decision on a run that makes no progress"
+    VERIFY = "verify", "a decision on a failed verification"
+    VERSION = "version", "a repin: its agent changed"
 
 
 class Run(models.Model):
@@ -53,7 +77,29 @@ class Run(models.Model):
     step = models.PositiveIntegerField(default=0)
     # Length of the transcript: the next message's sequence number.
     message_count = models.PositiveIntegerField(default=0)
+    # Budgets (None: no limit): steps, tokens (input and output together), cost.
     max_steps = models.PositiveIntegerField(default=50)
+    max_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    max_cost = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    # The last model call's input tokens: the next call's input is at least this.
+    last_input_tokens = models.PositiveBigIntegerField(default=0)
+    # The model the run is pinned to ("scripted" or an Anthropic model id).
+    model = models.CharField(max_length=100, blank=True)
+    # Task parameters (order_id=A-1001): what verification checks the world for.
+    params = models.JSONField(default=dict, blank=True)
+    # A dry run: reads run, writes only say what they would do.
+    dry_run = models.BooleanField(default=False)
+    # Guards: the agent's stage, steps since the run last made progress, and what a
+    # waiting run waits on besides approvals of its calls.
+    stage = models.CharField(max_length=50, blank=True)
+    stalled_steps = models.PositiveIntegerField(default=0)
+    guard = models.CharField(max_length=20, choices=RunGuard.choices, blank=True, default="")
+    # Verification against the world before done: when, and what was checked.
+    verified_at = models.DateTimeField(null=True, blank=True)
+    verification = models.JSONField(null=True, blank=True)
+    handed_over_to = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     input_tokens = models.PositiveBigIntegerField(default=0)
     output_tokens = models.PositiveBigIntegerField(default=0)
     cost = models.DecimalField(max_digits=12, decimal_places=6, default=0)
@@ -84,8 +130,10 @@ class Run(models.Model):
         ]
         constraints = [
             models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_status_valid"),
+            models.CheckConstraint(condition=Q(guard__in=RunGuard.values), name="run_guard_valid"),
         ]
         permissions = [
+            ("repin_run", "Can move a run to its agent's current version"),
             ("rollback_run", "Can roll back, rewind and fork runs"),
             # Without it a person sees only the runs they requested (and what they may decide).
             ("view_all_runs", "Can see every run, its transcript and its approvals"),
@@ -166,6 +214,10 @@ class Step(models.Model):
     output_tokens = models.PositiveBigIntegerField(default=0)
     cost = models.DecimalField(max_digits=12, decimal_places=6, default=0)
     status = models.CharField(max_length=20, choices=Run.Status.choices)
+    # The agent's stage while the step ran, and whether it made progress (learned a
+    # result not seen before, committed a new effect or moved to a new stage).
+    stage = models.CharField(max_length=50, blank=True)
+    progress = models.BooleanField(default=False)
     # Chained over the previous step's digest, the messages this step closed and its
     # calls (runs.integrity): a record changed afterwards no longer matches.
     digest = models.CharField(max_length=64, blank=True)
@@ -265,5 +317,6 @@ RESOLVED_CALL_STATUSES = frozenset(
         ToolCall.Status.DENIED,
         ToolCall.Status.RESPONDED,
         ToolCall.Status.COMPENSATED,
+        ToolCall.Status.PREVIEWED,
     }
 )

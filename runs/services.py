@@ -10,16 +10,17 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from tools.registry import get_agent, idempotency_key, input_hash
+from tools.registry import Budget, get_agent, idempotency_key, input_hash
 
 from .gate import get_gate
 from .llm import validate_scenario
-from .models import FINISHED_RUN_STATUSES, Message, Run, RunStatus, ToolCall
+from .models import FINISHED_RUN_STATUSES, Message, Run, RunGuard, RunStatus, ToolCall
 from .signals import run_transitioned, tool_call_transitioned
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,13 @@ log = logging.getLogger(__name__)
 # source -> allowed targets; anything else raises IllegalTransition.
 RUN_TRANSITIONS: dict[str, frozenset[str]] = {
     RunStatus.QUEUED: frozenset(
-        {RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.FAILED, RunStatus.ROLLED_BACK}
+        {
+            RunStatus.RUNNING,
+            RunStatus.CANCELLED,
+            RunStatus.FAILED,
+            RunStatus.ROLLED_BACK,
+            RunStatus.HANDED_OVER,
+        }
     ),
     # running -> rolled_back: a full rollback of a run whose worker died.
     RunStatus.RUNNING: frozenset(
@@ -38,16 +45,25 @@ RUN_TRANSITIONS: dict[str, frozenset[str]] = {
             RunStatus.QUEUED,
             RunStatus.CANCELLED,
             RunStatus.ROLLED_BACK,
+            RunStatus.HANDED_OVER,
         }
     ),
+    # waiting -> done: a person accepted a run whose verification failed.
     RunStatus.WAITING_APPROVAL: frozenset(
-        {RunStatus.QUEUED, RunStatus.CANCELLED, RunStatus.FAILED, RunStatus.ROLLED_BACK}
+        {
+            RunStatus.QUEUED,
+            RunStatus.CANCELLED,
+            RunStatus.FAILED,
+            RunStatus.ROLLED_BACK,
+            RunStatus.HANDED_OVER,
+            RunStatus.DONE,
+        }
     ),
     # A rewind sends a stopped run back to the queue from an earlier checkpoint.
     RunStatus.DONE: frozenset({RunStatus.ROLLED_BACK, RunStatus.QUEUED}),
-    RunStatus.FAILED: frozenset({RunStatus.ROLLED_BACK, RunStatus.QUEUED}),
+    RunStatus.FAILED: frozenset({RunStatus.ROLLED_BACK, RunStatus.QUEUED, RunStatus.HANDED_OVER}),
     RunStatus.CANCELLED: frozenset({RunStatus.ROLLED_BACK, RunStatus.QUEUED}),
-    RunStatus.HANDED_OVER: frozenset(),
+    RunStatus.HANDED_OVER: frozenset({RunStatus.ROLLED_BACK, RunStatus.QUEUED}),
     RunStatus.ROLLED_BACK: frozenset({RunStatus.QUEUED}),
 }
 
@@ -111,23 +127,45 @@ def run_create(
     script: dict | None = None,
     llm: str | None = None,
     max_steps: int | None = None,
+    max_tokens: int | None = None,
+    max_cost: Decimal | None = None,
+    params: dict | None = None,
+    dry_run: bool = False,
     enqueue: bool = True,
 ) -> Run:
+    """Start a run. Budgets not given come from the agent's defaults; asking for more
+    than the agent's ceiling is refused (``BudgetRefused``) unless ``requester`` is a
+    superuser. ``params`` are the task's parameters, over those the agent reads
+    from the task's text."""
     agent = get_agent(agent_name)
     task = task.strip()
     if not task:
         raise ValueError("a run needs a task")
     if script is not None:
         validate_scenario(script)
+    budget = run_budget(
+        agent,
+        requester=requester,
+        steps=max_steps,
+        tokens=max_tokens,
+        cost=max_cost,
+    )
+    kind = llm or default_llm_kind(script)
     with transaction.atomic():
         run = Run.objects.create(
             agent=agent.name,
             agent_version=agent.version,
+            model=model_id(kind),
             task=task,
             requester=requester,
-            llm=llm or default_llm_kind(script),
+            llm=kind,
             script=script,
-            max_steps=max_steps or settings.DESK_MAX_STEPS,
+            max_steps=budget.steps,
+            max_tokens=budget.tokens,
+            max_cost=budget.cost,
+            params={**agent.params_from_task(task), **(params or {})},
+            dry_run=dry_run,
+            stage=agent.first_stage,
             message_count=1,
         )
         Message.objects.create(
@@ -139,6 +177,41 @@ def run_create(
         if enqueue:
             run_enqueue(run.pk)
     return run
+
+
+class BudgetRefused(ValueError):
+    """A budget above the agent's ceiling, asked for by someone who may not."""
+
+
+def model_id(kind: str) -> str:
+    """The model a run of this LLM kind is pinned to."""
+    return settings.ANTHROPIC_MODEL if kind == Run.LLMKind.ANTHROPIC else "scripted"
+
+
+def run_budget(agent, *, requester=None, steps=None, tokens=None, cost=None) -> Budget:
+    """The budget a new run gets: what was asked, else the agent's default (steps
+    also fall back to DESK_MAX_STEPS); never above the agent's ceiling unless a
+    superuser asks."""
+    default, ceiling = agent.budget_default, agent.budget_ceiling
+    asked = {
+        "steps": steps if steps is not None else (default.steps or settings.DESK_MAX_STEPS),
+        "tokens": tokens if tokens is not None else default.tokens,
+        "cost": Decimal(str(cost)) if cost is not None else default.cost,
+    }
+    for name, value in asked.items():
+        if value is not None and value <= 0:
+            raise BudgetRefused(f"a {name} budget must be more than 0")
+    admin = requester is not None and requester.is_superuser
+    if not admin:
+        over = [
+            f"{name} {asked[name]} is above {agent.name}'s ceiling of {getattr(ceiling, name)}"
+            for name in Budget.KINDS
+            if getattr(ceiling, name) is not None
+            and (asked[name] is None or asked[name] > getattr(ceiling, name))
+        ]
+        if over:
+            raise BudgetRefused("; ".join(over) + " (only an admin may go above it)")
+    return Budget(**asked)
 
 
 @dataclass(frozen=True)
@@ -154,36 +227,39 @@ CANCEL_ATTEMPTS = 5
 
 def run_cancel(*, run: Run, actor=None, reason: str = "cancelled") -> CancelResult:
     """Cancel ``run`` (reloaded in place): it will not resume, and the gate closes
-    what waits on it (``Gate.run_ended``).
+    what waits on it (``Gate.run_ended``)."""
+    return _run_end(run=run, new=RunStatus.CANCELLED, actor=actor, reason=reason, error=reason)
+
+
+def _run_end(*, run: Run, new: str, actor, reason: str, **fields) -> CancelResult:
+    """End ``run`` (reloaded in place) as ``new`` (cancelled, handed over).
 
     A worker may move the run while we ask (queued -> running -> waiting): the
     transition is conditional on the status we loaded, so a lost race reloads and
     tries again instead of overwriting.
     """
+    verb = "cancelled" if new == RunStatus.CANCELLED else "handed over"
     for _attempt in range(CANCEL_ATTEMPTS):
-        if run.is_finished:
+        if run.is_finished and not (new == RunStatus.HANDED_OVER and run.status == RunStatus.FAILED):
             return CancelResult(
                 False,
-                f"Run {run.pk} is already {run.get_status_display().lower()}; there is nothing to cancel.",
+                f"Run {run.pk} is already {run.get_status_display().lower()}; it cannot be {verb}.",
             )
         try:
             with transaction.atomic():
                 run_transition(
-                    run_id=run.pk,
-                    old=run.status,
-                    new=RunStatus.CANCELLED,
-                    actor=actor,
-                    reason=reason,
-                    error=reason,
+                    run_id=run.pk, old=run.status, new=new, actor=actor, reason=reason, guard="", **fields
                 )
         except (TransitionConflict, IllegalTransition):
             run.refresh_from_db()
             continue
         run.refresh_from_db()
-        return CancelResult(
-            True, f"Run {run.pk} cancelled. It will not resume; nothing of it waits for a decision."
-        )
-    return CancelResult(False, f"Run {run.pk} kept changing while we tried to cancel it; try again.")
+        if new == RunStatus.CANCELLED:
+            return CancelResult(
+                True, f"Run {run.pk} cancelled. It will not resume; nothing of it waits for a decision."
+            )
+        return CancelResult(True, f"Run {run.pk} {reason}. The agent stops here; its requester is told.")
+    return CancelResult(False, f"Run {run.pk} kept changing while we tried; try again.")
 
 
 def lease_release_for_resume(*, run: Run, steal: bool, actor=None) -> bool:
@@ -282,9 +358,10 @@ def run_wake_if_ready(*, run_id: int, actor=None) -> bool:
     (on SQLite the IMMEDIATE transaction already is).
     """
     run = Run.objects.select_for_update().get(pk=run_id)
-    if run.status != RunStatus.WAITING_APPROVAL:
+    if run.status != RunStatus.WAITING_APPROVAL or run.guard:
         return False
-    if run.tool_calls.filter(status=ToolCall.Status.AWAITING_APPROVAL).exists():
+    waiting = [ToolCall.Status.AWAITING_APPROVAL, ToolCall.Status.UNKNOWN]
+    if run.tool_calls.live().filter(status__in=waiting).exists():
         return False
     run_transition(
         run_id=run_id,
@@ -300,3 +377,195 @@ def run_wake_if_ready(*, run_id: int, actor=None) -> bool:
 
 def lease_deadline():
     return timezone.now() + timedelta(seconds=settings.DESK_LEASE_SECONDS)
+
+
+# --- guards: what a person decided on a run that stopped for them ----------
+# Called by approvals (inside approval_decide's transaction) and by commands. Each
+# locks the run row and checks what it expects, so a stale or repeated decision
+# changes nothing.
+class GuardConflict(Exception):
+    """The run is not waiting for this (any more)."""
+
+
+def _waiting_run(run_id: int, guard: str) -> Run:
+    run = Run.objects.select_for_update().get(pk=run_id)
+    if run.status != RunStatus.WAITING_APPROVAL or run.guard != guard:
+        raise GuardConflict(f"run {run_id} is {run.status}, not waiting on {guard or 'its calls'}")
+    return run
+
+
+def _requeue(run: Run, *, actor, reason: str, **fields) -> None:
+    run_transition(
+        run_id=run.pk,
+        old=RunStatus.WAITING_APPROVAL,
+        new=RunStatus.QUEUED,
+        actor=actor,
+        reason=reason,
+        guard="",
+        lease_owner="",
+        lease_until=None,
+        **fields,
+    )
+    run_enqueue(run.pk)
+
+
+def _append_user_text(run: Run, text: str) -> int:
+    """Add a user turn to the transcript of a run nobody is advancing (it waits)."""
+    seq = run.message_count
+    Message.objects.create(run=run, seq=seq, role=Message.Role.USER, content=[{"type": "text", "text": text}])
+    return seq + 1
+
+
+def run_guard_grant(*, run_id: int, actor, budget: str, amount) -> None:
+    """Raise the spent budget (steps, tokens or cost) by ``amount`` and go on."""
+    run = _waiting_run(run_id, RunGuard.BUDGET)
+    if budget not in Budget.KINDS:
+        raise ValueError(f"unknown budget {budget!r}")
+    amount = Decimal(str(amount))
+    if amount <= 0:
+        raise ValueError("grant more than 0")
+    field_name = {"steps": "max_steps", "tokens": "max_tokens", "cost": "max_cost"}[budget]
+    if budget != "cost":
+        if amount != amount.to_integral_value():
+            raise ValueError(f"{budget} are whole numbers")
+        amount = int(amount)
+    current = getattr(run, field_name)
+    used = {"steps": run.step, "tokens": run.input_tokens + run.output_tokens, "cost": run.cost}[budget]
+    # The grant is on top of what is used already (the limit may have been passed
+    # by the last call's output): "N more".
+    new_limit = max(current or 0, used) + amount
+    _requeue(run, actor=actor, reason=f"granted {amount} more {budget}", **{field_name: new_limit})
+
+
+def run_guard_continue(*, run_id: int, actor, note: str = "") -> None:
+    """A person says the run is not stuck: it goes on, with their note for the model."""
+    run = _waiting_run(run_id, RunGuard.STUCK)
+    fields: dict = {"stalled_steps": 0}
+    if note.strip():
+        fields["message_count"] = _append_user_text(run, f"A reviewer's note: {note.strip()}")
+    _requeue(run, actor=actor, reason="continue" + (f": {note.strip()}" if note.strip() else ""), **fields)
+
+
+def run_guard_send_back(*, run_id: int, actor, findings: str) -> None:
+    """Verification failed and a person sends the run back to the model with what was found."""
+    run = _waiting_run(run_id, RunGuard.VERIFY)
+    text = (
+        "Your work was checked against the world and is not done:\n"
+        f"{findings.strip()}\nFinish it, or explain why it cannot be done."
+    )
+    seq = _append_user_text(run, text)
+    _requeue(run, actor=actor, reason="sent back to the model", message_count=seq, verification=None)
+
+
+def run_guard_accept(*, run_id: int, actor, reason: str) -> None:
+    """Verification failed and a person accepts the run as done anyway, saying why."""
+    run = _waiting_run(run_id, RunGuard.VERIFY)
+    if not reason.strip():
+        raise ValueError("say why the run is accepted as done")
+    verification = dict(run.verification or {})
+    verification["accepted"] = {"by": actor.get_username() if actor else "", "reason": reason.strip()}
+    run_transition(
+        run_id=run.pk,
+        old=RunStatus.WAITING_APPROVAL,
+        new=RunStatus.DONE,
+        actor=actor,
+        reason=f"accepted as done: {reason.strip()}",
+        guard="",
+        verification=verification,
+    )
+
+
+def run_stop(*, run_id: int, actor, reason: str) -> None:
+    """A person stops a run that waits on a guard: it is cancelled."""
+    run = Run.objects.select_for_update().get(pk=run_id)
+    run_transition(
+        run_id=run.pk,
+        old=run.status,
+        new=RunStatus.CANCELLED,
+        actor=actor,
+        reason=reason,
+        error=reason,
+        guard="",
+    )
+
+
+def run_hand_over(*, run: Run, actor, note: str = "") -> CancelResult:
+    """End the agent's work: a person (``actor``) takes it from here. The gate closes
+    what waits on it and the requester is told who took it."""
+    if actor is None:
+        raise ValueError("a hand-over names the person who takes the run")
+    reason = f"handed over to {actor.get_username()}" + (f": {note.strip()}" if note.strip() else "")
+    return _run_end(run=run, new=RunStatus.HANDED_OVER, actor=actor, reason=reason, handed_over_to=actor)
+
+
+def call_outcome_happened(*, call_id: int, actor, result) -> None:
+    """A person found the effect in the world: the call is committed with what they found."""
+    call = ToolCall.objects.get(pk=call_id)
+    if call.status != ToolCall.Status.UNKNOWN:
+        raise GuardConflict(f"call {call_id} is {call.status}, not waiting for its outcome")
+    who = actor.get_username() if actor else "a person"
+    _call_transition(
+        call=call,
+        new=ToolCall.Status.COMMITTED,
+        actor=actor,
+        reason=f"{who} confirmed it happened",
+        result={"confirmed_by": who, "found": result},
+        is_error=False,
+        finished_at=timezone.now(),
+    )
+    run_wake_if_ready(run_id=call.run_id, actor=actor)
+
+
+def call_outcome_not_happened(*, call_id: int, actor) -> None:
+    """A person found no effect: the call runs again, with the same idempotency key."""
+    call = ToolCall.objects.get(pk=call_id)
+    if call.status != ToolCall.Status.UNKNOWN:
+        raise GuardConflict(f"call {call_id} is {call.status}, not waiting for its outcome")
+    who = actor.get_username() if actor else "a person"
+    _call_transition(
+        call=call, new=ToolCall.Status.APPROVED, actor=actor, reason=f"{who} found it did not happen; retry"
+    )
+    run_wake_if_ready(run_id=call.run_id, actor=actor)
+
+
+def version_mismatch(run: Run) -> str:
+    """Why ``run`` may not go on with its agent as it is now ("" if it may)."""
+    try:
+        agent = get_agent(run.agent)
+    except LookupError:
+        return f"agent {run.agent} no longer exists"
+    current_model = model_id(run.llm)
+    if run.agent_version == agent.version and (not run.model or run.model == current_model):
+        return ""
+    pinned = f"version {run.agent_version}" + (f", model {run.model}" if run.model else "")
+    now = f"version {agent.version}, model {current_model}"
+    return (
+        f"run {run.pk} is pinned to {run.agent} {pinned}; the agent is now {now}. "
+        f"An admin may move it to the current version: manage.py repin {run.pk} --user NAME"
+    )
+
+
+def may_repin(user) -> bool:
+    return user is not None and user.is_active and (user.is_superuser or user.has_perm("runs.repin_run"))
+
+
+def run_repin(*, run_id: int, actor) -> str:
+    """Move a run to its agent's current version (audited); a run that waited on the
+    change is queued again. Returns what was done, for the person."""
+    if not may_repin(actor):
+        raise PermissionError("only an admin may repin a run")
+    agent = get_agent(Run.objects.only("agent").get(pk=run_id).agent)
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        if run.is_finished:
+            raise GuardConflict(f"run {run_id} is {run.status}; there is nothing to repin")
+        new_model = model_id(run.llm)
+        if run.agent_version == agent.version and run.model == new_model:
+            return f"Run {run_id} is already on {run.agent} version {agent.version}."
+        old = f"{run.agent_version} ({run.model or 'model not recorded'})"
+        Run.objects.filter(pk=run_id).update(agent_version=agent.version, model=new_model)
+        reason = f"repinned from {old} to {agent.version} ({new_model})"
+        run_transitioned.send(Run, run_id=run_id, old=run.status, new=run.status, actor=actor, reason=reason)
+        if run.status == RunStatus.WAITING_APPROVAL and run.guard == RunGuard.VERSION:
+            _requeue(run, actor=actor, reason="repinned; resuming", error="")
+    return f"Run {run_id} {reason}."

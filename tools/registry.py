@@ -47,6 +47,18 @@ class ToolContext:
     idempotency_key: str
 
 
+@dataclass(frozen=True)
+class Check:
+    """One thing verified against the world: what, whether it holds, and what was found."""
+
+    name: str
+    ok: bool
+    detail: str = ""
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail}
+
+
 ToolFunction = Callable[[ToolContext, dict], Any]
 ReconcileFunction = Callable[[ToolContext, dict], Any]
 # capture(ctx, input) -> what the compensation will need, taken before the effect.
@@ -55,6 +67,10 @@ CaptureFunction = Callable[[ToolContext, dict], Any]
 # actual state first ("is the file still there?") so running it twice is a no-op;
 # ctx.idempotency_key is the compensation's own derived key.
 CompensateFunction = Callable[[ToolContext, dict, Any, Any], Any]
+# verify(ctx, input, result) -> a Check: does the committed effect hold in the world now?
+VerifyFunction = Callable[[ToolContext, dict, Any], Check]
+# preview(input) -> what the call would do, with no effect (dry runs).
+PreviewFunction = Callable[[dict], Any]
 
 
 @dataclass(frozen=True)
@@ -75,6 +91,10 @@ class ToolSpec:
     undo: str = ""
     capture: CaptureFunction | None = None
     compensate: CompensateFunction | None = None
+    # Guards (writes only): read the world and say whether the committed effect holds;
+    # say what the call would do without doing it (a dry run).
+    verify: VerifyFunction | None = None
+    preview: PreviewFunction | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in (READ, WRITE):
@@ -84,8 +104,8 @@ class ToolSpec:
                 raise ValueError(f"write tool {self.name} must declare undo as one of {UNDO_KINDS}")
             if self.undo != IRREVERSIBLE and self.compensate is None:
                 raise ValueError(f"{self.undo} tool {self.name} needs a compensate function")
-        elif self.undo:
-            raise ValueError(f"read tool {self.name} has nothing to undo")
+        elif self.undo or self.verify or self.preview:
+            raise ValueError(f"read tool {self.name} has nothing to undo, verify or preview")
         jsonschema.Draft202012Validator.check_schema(self.input_schema)
 
     @property
@@ -125,21 +145,127 @@ class ToolSpec:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """Limits on one run: steps, tokens (input and output together) and cost (US
+    dollars). None: no limit."""
+
+    steps: int | None = None
+    tokens: int | None = None
+    cost: Decimal | None = None
+
+    KINDS = ("steps", "tokens", "cost")
+
+    def as_dict(self) -> dict:
+        return {
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "cost": str(self.cost) if self.cost is not None else None,
+        }
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A phase of an agent's work and the writes it allows (reads are always allowed)."""
+
+    name: str
+    tools: tuple[str, ...]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Transition:
+    """Move from ``source`` to ``target`` once every tool in ``after`` has a live call
+    in one of ``statuses`` (committed, declined, ...): "the order and the policy were
+    read", "the refund call is resolved"."""
+
+    source: str
+    target: str
+    after: tuple[str, ...]
+    statuses: tuple[str, ...] = ("committed",)
+
+    def holds(self, seen: set[tuple[str, str]]) -> bool:
+        return all(any((tool, status) in seen for status in self.statuses) for tool in self.after)
+
+
+# requirements(params) -> the checks over the world a finished run must pass.
+RequirementsFunction = Callable[[dict], list[Check]]
+# task_params(task) -> parameters an agent takes from its task's text.
+TaskParamsFunction = Callable[[str], dict]
+
+
+@dataclass(frozen=True)
 class AgentSpec:
     name: str
     system: str
     tool_names: tuple[str, ...]
     demo_script: dict = field(default_factory=dict)
     demo_task: str = ""
+    # Guards. Budgets: what a run gets unless its requester asks otherwise, and the
+    # most a requester may ask for (an admin may go above).
+    budget_default: Budget = field(default_factory=lambda: Budget(steps=50))
+    budget_ceiling: Budget = field(default_factory=Budget)
+    # Steps without progress before a person is asked whether the run is stuck.
+    patience: int = 4
+    # Stages: the first is where a run starts; none means every tool, always.
+    stages: tuple[Stage, ...] = ()
+    transitions: tuple[Transition, ...] = ()
+    requirements: RequirementsFunction | None = None
+    task_params: TaskParamsFunction | None = None
+
+    def __post_init__(self) -> None:
+        names = {stage.name for stage in self.stages}
+        for transition in self.transitions:
+            if transition.source not in names or transition.target not in names:
+                raise ValueError(f"agent {self.name}: transition {transition} names an unknown stage")
+        for stage in self.stages:
+            unknown = set(stage.tools) - set(self.tool_names)
+            if unknown:
+                raise ValueError(f"agent {self.name}: stage {stage.name} allows unknown tools {unknown}")
+        if self.patience < 1:
+            raise ValueError(f"agent {self.name}: patience must be at least 1")
 
     @property
     def tools(self) -> list[ToolSpec]:
         return [get_tool(name) for name in self.tool_names]
 
     @property
+    def first_stage(self) -> str:
+        return self.stages[0].name if self.stages else ""
+
+    def stage(self, name: str) -> Stage | None:
+        return next((stage for stage in self.stages if stage.name == name), None)
+
+    def allowed_in_stage(self, stage_name: str, tool: ToolSpec) -> bool:
+        stage = self.stage(stage_name)
+        return stage is None or tool.is_read or tool.name in stage.tools
+
+    def next_stage(self, stage_name: str, seen: set[tuple[str, str]]) -> str:
+        """The stage a run in ``stage_name`` moves to, given the (tool, status) pairs
+        of its live calls: transitions are followed while one holds."""
+        visited = {stage_name}
+        while True:
+            step = next((t for t in self.transitions if t.source == stage_name and t.holds(seen)), None)
+            if step is None or step.target in visited:
+                return stage_name
+            stage_name = step.target
+            visited.add(stage_name)
+
+    def params_from_task(self, task: str) -> dict:
+        return dict(self.task_params(task)) if self.task_params else {}
+
+    @property
     def version(self) -> str:
-        """Hash of the system prompt and tool schemas: what the model is given."""
-        payload = {"system": self.system, "tools": [t.for_model() for t in self.tools]}
+        """Hash of everything that shapes what the agent does: the system prompt, the
+        tools' schemas and descriptions, stages and transitions, guard settings."""
+        payload = {
+            "system": self.system,
+            "tools": [t.for_model() for t in self.tools],
+            "stages": [[s.name, list(s.tools)] for s in self.stages],
+            "transitions": [[t.source, t.target, list(t.after), list(t.statuses)] for t in self.transitions],
+            "patience": self.patience,
+            "budget_default": self.budget_default.as_dict(),
+            "budget_ceiling": self.budget_ceiling.as_dict(),
+        }
         return input_hash(payload)[:16]
 
 

@@ -5,6 +5,7 @@ Scripts and tests rely on this exactly as ``docs/architecture.md`` describes.
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 
 from django.db import transaction
@@ -12,16 +13,30 @@ from django.db.models import Q, Sum
 
 from . import faults, payments
 from .counters import counted
-from .keyed import capture_key, made_by_call, reconcile_by_key
+from .keyed import (
+    capture_key,
+    found_for_call,
+    made_by_call,
+    previewing,
+    reconcile_by_key,
+    would,
+    would_fail,
+)
 from .models import Customer, Note, Order, OutboxEmail, Payment, Ticket
+from .payments import rupees
 from .registry import (
     COMPENSABLE,
     READ,
     REVERSIBLE,
     AgentSpec,
+    Budget,
+    Check,
+    Stage,
     ToolContext,
     ToolError,
     ToolSpec,
+    Transition,
+    compensation_key,
     register_agent,
     register_tool,
 )
@@ -59,20 +74,44 @@ def _payment_result(payment: Payment) -> dict:
     }
 
 
-# --- reads -----------------------------------------------------------------
-@counted("get_order")
-def get_order(ctx: ToolContext, args: dict) -> dict:
-    order = _order(args["order_id"])
+def _order_summary(order: Order, *, refunded: Decimal | None = None) -> dict:
+    """An order as the tools show it (get_order adds what was refunded so far)."""
+    summary = {"order_id": order.order_id, "item": order.item, "amount": str(order.amount)}
+    if refunded is not None:
+        summary["refunded"] = str(refunded)
     return {
-        "order_id": order.order_id,
-        "item": order.item,
-        "amount": str(order.amount),
-        "refunded": str((order.refunded or Decimal(0)).quantize(Decimal("0.01"))),
+        **summary,
         "status": order.status,
         "customer": order.customer.name,
         "email": order.customer.email,
         "ticket": order.ticket.ticket_id if order.ticket else None,
     }
+
+
+# --- reads -----------------------------------------------------------------
+@counted("get_order")
+def get_order(ctx: ToolContext, args: dict) -> dict:
+    order = _order(args["order_id"])
+    return _order_summary(order, refunded=(order.refunded or Decimal(0)).quantize(Decimal("0.01")))
+
+
+SEARCH_LIMIT = 20
+
+
+@counted("search_orders")
+def search_orders(ctx: ToolContext, args: dict) -> list[dict]:
+    """Orders whose customer name, email or item contains the query, in one query."""
+    query = args["query"]
+    orders = (
+        Order.objects.select_related("customer", "ticket")
+        .filter(
+            Q(customer__name__icontains=query)
+            | Q(customer__email__icontains=query)
+            | Q(item__icontains=query)
+        )
+        .order_by("order_id")[:SEARCH_LIMIT]
+    )
+    return [_order_summary(order) for order in orders]
 
 
 @counted("get_policy")
@@ -208,6 +247,100 @@ def compensate_note(ctx: ToolContext, args: dict, result, pre_state) -> str:
     return f"Deleted note N-{note.pk}." if deleted else f"Note N-{note.pk} is already gone; nothing to do."
 
 
+# --- guards: what a write would do (dry runs), whether its effect holds ----------
+# Both read the world directly and are not counted: a dry run and a run's
+# verification leave the counters (what the tools did) alone. Verification reads
+# the ledger, not the provider's API, so an unreachable provider cannot block it.
+@previewing
+def preview_refund(args: dict) -> dict:
+    amount = payments.amount_to_pay(args["amount"])
+    order = Order.objects.filter(order_id=args["order_id"]).first()
+    if order is None:
+        return would_fail(f"no order {args['order_id']}")
+    refundable = order.amount - payments.refunded_total(order)
+    if amount > refundable:
+        return would_fail(
+            f"a refund of {rupees(amount)} exceeds the refundable {rupees(refundable)} "
+            f"on order {order.order_id}"
+        )
+    return would(f"refund {rupees(amount)} on order {order.order_id} (refundable now {rupees(refundable)})")
+
+
+def verify_refund(ctx: ToolContext, args: dict, result) -> Check:
+    name = f"the refund on order {args['order_id']} stands"
+    refund = found_for_call(Payment, ctx, result, "refund_id", "RF-")
+    if refund is None or refund.kind != Payment.Kind.REFUND:
+        return Check(name, False, "no refund made by this call is in the ledger")
+    if refund.order is None or refund.order.order_id != args["order_id"]:
+        on = refund.order.order_id if refund.order else "no order"
+        return Check(name, False, f"RF-{refund.pk} is on {on}, not {args['order_id']}")
+    reversal = Payment.objects.filter(reverses=refund).first()
+    if reversal is not None:
+        return Check(
+            name, False, f"RF-{refund.pk} ({rupees(refund.amount)}) was reversed by RV-{reversal.pk}"
+        )
+    return Check(name, True, f"RF-{refund.pk}: {rupees(refund.amount)} refunded, not reversed")
+
+
+@previewing
+def preview_email(args: dict) -> dict:
+    customer = Customer.objects.filter(email__iexact=args["to"]).first()
+    who = f"customer {customer.name}" if customer else "not a known customer"
+    return would(f'email {args["to"]} ({who}): "{args["subject"]}"')
+
+
+def verify_email(ctx: ToolContext, args: dict, result) -> Check:
+    name = f"the email to {args['to']} is in the outbox"
+    email = found_for_call(OutboxEmail, ctx, result, "message_id", "MSG-")
+    if email is None:
+        return Check(name, False, "no email made by this call is in the outbox")
+    if email.to.lower() != args["to"].lower():
+        return Check(name, False, f"MSG-{email.pk} went to {email.to}, not {args['to']}")
+    correction = OutboxEmail.objects.by_key(compensation_key(email.idempotency_key))
+    if correction is not None:
+        return Check(name, False, f"MSG-{email.pk} was retracted by a correction (MSG-{correction.pk})")
+    return Check(name, True, f'MSG-{email.pk} to {email.to}: "{email.subject}"')
+
+
+@previewing
+def preview_ticket(args: dict) -> dict:
+    ticket = Ticket.objects.filter(ticket_id=args["ticket_id"]).first()
+    if ticket is None:
+        return would_fail(f"no ticket {args['ticket_id']}")
+    if ticket.status == Ticket.Status.CLOSED:
+        # The real call succeeds on a closed ticket: it just changes nothing.
+        return would(f"change nothing: {ticket.ticket_id} is already closed")
+    return would(f'close ticket {ticket.ticket_id} ("{ticket.subject}")')
+
+
+def verify_ticket(ctx: ToolContext, args: dict, result) -> Check:
+    return _ticket_closed(args["ticket_id"])
+
+
+def _ticket_closed(ticket_id: str) -> Check:
+    name = f"ticket {ticket_id} is closed"
+    status = Ticket.objects.filter(ticket_id=ticket_id).values_list("status", flat=True).first()
+    if status is None:
+        return Check(name, False, f"there is no ticket {ticket_id}")
+    return Check(name, status == Ticket.Status.CLOSED, f"{ticket_id} is {status}")
+
+
+@previewing
+def preview_note(args: dict) -> dict:
+    if not Order.objects.filter(order_id=args["order_id"]).exists():
+        return would_fail(f"no order {args['order_id']}")
+    text = args["text"] if len(args["text"]) <= 80 else args["text"][:79] + "…"
+    return would(f'add a note to order {args["order_id"]}: "{text}"')
+
+
+def verify_note(ctx: ToolContext, args: dict, result) -> Check:
+    name = f"the note on order {args['order_id']} is there"
+    note = found_for_call(Note, ctx, result, "note_id", "N-")
+    if note is None:
+        return Check(name, False, "no note made by this call is left")
+    return Check(name, True, f"N-{note.pk} on {note.order.order_id}")
+
+
 ORDER_ID = {"type": "string", "pattern": "^[A-Z]-[0-9]{4}$", "description": "e.g. A-1001"}
 
 register_tool(
@@ -221,6 +354,21 @@ register_tool(
             "additionalProperties": False,
         },
         function=get_order,
+        kind=READ,
+    )
+)
+register_tool(
+    ToolSpec(
+        name="search_orders",
+        description="Find orders whose customer name, customer email or item contains the query "
+        f"(case-insensitive), by order id, at most {SEARCH_LIMIT}; an empty list when none match.",
+        input_schema={
+            "type": "object",
+            "properties": {"query": {"type": "string", "minLength": 1, "maxLength": 100}},
+            "required": ["query"],
+            "additionalProperties": False,
+        },
+        function=search_orders,
         kind=READ,
     )
 )
@@ -255,6 +403,8 @@ register_tool(
         undo=COMPENSABLE,
         capture=capture_key,
         compensate=compensate_refund,
+        verify=verify_refund,
+        preview=preview_refund,
     )
 )
 register_tool(
@@ -277,6 +427,8 @@ register_tool(
         undo=COMPENSABLE,
         capture=capture_key,
         compensate=compensate_email,
+        verify=verify_email,
+        preview=preview_email,
     )
 )
 register_tool(
@@ -297,6 +449,8 @@ register_tool(
         undo=REVERSIBLE,
         capture=capture_ticket,
         compensate=compensate_ticket,
+        verify=verify_ticket,
+        preview=preview_ticket,
     )
 )
 register_tool(
@@ -318,6 +472,8 @@ register_tool(
         undo=REVERSIBLE,
         capture=capture_key,
         compensate=compensate_note,
+        verify=verify_note,
+        preview=preview_note,
     )
 )
 
@@ -361,6 +517,69 @@ DEMO_SCRIPT = {
     ]
 }
 
+# --- the agent's guards ------------------------------------------------------------
+ORDER_IN_TEXT = re.compile(r"\b[A-Z]-[0-9]{4}\b")  # ORDER_ID's pattern, inside a sentence
+
+
+def refund_task_params(task: str) -> dict:
+    """The task's order: the first order id in its text."""
+    found = ORDER_IN_TEXT.search(task)
+    return {"order_id": found.group()} if found else {}
+
+
+def refund_requirements(params: dict) -> list[Check]:
+    """What a finished run must have left in the world for its order: the ticket
+    closed, the customer emailed, no more refunded than the order's amount."""
+    order_id = params.get("order_id")
+    if not order_id:
+        return []
+    order = Order.objects.select_related("customer", "ticket").filter(order_id=order_id).first()
+    if order is None:
+        return [Check(f"order {order_id} exists", False, f"there is no order {order_id}")]
+    checks = []
+    if order.ticket is None:
+        checks.append(Check(f"order {order_id}'s ticket is closed", True, f"{order_id} has no ticket"))
+    else:
+        checks.append(_ticket_closed(order.ticket.ticket_id))
+    email = order.customer.email
+    sent = OutboxEmail.objects.filter(to__iexact=email).order_by("-pk")
+    latest = sent.first()
+    checks.append(
+        Check(
+            f"{email} received an email",
+            latest is not None,
+            f'{sent.count()} in the outbox, latest "{latest.subject}"' if latest else f"no email to {email}",
+        )
+    )
+    refunded = payments.refunded_total(order)
+    checks.append(
+        Check(
+            f"refunds on {order_id} do not exceed {rupees(order.amount)}",
+            refunded <= order.amount,
+            f"refunded {rupees(refunded)} of {rupees(order.amount)}",
+        )
+    )
+    return checks
+
+
+# A call is resolved when it ran, a reviewer declined it or answered in its place,
+# or a dry run previewed it (so a dry run walks every stage).
+RESOLVED = ("committed", "declined", "responded", "previewed")
+
+REFUND_STAGES = (
+    Stage("investigating", ("add_note",), "Read the order and the refund policy before acting."),
+    Stage("acting", ("refund_item", "add_note"), "Refund within policy, or decide not to."),
+    Stage("notifying", ("send_email", "add_note"), "Tell the customer the outcome."),
+    Stage("closing", ("close_ticket", "add_note"), "Close the customer's ticket."),
+)
+REFUND_TRANSITIONS = (
+    Transition("investigating", "acting", after=("get_order", "get_policy")),
+    Transition("acting", "notifying", after=("refund_item",), statuses=RESOLVED),
+    Transition("notifying", "closing", after=("send_email",), statuses=RESOLVED),
+)
+BUDGET_DEFAULT = Budget(steps=50, tokens=200_000, cost=Decimal("2"))
+BUDGET_CEILING = Budget(steps=200, tokens=2_000_000, cost=Decimal("20"))
+
 register_agent(
     AgentSpec(
         name="refund-desk",
@@ -370,9 +589,24 @@ register_agent(
             "their ticket. Amounts are in rupees. If a reviewer declines an action, do not "
             "retry it: explain and stop."
         ),
-        tool_names=("get_order", "get_policy", "refund_item", "send_email", "close_ticket", "add_note"),
+        tool_names=(
+            "get_order",
+            "get_policy",
+            "search_orders",
+            "refund_item",
+            "send_email",
+            "close_ticket",
+            "add_note",
+        ),
         demo_script=DEMO_SCRIPT,
         demo_task=DEMO_TASK,
+        budget_default=BUDGET_DEFAULT,
+        budget_ceiling=BUDGET_CEILING,
+        patience=4,
+        stages=REFUND_STAGES,
+        transitions=REFUND_TRANSITIONS,
+        requirements=refund_requirements,
+        task_params=refund_task_params,
     )
 )
 

@@ -1,4 +1,5 @@
-"""What a write made, found by the idempotency key it was made with.
+"""What a write made, found by the idempotency key it was made with, and what a
+write would make.
 
 The demo tools share these: ``reconcile_by_key`` answers the engine after a
 crash or timeout ("did the effect happen?"); ``capture_key`` and
@@ -6,16 +7,18 @@ crash or timeout ("did the effect happen?"); ``capture_key`` and
 key (``compensation_key``), so to find what the call made it needs the call's
 key: ``capture_key`` records it before the effect, and ``made_by_call`` finds
 the record by it (or, when nothing was captured, by the id in the call's
-result).
+result). ``found_for_call`` serves the guards' ``verify``; ``would``,
+``would_fail`` and ``previewing`` their ``preview`` (a dry run).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 from .counters import counted
-from .registry import ReconcileFunction, ToolContext
+from .registry import PreviewFunction, ReconcileFunction, ToolContext, ToolError
 
 
 def reconcile_by_key[Record](
@@ -51,3 +54,39 @@ def made_by_call(model, pre_state: Any, result: Any, id_field: str, prefix: str)
     if isinstance(raw, str) and raw.startswith(prefix) and raw[len(prefix) :].isdigit():
         return model.objects.filter(pk=int(raw[len(prefix) :])).first()
     return None
+
+
+def found_for_call(model, ctx: ToolContext, result: Any, id_field: str, prefix: str):
+    """The ``model`` row a committed call made, for its ``verify``: by the call's key,
+    else by the id in its result (an outcome a person answered with what they found);
+    None if there is none (any more)."""
+    return made_by_call(model, {"idempotency_key": ctx.idempotency_key}, result, id_field, prefix) or (
+        made_by_call(model, None, result, id_field, prefix)
+    )
+
+
+def would(text: str) -> dict:
+    """A preview: what the call would do, completing "it would ..."."""
+    return {"would": text, "ok": True}
+
+
+def would_fail(reason: str) -> dict:
+    """A preview of a call the world would refuse, and why."""
+    return {"would": f"fail: {reason}", "ok": False}
+
+
+def previewing(function: Callable[[dict], dict]) -> PreviewFunction:
+    """A preview that reports the tool's own refusals (a ToolError from a check it
+    shares with the tool, e.g. a path leaving the sandbox) as ``would_fail``.
+
+    Previews are not ``counted``: a dry run must leave the world's counters alone.
+    """
+
+    @functools.wraps(function)
+    def preview(args: dict) -> dict:
+        try:
+            return function(args)
+        except ToolError as error:
+            return would_fail(str(error))
+
+    return preview

@@ -161,11 +161,17 @@ class ProviderFaultKind(models.TextChoices):
     TIMEOUT_AFTER_APPLY = "timeout_after_apply"
     # Raise a timeout without applying anything.
     TIMEOUT_BEFORE_APPLY = "timeout_before_apply"
+    # The provider cannot be reached at all: a refund, a charge and a lookup by
+    # key each raise a timeout before doing anything, one unit per use.
+    UNREACHABLE = "unreachable"
 
 
 class ProviderFault(models.Model):
     """A fault the fake payment provider is told to inject (tests, demos).
 
+    Faults are served in the order they were set (by pk): ``timeout_after_apply``
+    x1 then ``unreachable`` x3 is a refund that is applied and times out, then
+    three uses (a lookup by key, a retry...) that cannot reach the provider.
     Stored in the world database so that a worker in another process sees it.
     """
 

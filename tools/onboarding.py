@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+from decimal import Decimal
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
@@ -25,14 +26,25 @@ from django.db import IntegrityError
 
 from . import faults, payments
 from .counters import counted
-from .keyed import capture_key, made_by_call, reconcile_by_key
+from .keyed import (
+    capture_key,
+    found_for_call,
+    made_by_call,
+    previewing,
+    reconcile_by_key,
+    would,
+    would_fail,
+)
 from .models import FileOperation, Payment, WebhookDelivery, WorldUser
+from .payments import rupees
 from .registry import (
     COMPENSABLE,
     IRREVERSIBLE,
     READ,
     REVERSIBLE,
     AgentSpec,
+    Budget,
+    Check,
     ToolContext,
     ToolError,
     ToolSpec,
@@ -434,6 +446,182 @@ def call_webhook(ctx: ToolContext, args: dict) -> dict:
 reconcile_webhook = reconcile_by_key("call_webhook", WebhookDelivery.objects.by_key, _delivery_result)
 
 
+# --- guards: what a write would do (dry runs), whether its effect holds ----------
+# As refund-desk's: they read the world (the directory, the disk, the ledger),
+# change nothing and are not counted. A sandbox path is checked by the tools' own
+# ``sandbox_path``: a path the tool would refuse is a preview that would fail.
+def _in_the_way(path: Path) -> str | None:
+    """The file (relative) that stands where a folder for ``path`` would have to be."""
+    root = sandbox_root().resolve()
+    folder = path.parent
+    while folder != root and folder.is_relative_to(root):
+        if folder.exists() and not folder.is_dir():
+            return folder.relative_to(root).as_posix()
+        folder = folder.parent
+    return None
+
+
+def _sizes(size: int) -> str:
+    return "1 byte" if size == 1 else f"{size} bytes"
+
+
+@previewing
+def preview_user(args: dict) -> dict:
+    if WorldUser.objects.filter(username=args["username"]).exists():
+        return would_fail(f"username {args['username']!r} is taken")
+    return would(f"create user {args['username']} <{args['email']}>")
+
+
+def verify_user(ctx: ToolContext, args: dict, result) -> Check:
+    name = f"user {args['username']} exists"
+    user = found_for_call(WorldUser, ctx, result, "user_id", "U-")
+    if user is None:
+        return Check(name, False, "no user made by this call is in the directory")
+    if user.username != args["username"]:
+        return Check(name, False, f"U-{user.pk} is {user.username}, not {args['username']}")
+    return Check(name, True, f"U-{user.pk} {user.username} <{user.email}>")
+
+
+@previewing
+def preview_create_file(args: dict) -> dict:
+    relative, path = sandbox_path(args["path"])
+    if path.exists():
+        return would_fail(f"{relative} already exists; create_file does not overwrite")
+    blocker = _in_the_way(path)
+    if blocker:
+        return would_fail(f"{relative} cannot be created: {blocker} is a file")
+    also = f", making the folder {PurePosixPath(relative).parent}" if _new_folders(path) else ""
+    return would(f"create {relative} ({_sizes(len(args['content'].encode()))}){also}")
+
+
+def _where_now(relative: str, digest: str, since: int) -> tuple[str | None, list[str]]:
+    """Where the file written at ``relative`` with ``digest`` should be now: later calls
+    may have renamed or deleted it on purpose (a draft published under its final
+    name, a scratch file removed). Followed through the journal after operation
+    ``since``; None when a journalled delete removed it. Also what happened to it."""
+    current, history = relative, []
+    later = FileOperation.objects.filter(
+        done=True, pk__gt=since, action__in=[FileOperation.Action.RENAME, FileOperation.Action.DELETE]
+    )
+    for op in later.order_by("pk"):
+        if op.path != current or op.sha256 != digest:
+            continue
+        if op.action == FileOperation.Action.DELETE:
+            return None, [*history, "deleted permanently by a later call"]
+        current = op.new_path
+        history.append(f"renamed to {current} by a later call")
+    return current, history
+
+
+def _file_holds(name: str, relative: str, digest: str, since: int) -> Check:
+    """Whether the file written at ``relative`` with ``digest`` is still there, where
+    later calls put it, with that content."""
+    current, history = _where_now(relative, digest, since)
+    moved = f"{relative} {', then '.join(history)}; " if history else ""
+    if current is None:
+        return Check(name, True, moved.removesuffix("; "))
+    _, path = sandbox_path(current)
+    found = _file_sha256(path)
+    if found is None:
+        return Check(name, False, f"{moved}{current} is not there")
+    if found != digest:
+        return Check(name, False, f"{moved}{current} was changed since")
+    return Check(name, True, f"{moved}{current} holds it ({_sizes(path.stat().st_size)})")
+
+
+def _journalled(ctx: ToolContext, action: str) -> FileOperation | None:
+    return FileOperation.objects.filter(done=True, action=action).by_key(ctx.idempotency_key)
+
+
+def verify_create_file(ctx: ToolContext, args: dict, result) -> Check:
+    relative, _ = sandbox_path(args["path"])
+    op = _journalled(ctx, FileOperation.Action.CREATE)
+    digest = _sha256(args["content"].encode())
+    return _file_holds(f"{relative} was created", relative, digest, since=op.pk if op else 0)
+
+
+@previewing
+def preview_rename_file(args: dict) -> dict:
+    relative, path = sandbox_path(args["path"])
+    new_relative, new_path = sandbox_path(args["new_path"])
+    if relative == new_relative:
+        return would_fail("path and new_path are the same file")
+    if not path.is_file():
+        return would_fail(f"no file {relative}")
+    if new_path.exists():
+        return would_fail(f"{new_relative} already exists; rename_file does not overwrite")
+    blocker = _in_the_way(new_path)
+    if blocker:
+        return would_fail(f"cannot rename to {new_relative}: {blocker} is a file")
+    return would(f"rename {relative} to {new_relative}")
+
+
+def verify_rename_file(ctx: ToolContext, args: dict, result) -> Check:
+    relative, _ = sandbox_path(args["path"])
+    new_relative, new_path = sandbox_path(args["new_path"])
+    name = f"{relative} was renamed to {new_relative}"
+    op = _journalled(ctx, FileOperation.Action.RENAME)
+    if op is not None:
+        return _file_holds(name, new_relative, op.sha256, since=op.pk)
+    # No journal entry under the key (an outcome a person answered): the file at least.
+    there = new_path.is_file()
+    return Check(name, there, f"{new_relative} is {'there' if there else 'not there'}")
+
+
+@previewing
+def preview_delete_file(args: dict) -> dict:
+    relative, path = sandbox_path(args["path"])
+    if not path.is_file():
+        return would_fail(f"no file {relative}")
+    return would(f"delete {relative} ({_sizes(path.stat().st_size)}) permanently: it cannot be undone")
+
+
+def verify_delete_file(ctx: ToolContext, args: dict, result) -> Check:
+    relative, path = sandbox_path(args["path"])
+    there = path.exists()
+    return Check(
+        f"{relative} is gone", not there, f"{relative} is there again" if there else f"no {relative}"
+    )
+
+
+@previewing
+def preview_charge(args: dict) -> dict:
+    amount = payments.amount_to_pay(args["amount"])
+    balance = payments.account_balance(args["account"])
+    return would(f"charge {rupees(amount)} to {args['account']} (charged so far {rupees(balance)})")
+
+
+def verify_charge(ctx: ToolContext, args: dict, result) -> Check:
+    name = f"the charge to {args['account']} stands"
+    charge = found_for_call(Payment, ctx, result, "charge_id", "CH-")
+    if charge is None or charge.kind != Payment.Kind.CHARGE:
+        return Check(name, False, "no charge made by this call is in the ledger")
+    if charge.account != args["account"]:
+        return Check(name, False, f"CH-{charge.pk} is to {charge.account}, not {args['account']}")
+    refund = Payment.objects.filter(reverses=charge).first()
+    if refund is not None:
+        return Check(name, False, f"CH-{charge.pk} ({rupees(charge.amount)}) was refunded by RF-{refund.pk}")
+    return Check(name, True, f"CH-{charge.pk}: {rupees(charge.amount)} charged, not refunded")
+
+
+@previewing
+def preview_webhook(args: dict) -> dict:
+    url = args["url"]
+    parts = urlsplit(url)
+    if parts.scheme != "https" or parts.hostname != WEBHOOK_HOST:
+        return would_fail(f"webhooks go to https://{WEBHOOK_HOST}/... only, not {url}")
+    keys = ", ".join(sorted(args["payload"])) or "nothing"
+    return would(f"POST to {url} (payload: {keys}): it cannot be undone")
+
+
+def verify_webhook(ctx: ToolContext, args: dict, result) -> Check:
+    name = f"the webhook to {args['url']} was delivered"
+    delivery = found_for_call(WebhookDelivery, ctx, result, "delivery_id", "WH-")
+    if delivery is None:
+        return Check(name, False, "no delivery made by this call is in the sink")
+    return Check(name, True, f"WH-{delivery.pk} to {delivery.url}")
+
+
 # --- registration ----------------------------------------------------------
 PATH = {
     "type": "string",
@@ -470,6 +658,8 @@ register_tool(
         undo=REVERSIBLE,
         capture=capture_key,
         compensate=compensate_user,
+        verify=verify_user,
+        preview=preview_user,
     )
 )
 register_tool(
@@ -491,6 +681,8 @@ register_tool(
         undo=REVERSIBLE,
         capture=capture_create_file,
         compensate=compensate_create_file,
+        verify=verify_create_file,
+        preview=preview_create_file,
     )
 )
 register_tool(
@@ -509,6 +701,8 @@ register_tool(
         undo=REVERSIBLE,
         capture=capture_rename_file,
         compensate=compensate_rename_file,
+        verify=verify_rename_file,
+        preview=preview_rename_file,
     )
 )
 register_tool(
@@ -533,6 +727,8 @@ register_tool(
         undo=COMPENSABLE,
         capture=capture_key,
         compensate=compensate_charge,
+        verify=verify_charge,
+        preview=preview_charge,
     )
 )
 register_tool(
@@ -549,6 +745,8 @@ register_tool(
         reconcile=reconcile_delete_file,
         honours_key=True,
         undo=IRREVERSIBLE,
+        verify=verify_delete_file,
+        preview=preview_delete_file,
     )
 )
 register_tool(
@@ -569,6 +767,8 @@ register_tool(
         reconcile=reconcile_webhook,
         honours_key=True,
         undo=IRREVERSIBLE,
+        verify=verify_webhook,
+        preview=preview_webhook,
     )
 )
 
@@ -658,5 +858,10 @@ register_agent(
         ),
         demo_script=DEMO_SCRIPT,
         demo_task=DEMO_TASK,
+        # No stages (any order of its steps makes sense) and no requirements: what
+        # a finished onboarding must leave depends on the task, and each write's
+        # verify already checks its own effect.
+        budget_default=Budget(steps=50, tokens=200_000, cost=Decimal("2")),
+        budget_ceiling=Budget(steps=200, tokens=2_000_000, cost=Decimal("20")),
     )
 )

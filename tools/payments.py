@@ -2,7 +2,8 @@
 
 It behaves like a real one where it matters for exactly-once: it deduplicates
 on the idempotency key, it can be looked up by key after a lost reply, and it
-can be told (``ProviderFault``) to apply a refund or a charge and then time out.
+can be told (``ProviderFault``) to apply a refund or a charge and then time out,
+or to be unreachable for a number of uses (refunds, charges and lookups alike).
 
 The ledger is append-only: undoing a movement is a new movement that
 ``reverses`` it (a charge is refunded, a refund is reversed), and a movement
@@ -41,6 +42,11 @@ def money(value) -> Decimal:
     return amount.quantize(CENT)
 
 
+def rupees(amount: Decimal) -> str:
+    """An amount as people read it: ₹2,900.00."""
+    return f"₹{amount:,.2f}"
+
+
 def amount_to_pay(value) -> Decimal:
     """The amount of a refund or a charge: ``money`` and more than zero."""
     amount = money(value)
@@ -61,7 +67,24 @@ def payment_facts(args: dict) -> dict:
 def _take_fault() -> str | None:
     """The kind of the next injected fault, used up; None if none is set."""
     fault = faults.take(ProviderFault.objects.all())
+    if fault is not None and fault.kind == ProviderFault.Kind.UNREACHABLE:
+        # Set after ``_connect`` looked: the provider is gone before anything is applied.
+        raise ProviderTimeout("Payment provider unreachable.")
     return fault.kind if fault else None
+
+
+def _connect() -> None:
+    """Reach the provider, or raise ProviderTimeout if the next fault in line is
+    ``unreachable`` (one unit used up). Any other fault is left for the use to take:
+    a lookup by key or a repeated request uses none of it up."""
+    upcoming = ProviderFault.objects.filter(remaining__gt=0).order_by("pk").first()
+    if upcoming is None or upcoming.kind != ProviderFault.Kind.UNREACHABLE:
+        return
+    # Taken in its own statement (faults.take), like every fault: a caller's
+    # rollback never gives the unit back. Used up by another taker since we
+    # looked: the provider is reachable again.
+    if faults.take(ProviderFault.objects.filter(pk=upcoming.pk)):
+        raise ProviderTimeout("Payment provider unreachable.")
 
 
 def _sum(payments) -> Decimal:
@@ -84,6 +107,7 @@ def account_balance(account: str) -> Decimal:
 
 
 def refund(*, order_id: str, amount: Decimal, reason: str, idempotency_key: str) -> Payment:
+    _connect()
     existing = Payment.objects.by_key(idempotency_key)
     if existing is not None:
         return existing
@@ -115,6 +139,7 @@ def refund(*, order_id: str, amount: Decimal, reason: str, idempotency_key: str)
 
 
 def charge(*, account: str, amount: Decimal, description: str, idempotency_key: str) -> Payment:
+    _connect()
     existing = Payment.objects.by_key(idempotency_key)
     if existing is not None:
         return existing  # before the fault: a repeat uses none up
@@ -156,5 +181,9 @@ def reverse(*, payment: Payment, reason: str, idempotency_key: str) -> tuple[Pay
 
 
 def find_by_key(idempotency_key: str) -> Payment | None:
-    """The movement made under ``idempotency_key`` (a lost reply's lookup), or None."""
+    """The movement made under ``idempotency_key`` (a lost reply's lookup), or None.
+
+    It asks the provider: ProviderTimeout while the provider is unreachable.
+    """
+    _connect()
     return Payment.objects.select_related("order").by_key(idempotency_key)

@@ -158,6 +158,7 @@ def test_every_write_tool_of_both_agents_declares_its_undo():
         "get_order": "read",
         "get_policy": "read",
         "list_files": "read",
+        "search_orders": "read",
         "refund_item": COMPENSABLE,
         "send_email": COMPENSABLE,
         "charge_card": COMPENSABLE,

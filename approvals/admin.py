@@ -108,16 +108,18 @@ class AuditInline(admin.TabularInline):
 class ApprovalRequestAdmin(ReadOnlyAdmin):
     list_display = [
         "id",
+        "kind",
         "run",
         "tool_call",
         "status",
+        "action",
         "rule",
         "rule_version",
         "decided_by",
         "decided_at",
         "created_at",
     ]
-    list_filter = ["status", "rule", "tool_call__tool_name"]
+    list_filter = ["kind", "status", "action", "rule", "tool_call__tool_name"]
     search_fields = ["reason", "comment", "run__task"]
     list_select_related = ["run", "tool_call", "rule", "decided_by"]
     inlines = [VoteInline, AuditInline]

@@ -275,10 +275,14 @@ def cross_check(run: Run, events: list) -> list[Finding]:
         history = by_approval.get(approval.pk, [])
         here = f"{where} approval {approval.pk}"
         if approval.status not in (ApprovalRequest.Status.PENDING, ApprovalRequest.Status.CANCELLED):
-            decided = [e for e in history if e.action == f"approval.{approval.status}"]
+            # A guard's decision (and a hand-over) is recorded as its action.
+            recorded = approval.action or approval.status
+            decided = [e for e in history if e.action == f"approval.{recorded}"]
             if not decided:
+                findings.append(Finding(here, f"is shown as {recorded}, but no such decision is recorded"))
+            elif decided[-1].after != approval.status:
                 findings.append(
-                    Finding(here, f"is shown as {approval.status}, but no such decision is recorded")
+                    Finding(here, f"is shown as {approval.status}, but its history ends {decided[-1].after}")
                 )
             elif decided[-1].actor_id != approval.decided_by_id or not decided[-1].detail.endswith(
                 approval.comment

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django import forms
 
-from .models import GateRule
+from .models import ApprovalRequest, GateRule
 
 
 class QueueFilterForm(forms.Form):
@@ -24,6 +24,8 @@ class QueueFilterForm(forms.Form):
     )
     mine = forms.BooleanField(required=False)
     unclaimed = forms.BooleanField(required=False)
+    # What the request is about: a gated call, or a guard that stopped a run.
+    kind = forms.ChoiceField(required=False, choices=[("", "any"), *ApprovalRequest.Kind.choices])
 
     def filters(self) -> dict:
         """Keyword arguments for ``queue_pending`` from the fields that validated."""
@@ -37,12 +39,13 @@ class QueueFilterForm(forms.Form):
             "rule": data.get("rule"),
             "mine": bool(data.get("mine")),
             "unclaimed": bool(data.get("unclaimed")),
+            "kind": data.get("kind") or "",
         }
 
     def applied(self) -> dict[str, str]:
         """The filters in force, as query parameters (for the page's links and its form)."""
         filters = self.filters()
-        applied = {name: filters[name] for name in ("tool", "agent") if filters[name]}
+        applied = {name: filters[name] for name in ("kind", "tool", "agent") if filters[name]}
         if filters["rule"] is not None:
             applied["rule"] = str(filters["rule"].pk)
         applied.update({name: "1" for name in ("mine", "unclaimed") if filters[name]})

@@ -18,7 +18,7 @@ from runs.models import Run, ToolCall
 
 from .models import ApprovalRequest, GateRule, as_comparable, rule_label
 from .notifications import notify_run_finished
-from .services import approval_open, approvals_cancel
+from .services import approval_open, approval_open_guard, approvals_cancel
 
 OPERATOR_SYMBOLS = dict(GateRule.Operator.choices)
 
@@ -100,6 +100,15 @@ def enabled_rules(tool_name: str) -> list[RuleTerms]:
         return [RuleTerms(*row) for row in cursor.fetchall()]
 
 
+def _who_decides(rule_id: int) -> str:
+    """Who a rule's approval would wait for, for a dry run's report: "reviewers (1)".
+    Read only for dry runs: a real hold reads the rule itself."""
+    group, approvers = GateRule.objects.filter(pk=rule_id).values_list(
+        "required_group__name", "approvers_required"
+    ).first() or (None, 1)
+    return f"{group or 'a reviewer'} ({approvers})"
+
+
 class RuleGate:
     def review(self, *, run, call, spec) -> Verdict:
         facts = spec.gate_facts(call.input)
@@ -109,19 +118,25 @@ class RuleGate:
             else:
                 (hit, why), detail = rule.matches(facts), None
             if hit:
-                return Verdict(rule.effect, rule=rule.label, reason=why, rule_id=rule.id, detail=detail)
+                needs = _who_decides(rule.id) if run.dry_run and rule.effect == NEEDS_APPROVAL else ""
+                return Verdict(
+                    rule.effect, rule=rule.label, reason=why, rule_id=rule.id, detail=detail, needs=needs
+                )
         if spec.is_read:
             return Verdict(ALLOW, reason="read-only tool; no rule")
         # A new tool is gated by default: the dispatcher decides, not each tool.
-        return Verdict(NEEDS_APPROVAL, reason="write tool with no rule (default)")
+        return Verdict(NEEDS_APPROVAL, reason="write tool with no rule (default)", needs="a reviewer (1)")
 
     def hold(self, *, run, call, verdict: Verdict) -> None:
         approval_open(run=run, call=call, verdict=verdict)
 
+    def open_guard(self, *, run, kind: str, reason: str, detail: dict, call=None) -> None:
+        approval_open_guard(run=run, kind=kind, reason=reason, detail=detail, call=call)
+
     def run_ended(self, *, run, actor, reason: str) -> None:
         # Nothing is left to decide on a run that ended.
         approvals_cancel(ApprovalRequest.objects.filter(run_id=run.pk), comment=f"run {run.status}")
-        if run.status in (Run.Status.DONE, Run.Status.FAILED):
+        if run.status in (Run.Status.DONE, Run.Status.FAILED, Run.Status.HANDED_OVER):
             notify_run_finished(run=run)
 
     def call_withdrawn(self, *, call, actor, reason: str) -> None:
@@ -130,8 +145,9 @@ class RuleGate:
 
 # --- aggregate rules -----------------------------------------------------------
 # A call counts toward a total while its effect stands or is about to happen:
-# approved (a person or a rule let it run), executing, or committed, and took
-# effect in its run (attempts > 0: a repeat or a fork's reused result moved
+# approved (a person or a rule let it run), executing, committed, or of unknown
+# outcome (like executing: its effect may have happened; nobody can say it did not),
+# and took effect in its run (attempts > 0: a repeat or a fork's reused result moved
 # nothing). Failed, declined, denied and compensated calls do not count (_so_far).
 
 
@@ -196,9 +212,15 @@ def _so_far(rule: RuleTerms, *, tool_name: str, scope_value, since, exclude: int
     where = [
         f"{quote('tool_name')} = %s",
         f"{quote('idempotency_key')} <> ''",
-        f"({quote('status')} = %s OR ({quote('status')} IN (%s, %s) AND {quote('attempts')} > 0))",
+        f"({quote('status')} = %s OR ({quote('status')} IN (%s, %s, %s) AND {quote('attempts')} > 0))",
     ]
-    params: list = [tool_name, ToolCall.Status.APPROVED, ToolCall.Status.EXECUTING, ToolCall.Status.COMMITTED]
+    params: list = [
+        tool_name,
+        ToolCall.Status.APPROVED,
+        ToolCall.Status.EXECUTING,
+        ToolCall.Status.UNKNOWN,
+        ToolCall.Status.COMMITTED,
+    ]
     if rule.scope == GateRule.Scope.FACT:
         where.append(_json_equals(connection, "input", rule.scope_fact))
         params += [_json_key_param(connection, rule.scope_fact), _json_value_param(connection, scope_value)]

@@ -8,7 +8,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from runs.models import Run, ToolCall
+from runs.gate import GUARD_ACTIONS
+from runs.models import GuardKind, Run, ToolCall
 
 
 # Choices used by database constraints are module-level: a model's Meta cannot see
@@ -35,6 +36,27 @@ class ApprovalStatus(models.TextChoices):
     EXPIRED = "expired"
     CANCELLED = "cancelled"
     RESPONDED = "responded"  # a reviewer answered instead; nothing ran
+
+
+class GuardAction(models.TextChoices):
+    """What a person decided on a request that is not a plain call decision (its
+    ``action``; blank for approve / decline / respond). Which kind allows which:
+    ``runs.gate.GUARD_ACTIONS``."""
+
+    NONE = "", "approve, decline or respond"
+    GRANT = "grant", "grant more"
+    STOP = "stop", "stop the run"
+    CONTINUE = "continue", "continue"
+    HAND_OVER = "hand_over", "hand over"
+    ACCEPT = "accept", "accept as done"
+    SEND_BACK = "send_back", "send back to the model"
+    HAPPENED = "happened", "it happened"
+    NOT_HAPPENED = "not_happened", "it did not happen"
+
+
+# Guards the engine opens at most one of per run at a time (an outcome request is
+# one per call: parallel writes may each have an unknown outcome).
+RUN_GUARD_KINDS = (GuardKind.BUDGET, GuardKind.STUCK, GuardKind.VERIFY)
 
 
 class NotificationStatus(models.TextChoices):
@@ -260,9 +282,29 @@ def as_comparable(value):
 
 
 class ApprovalRequest(models.Model):
-    Status = ApprovalStatus
+    """One item of the one queue: a gated call (``kind`` call) or a guard that
+    tripped on a run (budget, stuck, verify, outcome), each with its own actions."""
 
-    tool_call = models.OneToOneField(ToolCall, on_delete=models.CASCADE, related_name="approval")
+    Status = ApprovalStatus
+    Kind = GuardKind
+    Action = GuardAction
+
+    kind = models.CharField(max_length=20, choices=GuardKind.choices, default=GuardKind.CALL)
+    # The gated call (kind call only: a guard has no call waiting to run).
+    tool_call = models.OneToOneField(
+        ToolCall, null=True, blank=True, on_delete=models.CASCADE, related_name="approval"
+    )
+    # Kind outcome: the write whose outcome is unknown. A call may get more than one
+    # over time (it did not happen, was retried, and again nobody could tell).
+    outcome_call = models.ForeignKey(
+        ToolCall, null=True, blank=True, on_delete=models.CASCADE, related_name="outcome_approvals"
+    )
+    # What the guard found, as the engine recorded it (untrusted text inside: the
+    # model's calls and replies). Empty for calls.
+    detail = models.JSONField(default=dict, blank=True)
+    # What was decided on a guard (grant, stop, ...) or a call handed over; blank
+    # for approve / decline / respond.
+    action = models.CharField(max_length=20, choices=GuardAction.choices, blank=True, default="")
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
     rule = models.ForeignKey(GateRule, null=True, blank=True, on_delete=models.SET_NULL)
     rule_version = models.PositiveIntegerField(null=True, blank=True)
@@ -279,8 +321,8 @@ class ApprovalRequest(models.Model):
         "Proposal", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     # Hash of the current proposal's arguments (what the page showed); a decision
-    # names it, and a decision on any other is refused as stale.
-    args_hash = models.CharField(max_length=64)
+    # names it, and a decision on any other is refused as stale. Blank for guards.
+    args_hash = models.CharField(max_length=64, blank=True)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
     claimed_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -308,10 +350,45 @@ class ApprovalRequest(models.Model):
                 condition=Q(status=ApprovalStatus.PENDING) | Q(decided_at__isnull=False),
                 name="approval_decided_has_time",
             ),
+            models.CheckConstraint(condition=Q(kind__in=GuardKind.values), name="approval_kind_valid"),
+            models.CheckConstraint(condition=Q(action__in=GuardAction.values), name="approval_action_valid"),
+            # A call approval has its call; a guard has none (an outcome names its
+            # call in outcome_call).
+            models.CheckConstraint(
+                condition=(Q(kind=GuardKind.CALL) & Q(tool_call__isnull=False))
+                | (~Q(kind=GuardKind.CALL) & Q(tool_call__isnull=True)),
+                name="approval_call_iff_kind_call",
+            ),
+            models.CheckConstraint(
+                condition=~Q(kind=GuardKind.OUTCOME) | Q(outcome_call__isnull=False),
+                name="approval_outcome_has_call",
+            ),
+            # A run waits on one guard at a time, and a call's outcome is asked once.
+            models.UniqueConstraint(
+                fields=["run", "kind"],
+                condition=Q(status=ApprovalStatus.PENDING, kind__in=RUN_GUARD_KINDS),
+                name="approval_one_pending_guard_per_run",
+            ),
+            models.UniqueConstraint(
+                fields=["outcome_call"],
+                condition=Q(status=ApprovalStatus.PENDING, kind=GuardKind.OUTCOME),
+                name="approval_one_pending_outcome_per_call",
+            ),
         ]
 
     def __str__(self) -> str:
-        return f"Approval {self.pk}: {self.tool_call.tool_name} ({self.status})"
+        what = self.tool_call.tool_name if self.tool_call_id else self.get_kind_display()
+        return f"Approval {self.pk}: {what} ({self.status})"
+
+    @property
+    def is_guard(self) -> bool:
+        """A guard tripped on the run (budget, stuck, verify, outcome), not a gated call."""
+        return self.kind != GuardKind.CALL
+
+    @property
+    def actions(self) -> tuple[str, ...]:
+        """The actions this kind allows (besides approve / decline / respond for a call)."""
+        return GUARD_ACTIONS[self.kind]
 
     @property
     def is_edited(self) -> bool:

@@ -15,14 +15,17 @@ the event happens, never a signal receiver):
   (``selectors.eligible_reviewers``: permission, every required group, not the
   requester unless self-approval is allowed, not already approved);
   ``services.approval_open``, called by ``RuleGate.hold`` in the transaction that
-  saves the model's reply;
+  saves the model's reply, or ``services.approval_open_guard``, called by
+  ``RuleGate.open_guard`` in the transaction that stops the run on a guard (the
+  subject and body say what the guard found: ``selectors.guard_headline``);
 - ``approval:<id>:reminder`` / ``:escalated``: the same people; ``sla``;
 - ``approval:<id>:proposal:<n>``: a reviewer's edit made proposal n; the people who
   may approve it now; ``services._propose``;
 - ``approval:<id>:declined``: the run's requester, when a reviewer declines the
   call or the request times out with a decline; ``services._close``, in the
   decision's (or the expiry's) transaction;
-- ``run:<id>:g<generation>:done`` / ``:failed``: the run's requester;
+- ``run:<id>:g<generation>:done`` / ``:failed`` / ``:handed_over`` (naming who
+  took it): the run's requester;
   ``RuleGate.run_ended``, in the transition's transaction. The generation is in
   the key because a rewound run that finishes again is news again.
 """
@@ -46,7 +49,14 @@ from runs.history import live_at
 from runs.models import Message, Run
 
 from .models import ApprovalRequest, Notification
-from .selectors import eligible_reviewers, group_names, input_changes
+from .selectors import (
+    approval_sla_minutes,
+    eligible_reviewers,
+    group_names,
+    guard_context,
+    guard_headline,
+    input_changes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +123,14 @@ def notifications_record(
 
 
 def approval_subject(approval: ApprovalRequest, kind: str) -> str:
+    if approval.is_guard:
+        # What the guard found, naming the run: "Run 7 needs you: no progress for 4 steps".
+        headline = guard_headline(approval)
+        if kind == Kind.APPROVAL_REMINDER:
+            return f"[Countersign] Reminder: {headline}"
+        if kind == Kind.APPROVAL_ESCALATED:
+            return f"[Countersign] Escalated: {headline}"
+        return f"[Countersign] {headline}"
     call = approval.tool_call
     run = f"run {approval.run_id}"
     if kind == Kind.APPROVAL_REMINDER:
@@ -171,9 +189,13 @@ def notify_call_declined(*, approval: ApprovalRequest, timed_out: bool) -> list[
 
 
 def notify_run_finished(*, run: Run) -> list[Notification]:
-    """Tell the requester that ``run`` (with its new status: done or failed) ended.
-    Once per generation: a rewound run that finishes again is news again."""
-    outcome = "finished" if run.status == Run.Status.DONE else "failed"
+    """Tell the requester that ``run`` (with its new status: done, failed or handed
+    over to a person) ended. Once per generation: a rewound run that finishes again
+    is news again."""
+    if run.status == Run.Status.HANDED_OVER:
+        outcome = f"handed over to {_name(run.handed_over_to)}"
+    else:
+        outcome = "finished" if run.status == Run.Status.DONE else "failed"
     return notifications_record(
         event=f"run:{run.pk}:g{run.generation}:{run.status}",
         kind=Kind.RUN_FINISHED,
@@ -311,13 +333,30 @@ def _final_text(run: Run, *, at) -> str:
     return "\n".join(b.get("text", "") for b in last.content if b.get("type") == "text").strip()
 
 
+def _name(user) -> str:
+    if user is None:
+        return "a person"
+    return user.get_full_name() or user.get_username()
+
+
 def notification_context(note: Notification) -> dict:
     context: dict = {"note": note, "base_url": settings.DESK_BASE_URL}
     if note.approval_id:
         approval = ApprovalRequest.objects.select_related(
-            "tool_call", "run__requester", "rule", "decided_by", "proposal__proposed_by"
+            "tool_call", "outcome_call", "run__requester", "rule", "decided_by", "proposal__proposed_by"
         ).get(pk=note.approval_id)
         run = approval.run
+    if note.approval_id and approval.is_guard:
+        # A guard: what it found and what the person may do; no call, no arguments.
+        context.update(
+            approval=approval,
+            guard=guard_context(approval),
+            who_may_decide=group_names(approval),
+            link=approval_link(approval.pk),
+            waited_minutes=int((timezone.now() - approval.created_at).total_seconds() // 60),
+            sla_minutes=approval_sla_minutes(approval),
+        )
+    elif note.approval_id:
         proposal = approval.proposal
         # What would run: the current proposal (the model's call, or a reviewer's edit).
         shown = proposal.input if proposal is not None else approval.tool_call.input
@@ -336,11 +375,16 @@ def notification_context(note: Notification) -> dict:
             # The requester follows their run; reviewers go where they decide.
             link=run_link(run.pk) if note.kind == Kind.APPROVAL_DECLINED else approval_link(approval.pk),
             waited_minutes=int((timezone.now() - approval.created_at).total_seconds() // 60),
-            sla_minutes=approval.rule.sla_minutes if approval.rule else None,
+            sla_minutes=approval_sla_minutes(approval),
         )
     else:
-        run = Run.objects.select_related("requester").get(pk=note.run_id)
-        context.update(link=run_link(run.pk), final_text=_final_text(run, at=note.created_at))
+        run = Run.objects.select_related("requester", "handed_over_to").get(pk=note.run_id)
+        context.update(
+            link=run_link(run.pk),
+            final_text=_final_text(run, at=note.created_at),
+            # From the event, not the run's status now (a handed-over run may be rewound later).
+            handed_over_to=_name(run.handed_over_to) if note.event.endswith(":handed_over") else "",
+        )
     requester = run.requester
     context.update(
         run=run,

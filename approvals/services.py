@@ -24,35 +24,58 @@ approval row, so votes and edits are counted one at a time; the final pending ->
 decided step is one conditional UPDATE whose loser gets AlreadyDecided. What a
 decision means for people is recorded in the same transaction: the requester's
 email of a decline or a timeout that declines (``notifications``).
+
+- **Guards** share the queue: a run that a guard stopped (budget, stuck, verify,
+  outcome) waits on an ApprovalRequest of that ``kind`` (``approval_open_guard``),
+  decided by ``Decision.act(action, ...)`` with an action its kind takes
+  (``runs.gate.GUARD_ACTIONS``; ``hand_over`` on every kind, calls included). Same
+  eligibility, claims and conditional UPDATE as a call; then the ``runs`` service that
+  does it, in the same transaction. A run that no longer waits on the request
+  (``GuardConflict``) is refused as RunMovedOn and nothing changes.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import timedelta
+from decimal import Decimal
 from enum import StrEnum
 
 from django.conf import settings
 from django.contrib.auth.models import Group
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from runs.gate import ALLOW, DENY, Verdict, review_call
-from runs.models import ToolCall
+from runs.gate import ALLOW, DENY, GUARD_ACTIONS, Verdict, review_call
+from runs.models import GuardKind, Run, RunGuard, RunStatus, ToolCall
 from runs.services import (
+    GuardConflict,
+    call_outcome_happened,
+    call_outcome_not_happened,
     run_enqueue,
+    run_guard_accept,
+    run_guard_continue,
+    run_guard_grant,
+    run_guard_send_back,
+    run_hand_over,
+    run_stop,
     run_wake_if_ready,
     tool_call_approve,
     tool_call_resolve_without_running,
 )
-from tools.inputs import UnsafeJSON, check_json
+from tools.inputs import UnsafeJSON, check_json, finite_decimal
 from tools.registry import find_tool, idempotency_keys_so_far, input_hash
 
-from .models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule, Proposal
+from .models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule, GuardAction, Proposal
 from .notifications import Kind, notify_call_declined, notify_proposal, notify_reviewers
 from .selectors import (
     ESCALATION_GROUP,
+    action_label,
+    actions_text,
+    budget_unit,
     claimed_by_someone_else,
     decide_refusal,
     group_names,
@@ -76,7 +99,24 @@ class AlreadyDecided(DecisionError):
         self.approval = approval
         who = approval.decided_by.get_username() if approval.decided_by else "the system"
         when = approval.decided_at.strftime("%Y-%m-%d %H:%M:%S UTC") if approval.decided_at else "?"
-        super().__init__(f"Approval {approval.pk} was already {approval.status} by {who} at {when}.")
+        # A guard's decision (or a hand-over) says what was done, not only approved/declined.
+        what = f"decided ({action_label(approval.action)})" if approval.action else approval.status
+        super().__init__(f"Approval {approval.pk} was already {what} by {who} at {when}.")
+
+
+class RunMovedOn(AlreadyDecided):
+    """The request is still open but its run no longer waits on it (it was stopped,
+    handed over, rewound or resumed by other means): nothing is left to decide."""
+
+    def __init__(self, approval: ApprovalRequest, why: str) -> None:
+        self.approval = approval
+        DecisionError.__init__(
+            self, f"Approval {approval.pk} was already overtaken: {why}. Nothing was changed."
+        )
+
+
+class WrongAction(DecisionError):
+    """An action this kind of request does not take."""
 
 
 class StaleDecision(DecisionError):
@@ -92,6 +132,17 @@ class DecisionKind(StrEnum):
     APPROVE = "approve"  # let the current proposal (or ``edit``) run
     DECLINE = "decline"  # nothing runs; the model is told the reason
     RESPOND = "respond"  # nothing runs; the text is the tool's result
+    ACT = "act"  # a guard's action (grant, continue, ...), or hand over any request
+
+
+# What each action needs in its text, and what that text is (said when it is missing).
+ACTION_TEXT_REQUIRED = {
+    GuardAction.ACCEPT: "Accepting a run as done needs a reason: it is recorded with the run.",
+    GuardAction.HAPPENED: "Say what you found: it becomes the call's result, which the model reads.",
+    GuardAction.SEND_BACK: "Sending a run back needs the findings: the model is told them.",
+}
+# Actions that let the run go on close the request approved; the others declined.
+STOPPING_ACTIONS = frozenset({GuardAction.STOP, GuardAction.HAND_OVER})
 
 
 @dataclass(frozen=True)
@@ -106,6 +157,14 @@ class Decision:
     new proposal). ``confirm_irreversible``: the decider confirmed that the call
     cannot be undone. Build one with ``Decision.approve`` / ``decline`` /
     ``respond``.
+
+    ``Decision.act(action, text, amount)`` is a guard's action (``action``: grant,
+    stop, continue, accept, send_back, happened, not_happened) or ``hand_over``,
+    which every kind of request takes, calls included. ``text`` is the comment: the
+    note for the model (continue, optional), the reason (accept, required), the
+    findings (send_back, required), what the person found (happened, required).
+    ``amount``: how much more a grant gives (required, more than 0, only with grant).
+    Which kind takes which action is checked when it is applied (``approval_decide``).
     """
 
     Kind = DecisionKind
@@ -115,6 +174,8 @@ class Decision:
     args_hash: str | None = None
     edit: dict | None = None
     confirm_irreversible: bool = False
+    action: str = ""
+    amount: Decimal | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -124,6 +185,11 @@ class Decision:
         comment = self.comment.strip()
         object.__setattr__(self, "kind", kind)
         object.__setattr__(self, "comment", comment)
+        if kind == DecisionKind.ACT:
+            self._check_action()
+            return
+        if self.action or self.amount is not None:
+            raise DecisionError(f"An action or an amount goes with Decision.act, not a {kind}.")
         if kind == DecisionKind.DECLINE and not comment:
             raise DecisionError("A decline needs a reason: the model is told it.")
         if kind == DecisionKind.RESPOND and not comment:
@@ -134,6 +200,37 @@ class Decision:
             raise DecisionError(
                 f"Confirming an irreversible call goes with an approval: a {kind} runs nothing."
             )
+
+    def _check_action(self) -> None:
+        try:
+            action = GuardAction(self.action)
+        except ValueError:
+            action = None
+        if action is None or action == GuardAction.NONE:
+            known = ", ".join(a for a in GuardAction.values if a)
+            raise DecisionError(f"Unknown action {self.action!r}: one of {known}.")
+        object.__setattr__(self, "action", action)
+        if self.edit is not None or self.confirm_irreversible or self.args_hash is not None:
+            raise DecisionError("Edited arguments and confirmations go with an approval, not an action.")
+        if action == GuardAction.GRANT:
+            amount = self.amount
+            if amount is None:
+                raise DecisionError("A grant needs an amount: how many more to give.")
+            try:
+                amount = finite_decimal(str(amount))
+            except UnsafeJSON as exc:
+                raise DecisionError(f"The amount: {exc}.") from None
+            if not amount.is_finite() or amount <= 0:
+                raise DecisionError("A grant gives more than 0.")
+            object.__setattr__(self, "amount", amount)
+        elif self.amount is not None:
+            raise DecisionError(f"An amount goes with a grant, not with {action}.")
+        if action in ACTION_TEXT_REQUIRED and not self.comment:
+            raise DecisionError(ACTION_TEXT_REQUIRED[action])
+
+    @classmethod
+    def act(cls, action: str, text: str = "", amount=None) -> Decision:
+        return cls(DecisionKind.ACT, text, action=action, amount=amount)
 
     @classmethod
     def approve(
@@ -231,6 +328,65 @@ def approval_open(*, run, call: ToolCall, verdict: Verdict) -> ApprovalRequest:
     return approval
 
 
+def approval_open_guard(
+    *, run: Run, kind: str, reason: str, detail: dict, call: ToolCall | None = None
+) -> ApprovalRequest:
+    """Put a run that a guard stopped in front of a person: open its request in the
+    one queue (in the transaction that moves the run to waiting), audited, and email
+    the reviewers who may decide it once that commits.
+
+    Who decides: a member of ``DESK_GUARD_GROUP`` with the decide permission, never
+    the run's requester, one of them. A guard never expires (no timeout may act for a
+    person); it is reminded and escalated after ``DESK_GUARD_SLA_MINUTES`` like any
+    request. A second call for what is already pending returns the open request.
+    """
+    try:
+        kind = GuardKind(kind)
+    except ValueError:
+        raise ValueError(f"unknown guard kind {kind!r}") from None
+    if kind == GuardKind.CALL:
+        raise ValueError("a gated call is opened by hold(), not open_guard()")
+    if kind == GuardKind.OUTCOME and call is None:
+        raise ValueError("an outcome request names the call whose outcome is unknown")
+    pending = ApprovalRequest.objects.filter(run=run, kind=kind, status=ApprovalRequest.Status.PENDING)
+    if kind == GuardKind.OUTCOME:
+        pending = pending.filter(outcome_call=call)
+    existing = pending.first()
+    if existing is not None:
+        return existing
+    group, _ = Group.objects.get_or_create(name=settings.DESK_GUARD_GROUP)
+    approval = ApprovalRequest.objects.create(
+        kind=kind,
+        run=run,
+        outcome_call=call if kind == GuardKind.OUTCOME else None,
+        reason=reason,
+        # What the engine found, as JSON (a cost is a Decimal: kept as its exact text).
+        detail=_json_safe(detail if isinstance(detail, dict) else {"found": detail}),
+        approvers_required=1,
+        allow_self_approval=False,
+        args_hash="",
+        expires_at=None,
+    )
+    approval.required_groups.add(group)
+    AuditEvent.objects.create(
+        actor=None,
+        action="approval.opened",
+        run_id=run.pk,
+        tool_call=call,
+        approval=approval,
+        before="",
+        after=kind,
+        detail=f"{kind}: {reason}"[:2000],
+    )
+    notify_reviewers(approval=approval, kind=Kind.APPROVAL_OPENED)
+    return approval
+
+
+def _json_safe(value) -> dict:
+    """``value`` as it will read back from a JSONField (a Decimal becomes its exact text)."""
+    return json.loads(json.dumps(value, cls=DjangoJSONEncoder))
+
+
 def _proposal_record(
     approval: ApprovalRequest,
     *,
@@ -272,11 +428,15 @@ class DecisionResult:
     proposal: Proposal | None = None
     # The editor may not approve their own edit: it waits for these people.
     waits_for: str = ""
+    # A guard's action (or a hand-over): what became of the run, in words.
+    outcome: str = ""
 
     @property
     def summary(self) -> str:
         """What happened, in one sentence (the desk's flash, the CLI's output)."""
         approval = self.approval
+        if approval.action:
+            return self.outcome or f"Run {approval.run_id}: {action_label(approval.action)}."
         tool = approval.tool_call.tool_name
         if approval.status != ApprovalRequest.Status.PENDING:
             edited = " with the edited arguments" if approval.is_edited else ""
@@ -299,7 +459,7 @@ def _load_locked(approval_id: int) -> ApprovalRequest:
     counted one at a time."""
     approval = (
         ApprovalRequest.objects.select_for_update(of=("self",))
-        .select_related("tool_call", "run", "rule", "decided_by", "claimed_by", "proposal")
+        .select_related("tool_call", "outcome_call", "run", "rule", "decided_by", "claimed_by", "proposal")
         .filter(pk=approval_id)
         .first()
     )
@@ -321,6 +481,14 @@ def approval_decide(
         approval = _load_locked(approval_id)
         now = timezone.now()
         _check_may_decide(approval, reviewer, decision, now=now)
+        if decision.kind == DecisionKind.ACT:
+            return _act(approval, reviewer, decision, now, enqueue=enqueue)
+        if approval.is_guard:
+            raise WrongAction(
+                f"Approval {approval.pk} is about a run that stopped ({approval.get_kind_display()}), "
+                f"not a call: approve, decline and respond do not apply. It takes "
+                f"{actions_text(approval.kind)}."
+            )
         if decision.kind != DecisionKind.APPROVE:
             status = {
                 DecisionKind.DECLINE: ApprovalRequest.Status.DECLINED,
@@ -365,14 +533,146 @@ def _check_may_decide(approval: ApprovalRequest, reviewer, decision: Decision, *
         # Eligible means not having approved these arguments: one person's vote and
         # their own answer in the tool's place would settle a two-person rule alone.
         raise NotAllowed("You approved these arguments; someone else decides now.")
+    if decision.kind != DecisionKind.APPROVE or approval.is_guard:
+        return
     spec = find_tool(approval.tool_call.tool_name)
-    if (
-        decision.kind == DecisionKind.APPROVE
-        and spec is not None
-        and spec.is_irreversible
-        and not decision.confirm_irreversible
-    ):
+    if spec is not None and spec.is_irreversible and not decision.confirm_irreversible:
         raise DecisionError(f"{spec.name} cannot be undone: confirm that you understand before approving it.")
+
+
+# --- guards: what a person decides on a run that stopped for them ------------------
+def _act(approval: ApprovalRequest, actor, decision: Decision, now, *, enqueue: bool) -> DecisionResult:
+    """Apply a guard's action (or a hand-over of any request) in the caller's
+    transaction: close the request (one conditional UPDATE: pending -> approved for
+    what lets the run go on, declined for stop and hand over), then the runs service
+    that does it. A run that no longer waits on this request raises RunMovedOn and
+    the whole transaction, the close included, rolls back: nothing changes."""
+    action = decision.action
+    if action not in GUARD_ACTIONS[approval.kind]:
+        raise WrongAction(
+            f"A {approval.kind} request takes {actions_text(approval.kind)}; "
+            f"not {action}. Nothing was changed."
+        )
+    comment = decision.comment
+    if action == GuardAction.GRANT:
+        unit = (approval.detail or {}).get("budget")
+        if unit not in ("steps", "tokens", "cost"):
+            raise DecisionError(f"Approval {approval.pk} does not say which budget was spent; grant nothing.")
+        amount = decision.amount
+        if unit != "cost" and amount != amount.to_integral_value():
+            raise DecisionError(f"{unit.capitalize()} are whole numbers: grant {amount} is not one.")
+        granted = f"granted {_plain_amount(amount)} more {budget_unit(unit, amount)}"
+        comment = granted + (f": {decision.comment}" if decision.comment else "")
+    status = (
+        ApprovalRequest.Status.DECLINED if action in STOPPING_ACTIONS else ApprovalRequest.Status.APPROVED
+    )
+    won = ApprovalRequest.objects.filter(pk=approval.pk, status=ApprovalRequest.Status.PENDING).update(
+        status=status,
+        action=action,
+        decided_by=actor,
+        decided_at=now,
+        comment=comment,
+        claimed_by=None,
+        claimed_until=None,
+    )
+    if won != 1:
+        approval.refresh_from_db()
+        raise AlreadyDecided(approval)
+    try:
+        outcome = _apply_action(approval, actor, decision)
+    except GuardConflict as exc:
+        raise RunMovedOn(approval, str(exc)) from None
+    except ValueError as exc:
+        raise DecisionError(f"{exc}. Nothing was changed.") from None
+    AuditEvent.objects.create(
+        actor=actor,
+        action=f"approval.{action}",
+        run_id=approval.run_id,
+        tool_call=approval.tool_call or approval.outcome_call,
+        approval=approval,
+        before=ApprovalRequest.Status.PENDING,
+        after=status,
+        detail=comment,
+    )
+    run = Run.objects.only("status").get(pk=approval.run_id)
+    woken = run.status == RunStatus.QUEUED
+    if woken and enqueue and approval.kind == GuardKind.OUTCOME:
+        # The other actions requeue through runs' services, which nudge on commit themselves.
+        run_enqueue(approval.run_id)
+    approval.refresh_from_db()
+    return DecisionResult(approval=approval, run_woken=woken, outcome=outcome)
+
+
+def _plain_amount(amount: Decimal) -> str:
+    return format(amount.normalize(), ",f") if amount == amount.to_integral_value() else format(amount, "f")
+
+
+def _apply_action(approval: ApprovalRequest, actor, decision: Decision) -> str:
+    """Call the runs service the action means; what became of the run, in words.
+    Raises GuardConflict if the run no longer waits on this request."""
+    action, text, run_id = decision.action, decision.comment, approval.run_id
+    who = _display_name(actor)
+    if action == GuardAction.HAND_OVER:
+        return _hand_over(approval, actor, text)
+    if action == GuardAction.STOP:
+        _expect_waiting(approval)
+        run_stop(run_id=run_id, actor=actor, reason=f"stopped by {who}" + (f": {text}" if text else ""))
+        return f"Run {run_id} stopped (cancelled). It will not resume."
+    if action == GuardAction.GRANT:
+        unit = approval.detail["budget"]
+        run_guard_grant(run_id=run_id, actor=actor, budget=unit, amount=decision.amount)
+        more = f"{_plain_amount(decision.amount)} more {budget_unit(unit, decision.amount)}"
+        return f"Run {run_id} was granted {more} and is queued to go on."
+    if action == GuardAction.CONTINUE:
+        run_guard_continue(run_id=run_id, actor=actor, note=text)
+        noted = " with your note for the model" if text else ""
+        return f"Run {run_id} goes on{noted}; its count of steps without progress starts again."
+    if action == GuardAction.SEND_BACK:
+        run_guard_send_back(run_id=run_id, actor=actor, findings=text)
+        return f"Run {run_id} was sent back to the model with the findings."
+    if action == GuardAction.ACCEPT:
+        run_guard_accept(run_id=run_id, actor=actor, reason=text)
+        return f"Run {run_id} was accepted as done."
+    call = approval.outcome_call
+    if action == GuardAction.HAPPENED:
+        call_outcome_happened(call_id=call.pk, actor=actor, result=text)
+        return f"{call.tool_name} in run {run_id} is recorded as done with what you found."
+    call_outcome_not_happened(call_id=call.pk, actor=actor)
+    return f"{call.tool_name} in run {run_id} will run again with the same idempotency key."
+
+
+def _expect_waiting(approval: ApprovalRequest) -> None:
+    """Raise GuardConflict unless the run still waits on this request: stopping a run
+    on a stale page must not cancel a run that went on meanwhile."""
+    run = Run.objects.select_for_update().get(pk=approval.run_id)
+    if approval.kind == GuardKind.OUTCOME:
+        call = ToolCall.objects.only("status").get(pk=approval.outcome_call_id)
+        waits = run.status == RunStatus.WAITING_APPROVAL and call.status == ToolCall.Status.UNKNOWN
+    else:
+        waits = run.status == RunStatus.WAITING_APPROVAL and run.guard == RunGuard(approval.kind)
+    if not waits:
+        raise GuardConflict(f"run {run.pk} is {run.status}, no longer waiting on this {approval.kind} guard")
+
+
+def _hand_over(approval: ApprovalRequest, actor, note: str) -> str:
+    """End the run as handed over to ``actor``; a gated call of this request is
+    declined (it will never run). The gate cancels what else waits on the run and
+    tells the requester who took it (``RuleGate.run_ended``)."""
+    call = approval.tool_call
+    who = _display_name(actor)
+    if call is not None and call.status == ToolCall.Status.AWAITING_APPROVAL:
+        tool_call_resolve_without_running(
+            call=call,
+            actor=actor,
+            status=ToolCall.Status.DECLINED,
+            text=f"Handed over to {who}" + (f": {note}" if note else "") + ". The agent stops here.",
+            is_error=True,
+        )
+    run = Run.objects.get(pk=approval.run_id)
+    result = run_hand_over(run=run, actor=actor, note=note)
+    if not result.cancelled:
+        raise GuardConflict(result.message)
+    return f"Run {run.pk} is handed over to you; the agent stops here and its requester is told."
 
 
 def _result(approval: ApprovalRequest, woken: bool, enqueue: bool, **extra) -> DecisionResult:
@@ -604,7 +904,13 @@ def approval_expire(*, approval_id: int, enqueue: bool = True) -> bool:
         approval = (
             ApprovalRequest.objects.select_for_update(of=("self",))
             .select_related("tool_call", "rule", "run", "proposal")
-            .filter(pk=approval_id, status=ApprovalRequest.Status.PENDING, expires_at__lte=timezone.now())
+            # A guard never times out into an action: it waits for a person.
+            .filter(
+                pk=approval_id,
+                kind=GuardKind.CALL,
+                status=ApprovalRequest.Status.PENDING,
+                expires_at__lte=timezone.now(),
+            )
             .first()
         )
         if approval is None:

@@ -3,7 +3,9 @@
 Per rule: after ``sla_minutes`` pending, the reviewers who may decide are reminded
 (once); after twice that, the approval is escalated to ``senior-reviewers`` (once);
 at ``expires_at`` (set from the rule's ``ttl_minutes`` when the request opened) it
-expires with the rule's timeout effect (``services.approval_expire``).
+expires with the rule's timeout effect (``services.approval_expire``). A guard's
+request (budget, stuck, verify, outcome) has no rule: it is reminded and escalated
+after ``DESK_GUARD_SLA_MINUTES``, and never expires (no timeout acts for a person).
 
 Escalation narrows who may decide: ``senior-reviewers`` is added to the approval's
 required groups, so from then on only senior reviewers who are also in the rule's
@@ -24,15 +26,18 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.contrib.auth.models import Group
 from django.db import transaction
 from django.db.models import Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from runs.models import GuardKind
+
 from .models import ApprovalRequest, AuditEvent, GateRule
 from .notifications import Kind, notifications_renudge, notify_reviewers
-from .selectors import ESCALATION_GROUP, group_names
+from .selectors import ESCALATION_GROUP, approval_sla_minutes, group_names
 from .services import AlreadyDecided, approval_expire, release_claim_if_ineligible
 
 log = logging.getLogger(__name__)
@@ -91,7 +96,7 @@ def approval_escalate(*, approval_id: int, now: datetime, group: Group) -> bool:
             before=old_group[:30],
             after=group.name[:30],
             detail=(
-                f"pending over twice the SLA ({approval.rule.sla_minutes} min); " if approval.rule else ""
+                f"pending over twice the SLA ({sla} min); " if (sla := approval_sla_minutes(approval)) else ""
             )
             + f"who may decide: {old_group} -> {group_names(approval)}",
         )
@@ -100,7 +105,9 @@ def approval_escalate(*, approval_id: int, now: datetime, group: Group) -> bool:
 
 
 def _load(approval_id: int) -> ApprovalRequest:
-    return ApprovalRequest.objects.select_related("tool_call", "run", "rule", "proposal").get(pk=approval_id)
+    return ApprovalRequest.objects.select_related("tool_call", "outcome_call", "run", "rule", "proposal").get(
+        pk=approval_id
+    )
 
 
 def approvals_sweep_sla(*, now: datetime | None = None) -> SweepCounts:
@@ -123,18 +130,28 @@ def approvals_sweep_sla(*, now: datetime | None = None) -> SweepCounts:
     group = Group.objects.filter(name=ESCALATION_GROUP).first()
     # Per rule: a handful of rules, each query a plain date comparison on every database.
     for rule in GateRule.objects.filter(sla_minutes__gt=0).only("pk", "sla_minutes"):
-        sla = timedelta(minutes=rule.sla_minutes)
-        if group is None:
-            log.warning("no %s group: approvals past twice their SLA are not escalated", ESCALATION_GROUP)
-        else:
-            due = pending.filter(rule=rule, escalated_at__isnull=True, created_at__lte=now - 2 * sla)
-            for approval_id in due.values_list("pk", flat=True)[:BATCH]:
-                counts.escalated += approval_escalate(approval_id=approval_id, now=now, group=group)
-        due = pending.filter(rule=rule, reminded_at__isnull=True, created_at__lte=now - sla)
-        for approval_id in due.values_list("pk", flat=True)[:BATCH]:
-            counts.reminded += approval_remind(approval_id=approval_id, now=now)
+        _escalate_and_remind(pending.filter(rule=rule), rule.sla_minutes, now=now, group=group, counts=counts)
+    # Guards have no rule: the desk's guard SLA.
+    if settings.DESK_GUARD_SLA_MINUTES:
+        guards = pending.exclude(kind=GuardKind.CALL)
+        _escalate_and_remind(guards, settings.DESK_GUARD_SLA_MINUTES, now=now, group=group, counts=counts)
 
     counts.renudged = notifications_renudge(older_than=now - LOST_NUDGE_AGE)
     if counts.expired or counts.escalated or counts.reminded or counts.renudged:
         log.info("SLA sweep: %s", counts)
     return counts
+
+
+def _escalate_and_remind(pending, sla_minutes: int, *, now: datetime, group, counts: SweepCounts) -> None:
+    """Escalate what of ``pending`` waited twice ``sla_minutes``, remind what waited
+    ``sla_minutes`` (each once, at most BATCH per sweep)."""
+    sla = timedelta(minutes=sla_minutes)
+    if group is None:
+        log.warning("no %s group: approvals past twice their SLA are not escalated", ESCALATION_GROUP)
+    else:
+        due = pending.filter(escalated_at__isnull=True, created_at__lte=now - 2 * sla)
+        for approval_id in due.values_list("pk", flat=True)[:BATCH]:
+            counts.escalated += approval_escalate(approval_id=approval_id, now=now, group=group)
+    due = pending.filter(reminded_at__isnull=True, created_at__lte=now - sla)
+    for approval_id in due.values_list("pk", flat=True)[:BATCH]:
+        counts.reminded += approval_remind(approval_id=approval_id, now=now)

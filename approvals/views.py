@@ -23,6 +23,7 @@ from .selectors import (
     approvals_visible_to,
     claimed_by_someone_else,
     decide_refusal,
+    guard_context,
     has_approved_current,
     may_break_claims,
     neighbours,
@@ -72,6 +73,7 @@ def queue(request):
         "query": urlencode(applied),
         "tools": _choices(request.user, "tool_call__tool_name"),
         "agents": _choices(request.user, "run__agent"),
+        "kinds": ApprovalRequest.Kind.choices,
         "rules": GateRule.objects.filter(effect=GateRule.Effect.NEEDS_APPROVAL).order_by("name"),
         "nav_section": "queue",
         "now": timezone.now(),
@@ -83,7 +85,7 @@ def queue(request):
 def _choices(user, field: str) -> list[str]:
     return list(
         approvals_visible_to(user)
-        .filter(status=ApprovalRequest.Status.PENDING)
+        .filter(status=ApprovalRequest.Status.PENDING, **{f"{field}__isnull": False})
         .values_list(field, flat=True)
         .order_by(field)
         .distinct()
@@ -95,7 +97,14 @@ def _approval(request, approval_id: int) -> ApprovalRequest:
     approval = (
         approvals_visible_to(request.user)
         .select_related(
-            "tool_call", "run", "run__requester", "rule", "decided_by", "claimed_by", "proposal__proposed_by"
+            "tool_call",
+            "outcome_call",
+            "run",
+            "run__requester",
+            "rule",
+            "decided_by",
+            "claimed_by",
+            "proposal__proposed_by",
         )
         .filter(pk=approval_id)
         .first()
@@ -111,7 +120,8 @@ def _page_context(request, approval: ApprovalRequest) -> dict:
     if refusal is None and has_approved_current(request.user, approval):
         refusal = "You approved these arguments; they need another reviewer's approval."
     return {
-        "ctx": approval_context(approval),
+        # A guard shows what it found and its own actions; a call, what would run.
+        "ctx": guard_context(approval) if approval.is_guard else approval_context(approval),
         "approval": approval,
         "refusal": refusal,
         "may_break_claim": claimed_by_someone_else(approval, request.user) and may_break_claims(request.user),
@@ -136,6 +146,8 @@ def approval_detail(request, approval_id: int):
 def _edited_input(request, approval: ApprovalRequest) -> dict | None:
     """The reviewer's edit of the arguments shown (the current proposal), typed by
     the tool's schema; None if nothing changed. Unusable values are a DecisionError."""
+    if approval.tool_call is None:
+        return None  # a guard has no arguments; the service refuses approving it
     shown = approval.proposal.input if approval.proposal else approval.tool_call.input
     shown = shown if isinstance(shown, dict) else {}
     edited = {}
@@ -163,9 +175,19 @@ def _edited_input(request, approval: ApprovalRequest) -> dict | None:
 
 
 def _decision(request, approval: ApprovalRequest) -> Decision:
-    """The decision the form posted (its button, comment and the hash of what it showed)."""
+    """The decision the form posted (its button, comment and the hash of what it showed;
+    or a guard's action, its text and amount)."""
     button = request.POST.get("decision")
     comment = request.POST.get("comment", "")
+    action = request.POST.get("action")
+    if action:
+        # Which kind takes which action is the service's to say (WrongAction).
+        raw_amount = request.POST.get("amount", "").strip()
+        try:
+            amount = finite_decimal(raw_amount) if raw_amount else None
+        except UnsafeJSON as exc:
+            raise DecisionError(f"The amount: {exc}.") from None
+        return Decision.act(action, text=comment, amount=amount)
     # Always checked: a form that does not say what it showed decides nothing.
     args_hash = request.POST.get("args_hash") or ""
     if button in ("approve", "approve_edited"):
@@ -176,7 +198,8 @@ def _decision(request, approval: ApprovalRequest) -> Decision:
             # approves what was shown, whatever the fields say (a browser may have
             # altered them: an <input> drops newlines).
             edit=_edited_input(request, approval) if button == "approve_edited" else None,
-            confirm_irreversible=request.POST.get("confirm_irreversible") == approval.tool_call.tool_name,
+            confirm_irreversible=approval.tool_call is not None
+            and request.POST.get("confirm_irreversible") == approval.tool_call.tool_name,
         )
     if button == "decline":
         return Decision.decline(comment, args_hash=args_hash)

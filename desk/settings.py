@@ -339,6 +339,11 @@ DESK_GATE = env_str("DESK_GATE", "approvals.gate.RuleGate")
 DESK_LEASE_SECONDS = env_int("DESK_LEASE_SECONDS", 60)
 # How long a reviewer's claim on an approval keeps others off it.
 DESK_CLAIM_SECONDS = env_int("DESK_CLAIM_SECONDS", 300)
+# Who decides a guard that tripped on a run (budget, stuck, verify, outcome), and after
+# how long pending its reviewers are reminded (escalated after twice that). A guard
+# never expires: it waits for a person.
+DESK_GUARD_GROUP = env_str("DESK_GUARD_GROUP", "reviewers")
+DESK_GUARD_SLA_MINUTES = env_int("DESK_GUARD_SLA_MINUTES", 30)
 # Keys the hashes of the audit chains and checkpoint digests (HMAC-SHA-256), so that
 # someone who can write to the database cannot recompute them after changing a row.
 # Kept outside the database, and stable: with another key every record fails verify.

@@ -7,6 +7,8 @@ from decimal import Decimal, InvalidOperation
 
 from django import template
 
+from approvals import selectors
+
 register = template.Library()
 
 
@@ -61,3 +63,21 @@ def aggregate_text(detail) -> str:
         f"{show(detail['so_far'])}{counted} so far on {where}{within} + {show(detail['this'])} = "
         f"{show(detail['total'])} {detail['operator']} {show(detail['value'])}"
     )
+
+
+@register.filter
+def guard_summary(approval) -> str:
+    """What a guard found, in one line for the queue: "no progress for 4 steps"."""
+    return selectors.guard_summary(approval)
+
+
+@register.filter
+def action_label(action: str) -> str:
+    """A decided action for people: "grant" -> "granted more"."""
+    return selectors.action_label(action)
+
+
+@register.filter
+def action_verb(action: str) -> str:
+    """An action a person may take: "grant" -> "grant more", "not_happened" -> "it did not happen"."""
+    return selectors.action_verb(action)

@@ -4,17 +4,22 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, GuardAction
+from approvals.selectors import actions_text
 from approvals.services import Decision, DecisionError, approval_decide
 from runs.engine import run_advance_until_settled
 from runs.management.commands._common import is_id, text_argument, user_by_name
-from tools.inputs import UnsafeJSON, parse_json
+from tools.inputs import UnsafeJSON, finite_decimal, parse_json
+
+ACTIONS = [action for action in GuardAction.values if action]
 
 
 class Command(BaseCommand):
     help = (
         "Approve or decline a pending approval. --edit JSON merges over the arguments shown "
-        "and makes a new proposal, reviewed by the gate like the desk's edit."
+        "and makes a new proposal, reviewed by the gate like the desk's edit. --act ACTION "
+        "decides a guard (grant --amount N, stop, continue, accept, send_back, happened, "
+        "not_happened) or hands any request over (hand_over)."
     )
 
     def add_arguments(self, parser):
@@ -22,8 +27,19 @@ class Command(BaseCommand):
         verdict = parser.add_mutually_exclusive_group(required=True)
         verdict.add_argument("--approve", action="store_true")
         verdict.add_argument("--decline", action="store_true")
+        verdict.add_argument(
+            "--act",
+            metavar="ACTION",
+            help=f"a guard's action, or hand_over on any request: {', '.join(ACTIONS)}",
+        )
         parser.add_argument("--user", required=True)
-        parser.add_argument("--comment", default="")
+        parser.add_argument(
+            "--comment",
+            default="",
+            help="the reason of a decline; with --act: the note (continue), the reason "
+            "(accept), the findings (send_back), what you found (happened)",
+        )
+        parser.add_argument("--amount", help="with --act grant: how many more steps, tokens or USD")
         parser.add_argument(
             "--edit",
             metavar="JSON",
@@ -44,8 +60,10 @@ class Command(BaseCommand):
         approval_id,
         approve,
         decline,
+        act,
         user,
         comment,
+        amount,
         sync,
         confirm_irreversible,
         edit,
@@ -58,6 +76,14 @@ class Command(BaseCommand):
             )
         reviewer = user_by_name(user)
         comment = text_argument(comment, "The comment")
+        if act is not None:
+            if edit is not None or args_hash or confirm_irreversible:
+                raise CommandError(
+                    "--edit, --args-hash and --confirm-irreversible go with --approve, not --act."
+                )
+            return self._act(int(approval_id), reviewer, act, comment, amount, sync)
+        if amount is not None:
+            raise CommandError("--amount goes with --act grant.")
         edited = None
         if edit is not None:
             if decline:
@@ -100,6 +126,37 @@ class Command(BaseCommand):
         else:
             self.stdout.write(f"run {approval.run_id}: still waiting for other decisions")
 
+    def _act(self, approval_id: int, reviewer, action: str, comment: str, amount, sync: bool) -> None:
+        """A guard's action, or a hand-over of any request."""
+        action = text_argument(action, "--act")
+        if action not in ACTIONS:
+            raise CommandError(f"Unknown action {action!r}: one of {', '.join(ACTIONS)}.")
+        if amount is not None:
+            try:
+                amount = finite_decimal(text_argument(amount, "--amount"))
+            except UnsafeJSON as exc:
+                raise CommandError(f"--amount: {exc}") from None
+        try:
+            result = approval_decide(
+                approval_id=approval_id,
+                reviewer=reviewer,
+                decision=Decision.act(action, text=comment, amount=amount),
+                enqueue=not sync,
+            )
+        except DecisionError as exc:
+            raise CommandError(str(exc)) from None
+        approval = result.approval
+        self.stdout.write(
+            f"approval {approval.pk}: {approval.status} ({approval.action}) by {reviewer.get_username()}"
+        )
+        self.stdout.write(result.summary)
+        run = approval.run
+        run.refresh_from_db()
+        if result.run_woken and sync:
+            run_advance_until_settled(run.pk)
+            run.refresh_from_db()
+        self.stdout.write(f"run {run.pk}: {run.status} at step {run.step}")
+
     def _require_hash_if_edited(self, approval_id: int) -> None:
         """Someone edited the arguments: an approval from the command line must name
         the ones it approves, or it would approve whatever the latest edit says."""
@@ -130,5 +187,10 @@ class Command(BaseCommand):
         )
         if approval is None:
             raise CommandError(f"No approval {approval_id}.")
+        if approval.tool_call is None:
+            raise CommandError(
+                f"Approval {approval_id} is a {approval.kind} request: it has no arguments "
+                f"to edit. It takes --act {actions_text(approval.kind)}."
+            )
         shown = approval.proposal.input if approval.proposal else approval.tool_call.input
         return {**(shown if isinstance(shown, dict) else {}), **changes}, approval.args_hash

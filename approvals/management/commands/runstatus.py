@@ -5,8 +5,10 @@ import json
 from django.core.management.base import BaseCommand
 
 from approvals.models import ApprovalRequest
-from approvals.selectors import group_names
+from approvals.selectors import group_names, guard_summary
 from runs.management.commands._common import run_by_id
+from runs.models import Run
+from runs.selectors import dry_run_preview
 
 
 class Command(BaseCommand):
@@ -20,7 +22,7 @@ class Command(BaseCommand):
         run = run_by_id(run_id)
         pending = (
             ApprovalRequest.objects.filter(run=run, status=ApprovalRequest.Status.PENDING)
-            .select_related("tool_call", "rule", "proposal__proposed_by")
+            .select_related("tool_call", "outcome_call", "rule", "proposal__proposed_by")
             .prefetch_related("required_groups")
         )
         data = {
@@ -42,8 +44,23 @@ class Command(BaseCommand):
                 "until": run.lease_until.isoformat() if run.lease_until else None,
             },
             "error": run.error,
+            # Guards: what the run is bound to and how far it may go.
+            "model": run.model,
+            "stage": run.stage,
+            "stalled_steps": run.stalled_steps,
+            "guard": run.guard,
+            "budget": _budget(run),
+            "params": run.params,
+            "dry_run": run.dry_run,
+            "verification": run.verification,
+            "verified_at": run.verified_at.isoformat() if run.verified_at else None,
+            "handed_over_to": run.handed_over_to.get_username() if run.handed_over_to else None,
             "pending_approvals": [_pending(approval) for approval in pending],
         }
+        preview = dry_run_preview(run) if run.dry_run else []
+        if run.dry_run:
+            # What each call would have done: the dry run's report.
+            data["dry_run_calls"] = [line.as_dict() for line in preview]
         if as_json:
             self.stdout.write(json.dumps(data, indent=2, ensure_ascii=False))
             return
@@ -52,16 +69,57 @@ class Command(BaseCommand):
         self.stdout.write(f"  usage: {run.input_tokens} in / {run.output_tokens} out tokens, ${run.cost}")
         if run.error:
             self.stdout.write(f"  error: {run.error}")
+        if run.guard:
+            self.stdout.write(f"  waiting on: {run.get_guard_display()}")
+        if run.handed_over_to:
+            self.stdout.write(f"  handed over to: {run.handed_over_to.get_username()}")
+        for line in preview:
+            self.stdout.write(f"  {line.text}")
         for item in data["pending_approvals"]:
+            if item["kind"] != ApprovalRequest.Kind.CALL:
+                actions = ", ".join(item["actions"])
+                self.stdout.write(
+                    f"  pending {item['kind']} {item['id']}: {item['summary']} ({item['reason']}) "
+                    f"[decide --act {actions}]"
+                )
+                continue
             args = json.dumps(item["input"], ensure_ascii=False)
             self.stdout.write(f"  pending approval {item['id']}: {item['tool']} {args} ({item['reason']})")
 
 
+def _budget(run: Run) -> dict:
+    """Each budget's limit (None: no limit) and what the run used of it."""
+    return {
+        "steps": {"limit": run.max_steps, "used": run.step},
+        "tokens": {"limit": run.max_tokens, "used": run.input_tokens + run.output_tokens},
+        "cost": {
+            "limit": str(run.max_cost) if run.max_cost is not None else None,
+            "used": str(run.cost),
+        },
+    }
+
+
 def _pending(approval: ApprovalRequest) -> dict:
+    if approval.is_guard:
+        call = approval.outcome_call
+        return {
+            "id": approval.pk,
+            "kind": approval.kind,
+            # An outcome request names its call; other guards have none.
+            "tool": call.tool_name if call else None,
+            "input": call.input if call else None,
+            "reason": approval.reason,
+            "summary": guard_summary(approval),
+            "detail": approval.detail,
+            "actions": list(approval.actions),
+            "who_may_decide": group_names(approval),
+            "approvers_required": approval.approvers_required,
+        }
     # What would run: the current proposal (the model's call or an edit).
     proposal = approval.proposal
     return {
         "id": approval.pk,
+        "kind": approval.kind,
         "tool": approval.tool_call.tool_name,
         "input": proposal.input if proposal else approval.tool_call.input,
         "rule": proposal.rule_label if proposal else (approval.rule.label if approval.rule else None),

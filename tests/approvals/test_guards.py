@@ -1,0 +1,850 @@
+"""Every guard that trips puts the run in front of a person through the one queue: an
+ApprovalRequest with a ``kind`` (budget, stuck, verify, outcome), its own actions, the
+same eligibility, claims, SLA and audit as a gated call, and "hand over" on every kind,
+calls included.
+
+The engine that trips guards is tested on its own (tests/runs); here each run is put
+in the waiting state the engine leaves it in (status waiting_approval, its guard set,
+or a write of unknown outcome) and its request opened through the gate seam, in one
+transaction, as the engine does. Then people decide it: through ``approval_decide``,
+the desk, and the ``decide`` command.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.core import mail
+from django.core.management.base import CommandError
+from django.db import transaction
+
+from approvals.audit import verify_run
+from approvals.gate import RuleGate
+from approvals.models import ApprovalRequest, AuditEvent, GuardAction, Notification
+from approvals.services import (
+    AlreadyDecided,
+    Decision,
+    DecisionError,
+    NotAllowed,
+    RunMovedOn,
+    WrongAction,
+    approval_claim,
+    approval_decide,
+)
+from approvals.sla import approvals_sweep_sla
+from runs.gate import GUARD_ACTIONS, get_gate, review_call
+from runs.models import GuardKind, Message, Run, RunGuard, RunStatus, ToolCall
+from runs.services import run_cancel, run_create, run_transition
+from tests.helpers import client_for, deliver, get_html, run_command
+from tools.registry import find_tool, idempotency_key, input_hash
+
+pytestmark = pytest.mark.django_db(databases=["default", "world"])
+
+TOKENS_SPENT = {"budget": "tokens", "limit": 200000, "used": 201345, "next_worst_case": 4096}
+NO_PROGRESS = {
+    "patience": 4,
+    "stalled_steps": 4,
+    "since_step": 3,
+    "recent": [
+        {"step": n, "calls": [{"name": "get_order", "input": {"order_id": "A-1001"}}]} for n in range(3, 7)
+    ],
+}
+NOT_VERIFIED = {
+    "checks": [
+        {"name": "ticket T-1 closed", "ok": False, "detail": "ticket T-1 is open"},
+        {"name": "customer emailed", "ok": True, "detail": "1 email to ada@example.com"},
+    ],
+    "final_text": "Refunded ₹2,900, emailed, closed T-1.",
+}
+REFUND = {"order_id": "A-1001", "amount": 2900, "reason": "Damaged"}
+
+
+# --- putting runs where the engine leaves them ---------------------------------------
+def a_run(requester, **kwargs) -> Run:
+    return run_create(
+        agent_name="refund-desk", task="Refund order A-1001", requester=requester, enqueue=False, **kwargs
+    )
+
+
+def _to_waiting(run: Run, *, guard: str = "", **fields) -> None:
+    """queued -> running -> waiting_approval, as a worker moves it (audited)."""
+    run_transition(run_id=run.pk, old=RunStatus.QUEUED, new=RunStatus.RUNNING, reason="claimed")
+    run_transition(
+        run_id=run.pk,
+        old=RunStatus.RUNNING,
+        new=RunStatus.WAITING_APPROVAL,
+        reason=f"waiting on {guard or 'its calls'}",
+        guard=guard,
+        **fields,
+    )
+
+
+def spend_tokens(run: Run, used: int = 201345) -> None:
+    """The run used ``used`` tokens (input and output), as its model calls would have."""
+    Run.objects.filter(pk=run.pk).update(input_tokens=used - 11345, output_tokens=11345)
+
+
+def trip(run: Run, kind: str, *, reason: str, detail: dict, **fields) -> ApprovalRequest:
+    """The engine stops ``run`` on a guard: in one transaction the run waits on it and
+    the gate opens its request."""
+    with transaction.atomic():
+        _to_waiting(run, guard=kind, **fields)
+        get_gate().open_guard(run=run, kind=kind, reason=reason, detail=detail)
+    run.refresh_from_db()
+    return ApprovalRequest.objects.get(run=run, kind=kind, status="pending")
+
+
+def a_call(
+    run: Run, tool: str, tool_input: dict, *, status: str, step: int = 0, position: int = 0
+) -> ToolCall:
+    return ToolCall.objects.create(
+        run=run,
+        step=step,
+        position=position,
+        tool_use_id=f"toolu_{step}_{position}",
+        tool_name=tool,
+        input=tool_input,
+        input_hash=input_hash(tool_input),
+        idempotency_key=idempotency_key(
+            run_id=run.pk, generation=run.generation, tool_name=tool, tool_input=tool_input
+        ),
+        status=status,
+        attempts=1 if status in (ToolCall.Status.UNKNOWN, ToolCall.Status.COMMITTED) else 0,
+    )
+
+
+def unknown_outcome(run: Run, *, step: int = 0) -> ApprovalRequest:
+    """A refund whose outcome stayed unknown (reconcile could not tell): the engine
+    marks it unknown and asks a person, the run waiting on it."""
+    with transaction.atomic():
+        call = a_call(run, "refund_item", REFUND, status=ToolCall.Status.UNKNOWN, step=step)
+        _to_waiting(run)
+        get_gate().open_guard(
+            run=run,
+            kind=GuardKind.OUTCOME,
+            reason="refund_item: the payment provider timed out twice",
+            detail={"tool": "refund_item", "input": REFUND, "attempts": 2, "why": "provider timed out"},
+            call=call,
+        )
+    run.refresh_from_db()
+    return ApprovalRequest.objects.get(run=run, kind=GuardKind.OUTCOME, status="pending")
+
+
+def gated(run: Run, *calls: tuple[str, dict]) -> list[ApprovalRequest]:
+    """The model's reply asked for ``calls``; the gate holds each for a person (as the
+    engine does in the transaction that saves the reply) and the run waits."""
+    with transaction.atomic():
+        _to_waiting(run)
+        for position, (tool, tool_input) in enumerate(calls):
+            call = a_call(run, tool, tool_input, status=ToolCall.Status.AWAITING_APPROVAL, position=position)
+            verdict = review_call(run=run, call=call, spec=find_tool(tool))
+            ToolCall.objects.filter(pk=call.pk).update(verdict=verdict.effect, verdict_reason=verdict.reason)
+            get_gate().hold(run=run, call=call, verdict=verdict)
+    run.refresh_from_db()
+    return list(ApprovalRequest.objects.filter(run=run).order_by("pk"))
+
+
+def act(approval: ApprovalRequest, reviewer, action: str, text: str = "", amount=None):
+    return approval_decide(
+        approval_id=approval.pk,
+        reviewer=reviewer,
+        decision=Decision.act(action, text=text, amount=amount),
+        enqueue=False,
+    )
+
+
+def snapshot(run: Run, approval: ApprovalRequest) -> tuple:
+    """What a refused decision must leave as it was."""
+    run.refresh_from_db()
+    approval.refresh_from_db()
+    return (
+        run.status,
+        run.guard,
+        run.max_tokens,
+        run.message_count,
+        approval.status,
+        approval.action,
+        approval.decided_by_id,
+        Message.objects.filter(run=run).count(),
+        AuditEvent.objects.filter(approval=approval).count(),
+    )
+
+
+@pytest.fixture
+def outsider(django_user_model):
+    """May decide approvals, but is in no group."""
+    user = django_user_model.objects.create_user("outsider", email="outsider@countersign.local")
+    user.user_permissions.add(Permission.objects.get(codename="decide_approvalrequest"))
+    return user
+
+
+# --- opening -------------------------------------------------------------------------
+def test_a_guard_opens_a_request_in_the_queue_with_what_it_found(users):
+    run = a_run(users["requester"])
+    approval = trip(run, GuardKind.BUDGET, reason="token budget spent", detail=TOKENS_SPENT)
+    assert approval.kind == "budget" and approval.tool_call is None and approval.args_hash == ""
+    assert approval.detail == TOKENS_SPENT
+    assert [g.name for g in approval.required_groups.all()] == ["reviewers"]
+    assert approval.approvers_required == 1 and not approval.allow_self_approval
+    assert approval.expires_at is None, "a guard never times out into an action"
+    [opened] = AuditEvent.objects.filter(approval=approval, action="approval.opened")
+    assert opened.after == "budget" and "token budget spent" in opened.detail
+    assert run.status == RunStatus.WAITING_APPROVAL and run.guard == RunGuard.BUDGET
+
+
+def test_a_guard_opened_twice_for_the_same_stop_is_one_request(users):
+    run = a_run(users["requester"])
+    approval = trip(run, GuardKind.STUCK, reason="no progress", detail=NO_PROGRESS)
+    with transaction.atomic():
+        get_gate().open_guard(run=run, kind=GuardKind.STUCK, reason="no progress", detail=NO_PROGRESS)
+    assert list(ApprovalRequest.objects.filter(run=run)) == [approval]
+    assert Notification.objects.filter(approval=approval).count() == 3  # admin, reviewer, senior: once
+
+
+def test_the_guard_group_is_a_setting(users, settings, django_user_model):
+    from django.contrib.auth.models import Group
+
+    settings.DESK_GUARD_GROUP = "senior-reviewers"
+    approval = trip(a_run(users["requester"]), GuardKind.STUCK, reason="no progress", detail=NO_PROGRESS)
+    assert [g.name for g in approval.required_groups.all()] == ["senior-reviewers"]
+    with pytest.raises(NotAllowed, match="senior-reviewers"):
+        act(approval, users["reviewer"], "continue")
+    act(approval, users["senior"], "continue")
+    assert Group.objects.filter(name="senior-reviewers").exists()
+
+
+@pytest.mark.parametrize(
+    ("kind", "detail", "subject"),
+    [
+        (GuardKind.BUDGET, TOKENS_SPENT, " spent its token budget (201,345 of 200,000)"),
+        (GuardKind.STUCK, NO_PROGRESS, " needs you: no progress for 4 steps"),
+        (GuardKind.VERIFY, NOT_VERIFIED, "'s work did not verify: ticket T-1 is open"),
+    ],
+)
+def test_each_kind_emails_its_eligible_reviewers_what_it_found(users, kind, detail, subject):
+    run = a_run(users["requester"])
+    approval = trip(run, kind, reason="a guard tripped", detail=detail)
+    notes = Notification.objects.filter(approval=approval).order_by("recipient")
+    # The superuser, the reviewers' group; never the requester.
+    assert [n.recipient for n in notes] == [
+        "admin@countersign.local",
+        "reviewer@countersign.local",
+        "senior@countersign.local",
+    ]
+    assert {n.subject for n in notes} == {f"[Countersign] Run {run.pk}{subject}"}
+    assert {n.event for n in notes} == {f"approval:{approval.pk}:opened"}
+    assert deliver() == ["sent"] * 3
+    [email] = [m for m in mail.outbox if m.to == ["reviewer@countersign.local"]]
+    link = f"http://127.0.0.1:8000/desk/approvals/{approval.pk}/"
+    assert link in email.body and link in email.alternatives[0][0]
+
+
+def test_an_unknown_outcome_asks_whether_the_call_happened(users):
+    run = a_run(users["requester"])
+    approval = unknown_outcome(run)
+    assert approval.outcome_call.tool_name == "refund_item" and approval.tool_call is None
+    [note] = Notification.objects.filter(approval=approval, recipient="reviewer@countersign.local")
+    assert note.subject == f"[Countersign] Run {run.pk}: did refund_item happen?"
+    deliver()
+    [email] = [m for m in mail.outbox if m.to == ["reviewer@countersign.local"]]
+    assert "provider timed out" in email.body and "it did not happen" in email.body
+
+
+def test_the_requester_who_reviews_is_not_emailed_about_their_own_run(users):
+    run = a_run(users["reviewer"])
+    approval = trip(run, GuardKind.STUCK, reason="no progress", detail=NO_PROGRESS)
+    recipients = set(Notification.objects.filter(approval=approval).values_list("recipient", flat=True))
+    assert "reviewer@countersign.local" not in recipients
+    assert "senior@countersign.local" in recipients
+
+
+def test_what_the_guard_found_is_text_in_the_email(users):
+    evil = "<script>alert(1)</script>"
+    detail = {**NO_PROGRESS, "recent": [{"step": 3, "calls": [{"name": evil, "input": {"q": evil}}]}]}
+    trip(a_run(users["requester"]), GuardKind.STUCK, reason=evil, detail=detail)
+    deliver()
+    html = mail.outbox[0].alternatives[0][0]
+    assert evil not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+# --- who may decide ------------------------------------------------------------------
+def test_the_requester_cannot_decide_a_guard_on_their_own_run(users):
+    # The requester is a reviewer: the group would let them, self-approval does not.
+    run = a_run(users["reviewer"])
+    approval = trip(run, GuardKind.BUDGET, reason="token budget spent", detail=TOKENS_SPENT)
+    before = snapshot(run, approval)
+    with pytest.raises(NotAllowed, match="You requested this run"):
+        act(approval, users["reviewer"], "grant", amount=1000)
+    with pytest.raises(NotAllowed):
+        approval_claim(approval_id=approval.pk, reviewer=users["reviewer"])
+    assert snapshot(run, approval) == before
+
+
+def test_a_reviewer_outside_the_guard_group_cannot_decide(users, outsider):
+    run = a_run(users["requester"])
+    approval = trip(run, GuardKind.STUCK, reason="no progress", detail=NO_PROGRESS)
+    before = snapshot(run, approval)
+    with pytest.raises(NotAllowed, match="Only members of reviewers"):
+        act(approval, outsider, "stop")
+    assert snapshot(run, approval) == before
+    assert run.status == RunStatus.WAITING_APPROVAL
+
+
+def test_someone_elses_claim_keeps_others_off_a_guard(users):
+    run = a_run(users["requester"])
+    approval = trip(run, GuardKind.STUCK, reason="no progress", detail=NO_PROGRESS)
+    approval_claim(approval_id=approval.pk, reviewer=users["senior"])
+    with pytest.raises(NotAllowed, match="senior is working on this"):
+        act(approval, users["reviewer"], "continue")
+    act(approval, users["senior"], "continue")
+
+
+# --- actions that do not fit -------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kind", "detail", "wrong"),
+    [
+        (GuardKind.BUDGET, TOKENS_SPENT, Decision.act("continue")),
+        (GuardKind.STUCK, NO_PROGRESS, Decision.act("grant", amount=5)),
+        (GuardKind.VERIFY, NOT_VERIFIED, Decision.act("stop")),
+        (GuardKind.STUCK, NO_PROGRESS, Decision.act("happened", "the refund is in the ledger")),
+        (GuardKind.BUDGET, TOKENS_SPENT, Decision.approve()),
+        (GuardKind.VERIFY, NOT_VERIFIED, Decision.decline("no")),
+    ],
+)
+def test_an_action_of_another_kind_is_refused_and_changes_nothing(users, kind, detail, wrong):
+    run = a_run(users["requester"])
+    approval = trip(run, kind, reason="a guard tripped", detail=detail)
+    before = snapshot(run, approval)
+    with pytest.raises(WrongAction, match=r"Nothing was changed|do not apply"):
+        approval_decide(approval_id=approval.pk, reviewer=users["reviewer"], decision=wrong, enqueue=False)
+    assert snapshot(run, approval) == before
+
+
+def test_a_call_takes_hand_over_but_no_guard_action(users):
+    run = a_run(users["requester"])
+    [approval] = gated(run, ("refund_item", REFUND))
+    with pytest.raises(WrongAction, match="approve, decline, respond or hand_over"):
+        act(approval, users["reviewer"], "happened", "it is in the ledger")
+    assert ToolCall.objects.get(run=run).status == ToolCall.Status.AWAITING_APPROVAL
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: Decision.act("grant"), "needs an amount"),
+        (lambda: Decision.act("grant", amount=0), "more than 0"),
+        (lambda: Decision.act("grant", amount=-5), "more than 0"),
+        (lambda: Decision.act("grant", amount="NaN"), "not a finite number"),
+        (lambda: Decision.act("grant", amount="lots"), "not a number"),
+        (lambda: Decision.act("accept"), "needs a reason"),
+        (lambda: Decision.act("accept", "   "), "needs a reason"),
+        (lambda: Decision.act("happened"), "what you found"),
+        (lambda: Decision.act("send_back"), "findings"),
+        (lambda: Decision.act("stop", amount=5), "goes with a grant"),
+        (lambda: Decision.act("approve"), "Unknown action"),
+        (lambda: Decision.act(""), "Unknown action"),
+    ],
+)
+def test_a_guard_decision_is_checked_when_it_is_made(build, message):
+    with pytest.raises(DecisionError, match=message):
+        build()
+
+
+def test_a_fractional_grant_of_tokens_is_refused(users):
+    run = a_run(users["requester"])
+    approval = trip(run, GuardKind.BUDGET, reason="token budget spent", detail=TOKENS_SPENT)
+    before = snapshot(run, approval)
+    with pytest.raises(DecisionError, match="whole numbers"):
+        act(approval, users["reviewer"], "grant", amount="10.5")
+    assert snapshot(run, approval) == before
+
+
+# --- what each action does ---------------------------------------------------------
+def test_grant_raises_the_spent_limit_and_queues_the_run(users):
+    run = a_run(users["requester"], max_tokens=200000)
+    spend_tokens(run)
+    approval = trip(run, GuardKind.BUDGET, reason="token budget spent", detail=TOKENS_SPENT)
+    result = act(approval, users["reviewer"], "grant", "one more try", amount=50000)
+    run.refresh_from_db()
+    # "N more" on top of what was used, which the last call's output may have passed.
+    assert run.max_tokens == 201345 + 50000
+    assert run.status == RunStatus.QUEUED and run.guard == ""
+    assert result.run_woken and "granted 50,000 more tokens" in result.summary
+    approval.refresh_from_db()
+    assert (approval.status, approval.action, approval.decided_by) == (
+        "approved",
+        GuardAction.GRANT,
+        users["reviewer"],
+    )
+    assert approval.comment == "granted 50,000 more tokens: one more try"
+    assert AuditEvent.objects.get(approval=approval, action="approval.grant").actor == users["reviewer"]
+    assert verify_run(run).ok, verify_run(run).findings
+
+
+def test_continue_with_a_note_puts_it_in_the_transcript_and_resets_the_count(users):
+    run = a_run(users["requester"])
+    approval = trip(run, GuardKind.STUCK, reason="no progress", detail=NO_PROGRESS, stalled_steps=4)
+    assert run.stalled_steps == 4
+    act(approval, users["reviewer"], "continue", "Search by email instead: ada@example.com")
+    run.refresh_from_db()
+    last = Message.objects.filter(run=run).order_by("-seq").first()
+    assert last.role == "user" and "Search by email instead: ada@example.com" in last.content[0]["text"]
+    assert run.message_count == last.seq + 1
+    assert run.stalled_steps == 0 and run.status == RunStatus.QUEUED and run.guard == ""
+    assert verify_run(run).ok, verify_run(run).findings
+
+
+def test_continue_without_a_note_adds_nothing_to_the_transcript(users):
+    run = a_run(users["requester"])
+    approval = trip(run, GuardKind.STUCK, reason="no progress", detail=NO_PROGRESS, stalled_steps=4)
+    act(approval, users["reviewer"], "continue")
+    run.refresh_from_db()
+    assert Message.objects.filter(run=run).count() == 1 and run.stalled_steps == 0
+
+
+def test_stop_cancels_the_run(users):
+    run = a_run(users["requester"])
+    approval = trip(run, GuardKind.STUCK, reason="no progress", detail=NO_PROGRESS)
+    act(approval, users["senior"], "stop", "Looping on the same order.")
+    run.refresh_from_db()
+    approval.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED and run.guard == ""
+    assert "stopped by Senior: Looping on the same order." in run.error
+    assert (approval.status, approval.action) == ("declined", "stop")
+    assert verify_run(run).ok, verify_run(run).findings
+
+
+def test_accept_ends_the_run_done_with_the_reason(users):
+    run = a_run(users["requester"])
+    approval = trip(run, GuardKind.VERIFY, reason="verification failed", detail=NOT_VERIFIED)
+    act(approval, users["reviewer"], "accept", "T-1 was closed by hand in the helpdesk.")
+    run.refresh_from_db()
+    assert run.status == RunStatus.DONE
+    assert run.verification["accepted"] == {
+        "by": "reviewer",
+        "reason": "T-1 was closed by hand in the helpdesk.",
+    }
+    assert Notification.objects.filter(event=f"run:{run.pk}:g0:done").exists()
+
+
+def test_send_back_gives_the_model_the_findings(users):
+    run = a_run(users["requester"])
+    approval = trip(run, GuardKind.VERIFY, reason="verification failed", detail=NOT_VERIFIED)
+    act(approval, users["reviewer"], "send_back", "- ticket T-1 closed: ticket T-1 is open")
+    run.refresh_from_db()
+    last = Message.objects.filter(run=run).order_by("-seq").first()
+    assert "ticket T-1 is open" in last.content[0]["text"]
+    assert run.status == RunStatus.QUEUED
+
+
+def test_it_happened_commits_the_call_with_what_was_found_and_queues_the_run(users):
+    run = a_run(users["requester"])
+    approval = unknown_outcome(run)
+    act(approval, users["reviewer"], "happened", "Payment P-17 of ₹2,900 is in the provider's ledger")
+    call = ToolCall.objects.get(run=run)
+    assert call.status == ToolCall.Status.COMMITTED
+    assert call.result == {
+        "confirmed_by": "reviewer",
+        "found": "Payment P-17 of ₹2,900 is in the provider's ledger",
+    }
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED
+    assert AuditEvent.objects.get(approval=approval, action="approval.happened").tool_call == call
+
+
+def test_it_did_not_happen_puts_the_call_back_to_run_with_the_same_key(users):
+    run = a_run(users["requester"])
+    approval = unknown_outcome(run)
+    key = ToolCall.objects.get(run=run).idempotency_key
+    act(approval, users["reviewer"], "not_happened")
+    call = ToolCall.objects.get(run=run)
+    assert call.status == ToolCall.Status.APPROVED and call.idempotency_key == key
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED
+
+
+def test_an_unknown_outcome_in_a_reply_with_another_gated_call_waits_for_both(users):
+    run = a_run(users["requester"])
+    [email_approval] = gated(
+        run, ("send_email", {"to": "ada@example.com", "subject": "Refund", "body": "Done"})
+    )
+    call = a_call(run, "refund_item", REFUND, status=ToolCall.Status.UNKNOWN, position=1)
+    with transaction.atomic():
+        get_gate().open_guard(
+            run=run, kind="outcome", reason="unknown", detail={"tool": "refund_item"}, call=call
+        )
+    outcome = ApprovalRequest.objects.get(run=run, kind="outcome")
+    result = act(outcome, users["reviewer"], "happened", "in the ledger")
+    assert not result.run_woken
+    run.refresh_from_db()
+    assert run.status == RunStatus.WAITING_APPROVAL
+    email_approval.refresh_from_db()
+    assert email_approval.status == "pending"
+
+
+# --- hand over (every kind, calls too) --------------------------------------------
+def test_hand_over_on_a_call_ends_the_run_names_who_and_tells_the_requester(users):
+    run = a_run(users["requester"])
+    refund, email = gated(
+        run,
+        ("refund_item", REFUND),
+        ("send_email", {"to": "ada@example.com", "subject": "Your refund", "body": "Done."}),
+    )
+    result = act(refund, users["reviewer"], "hand_over", "I'll call the customer.")
+    run.refresh_from_db()
+    refund.refresh_from_db()
+    email.refresh_from_db()
+    assert run.status == RunStatus.HANDED_OVER and run.handed_over_to == users["reviewer"]
+    assert (refund.status, refund.action, refund.decided_by) == ("declined", "hand_over", users["reviewer"])
+    assert email.status == "cancelled", "nothing else of the run waits for a decision"
+    refund_call = ToolCall.objects.get(pk=refund.tool_call_id)
+    assert refund_call.status == ToolCall.Status.DECLINED and "Handed over to Reviewer" in refund_call.result
+    assert "handed over to you" in result.summary
+    assert verify_run(run).ok, verify_run(run).findings
+    # The requester hears who took it.
+    [note] = Notification.objects.filter(event=f"run:{run.pk}:g0:handed_over")
+    assert note.recipient == "requester@countersign.local"
+    assert note.subject.startswith(f"[Countersign] Run {run.pk} handed over to Reviewer")
+    deliver()
+    [sent] = [m for m in mail.outbox if m.to == ["requester@countersign.local"]]
+    assert "handed over to Reviewer" in sent.body and "handed over to Reviewer" in sent.alternatives[0][0]
+
+
+@pytest.mark.parametrize(
+    ("kind", "detail"),
+    [(GuardKind.BUDGET, TOKENS_SPENT), (GuardKind.STUCK, NO_PROGRESS), (GuardKind.VERIFY, NOT_VERIFIED)],
+)
+def test_hand_over_is_on_every_guard(users, kind, detail):
+    run = a_run(users["requester"])
+    approval = trip(run, kind, reason="a guard tripped", detail=detail)
+    assert "hand_over" in GUARD_ACTIONS[kind]
+    act(approval, users["senior"], "hand_over")
+    run.refresh_from_db()
+    assert run.status == RunStatus.HANDED_OVER and run.handed_over_to == users["senior"]
+
+
+def test_hand_over_on_an_unknown_outcome_leaves_the_call_for_the_person(users):
+    run = a_run(users["requester"])
+    approval = unknown_outcome(run)
+    act(approval, users["senior"], "hand_over", "I will check the provider.")
+    run.refresh_from_db()
+    assert run.status == RunStatus.HANDED_OVER
+    assert ToolCall.objects.get(run=run).status == ToolCall.Status.UNKNOWN
+
+
+# --- late, repeated and stale decisions --------------------------------------------
+def test_a_second_decision_is_already_decided_and_changes_nothing(users):
+    run = a_run(users["requester"], max_tokens=200000)
+    approval = trip(run, GuardKind.BUDGET, reason="token budget spent", detail=TOKENS_SPENT)
+    act(approval, users["reviewer"], "grant", amount=1000)
+    before = snapshot(run, approval)
+    for late in (Decision.act("grant", amount=99999), Decision.act("stop"), Decision.act("hand_over")):
+        with pytest.raises(AlreadyDecided, match=r"already decided \(granted more\) by reviewer"):
+            approval_decide(approval_id=approval.pk, reviewer=users["senior"], decision=late, enqueue=False)
+    assert snapshot(run, approval) == before
+
+
+def test_a_stale_decision_after_the_run_was_cancelled_changes_nothing(users):
+    run = a_run(users["requester"], max_tokens=200000)
+    approval = trip(run, GuardKind.BUDGET, reason="token budget spent", detail=TOKENS_SPENT)
+    run_cancel(run=run, actor=users["admin"])
+    before = snapshot(run, approval)
+    assert before[4] == "cancelled"
+    for late in ("grant", "stop", "hand_over"):
+        with pytest.raises(AlreadyDecided, match="already cancelled"):
+            act(approval, users["reviewer"], late, amount=1000 if late == "grant" else None)
+    assert snapshot(run, approval) == before
+    assert run.status == RunStatus.CANCELLED and run.max_tokens == 200000
+
+
+@pytest.mark.parametrize("action", ["continue", "stop"])
+def test_a_decision_on_a_run_that_moved_on_is_refused_and_changes_nothing(users, action):
+    run = a_run(users["requester"])
+    approval = trip(run, GuardKind.STUCK, reason="no progress", detail=NO_PROGRESS)
+    # Someone resumed the run by other means (an operator, a bug): it no longer waits.
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.QUEUED, guard="")
+    before = snapshot(run, approval)
+    with pytest.raises(RunMovedOn, match=r"already overtaken.*Nothing was changed"):
+        act(approval, users["reviewer"], action, "a note")
+    assert snapshot(run, approval) == before
+    assert approval.status == "pending"
+
+
+def test_an_outcome_answered_elsewhere_is_refused(users):
+    run = a_run(users["requester"])
+    approval = unknown_outcome(run)
+    ToolCall.objects.filter(run=run).update(status=ToolCall.Status.COMMITTED)
+    before = snapshot(run, approval)
+    with pytest.raises(RunMovedOn):
+        act(approval, users["reviewer"], "not_happened")
+    assert snapshot(run, approval) == before
+    assert ToolCall.objects.get(run=run).status == ToolCall.Status.COMMITTED
+
+
+# --- SLA ---------------------------------------------------------------------------
+def test_a_guard_is_reminded_and_escalated_after_the_guard_sla_but_never_expires(users, settings):
+    settings.DESK_GUARD_SLA_MINUTES = 30
+    run = a_run(users["requester"])
+    approval = trip(run, GuardKind.STUCK, reason="no progress", detail=NO_PROGRESS)
+    counts = approvals_sweep_sla(now=approval.created_at + timedelta(minutes=31))
+    assert counts.reminded == 1 and counts.escalated == 0
+    assert Notification.objects.filter(event=f"approval:{approval.pk}:reminder").exists()
+    counts = approvals_sweep_sla(now=approval.created_at + timedelta(minutes=61))
+    assert counts.escalated == 1
+    approval.refresh_from_db()
+    assert approval.status == "pending" and approval.expires_at is None
+    assert sorted(g.name for g in approval.required_groups.all()) == ["reviewers", "senior-reviewers"]
+    [note] = Notification.objects.filter(
+        event=f"approval:{approval.pk}:escalated", recipient="senior@countersign.local"
+    )
+    assert note.subject == f"[Countersign] Escalated: Run {run.pk} needs you: no progress for 4 steps"
+    approvals_sweep_sla(now=approval.created_at + timedelta(days=30))
+    approval.refresh_from_db()
+    assert approval.status == "pending"
+
+
+# --- aggregate rules ---------------------------------------------------------------
+def test_a_write_of_unknown_outcome_counts_toward_a_total(users):
+    """Its effect may have happened: ₹450 of unknown outcome + ₹100 passes the
+    ₹500-per-order total, though ₹100 alone is under every per-call rule."""
+    run = a_run(users["requester"])
+    a_call(run, "refund_item", {**REFUND, "amount": 450}, status=ToolCall.Status.UNKNOWN)
+    small = ToolCall(
+        run=run, step=1, position=0, tool_use_id="toolu_x", tool_name="refund_item",
+        input={**REFUND, "amount": 100}, input_hash=input_hash({**REFUND, "amount": 100}),
+    )  # fmt: skip
+    verdict = RuleGate().review(run=run, call=small, spec=find_tool("refund_item"))
+    assert verdict.effect == "needs_approval"
+    assert "450 so far on order_id A-1001 + 100 = 550 > 500" in verdict.reason
+
+
+# --- the desk ------------------------------------------------------------------------
+def test_the_queue_shows_each_items_kind_and_what_the_guard_found(users):
+    run = a_run(users["requester"])
+    gated(run, ("refund_item", REFUND))
+    other = a_run(users["requester"])
+    trip(other, GuardKind.BUDGET, reason="token budget spent", detail=TOKENS_SPENT)
+    page = get_html(client_for(users["reviewer"]), "/desk/")
+    assert 'data-testid="queue-kind">gated call<' in page
+    assert 'data-testid="queue-kind">budget spent<' in page
+    assert "token budget spent (201,345 of 200,000)" in page
+    only_guards = get_html(client_for(users["reviewer"]), "/desk/", {"kind": "budget"})
+    assert 'data-testid="queue-kind">budget spent<' in only_guards
+    assert 'data-testid="queue-kind">gated call<' not in only_guards
+
+
+@pytest.mark.parametrize(
+    ("kind", "detail", "shows", "buttons"),
+    [
+        (GuardKind.BUDGET, TOKENS_SPENT, ["201,345", "200,000", "4,096"], ["grant", "stop"]),
+        (GuardKind.STUCK, NO_PROGRESS, ["step 6", "get_order", "A-1001"], ["continue", "stop"]),
+        (GuardKind.VERIFY, NOT_VERIFIED, ["ticket T-1 is open", "Refunded ₹2,900"], ["send-back", "accept"]),
+    ],
+)
+def test_the_approval_page_shows_what_the_guard_found_and_only_its_actions(
+    users, kind, detail, shows, buttons
+):
+    run = a_run(users["requester"])
+    approval = trip(run, kind, reason="a guard tripped", detail=detail)
+    page = get_html(client_for(users["reviewer"]), f"/desk/approvals/{approval.pk}/")
+    for text in shows:
+        assert text in page
+    every = {"grant", "stop", "continue", "send-back", "accept", "happened", "not-happened"}
+    for button in every:
+        assert (f'data-testid="{button}"' in page) == (button in buttons), button
+    assert 'data-testid="hand-over"' in page
+    assert 'name="decision" value="approve"' not in page
+
+
+def test_the_outcome_page_asks_whether_it_happened(users):
+    approval = unknown_outcome(a_run(users["requester"]))
+    page = get_html(client_for(users["reviewer"]), f"/desk/approvals/{approval.pk}/")
+    assert "It happened" in page and "It did not happen (retry with the same key)" in page
+    assert "provider timed out" in page and "Damaged" in page
+    assert 'data-testid="stop"' not in page
+
+
+def test_a_call_approval_page_offers_hand_over_too(users):
+    run = a_run(users["requester"])
+    [approval] = gated(run, ("refund_item", REFUND))
+    page = get_html(client_for(users["reviewer"]), f"/desk/approvals/{approval.pk}/")
+    assert 'data-testid="hand-over"' in page and 'name="decision" value="approve"' in page
+
+
+def test_the_send_back_findings_are_prefilled(users):
+    approval = trip(a_run(users["requester"]), GuardKind.VERIFY, reason="not verified", detail=NOT_VERIFIED)
+    page = get_html(client_for(users["reviewer"]), f"/desk/approvals/{approval.pk}/")
+    assert "- ticket T-1 closed: ticket T-1 is open</textarea>" in page
+
+
+def test_a_reviewer_grants_from_the_page_over_htmx(users):
+    run = a_run(users["requester"], max_tokens=200000)
+    spend_tokens(run)
+    approval = trip(run, GuardKind.BUDGET, reason="token budget spent", detail=TOKENS_SPENT)
+    client = client_for(users["reviewer"])
+    response = client.post(
+        f"/desk/approvals/{approval.pk}/decide",
+        {"action": "grant", "amount": "20000", "comment": ""},
+        headers={"HX-Request": "true"},
+    )
+    assert response.status_code == 200
+    assert response["HX-Trigger"] == json.dumps({"approvalDecided": {"id": approval.pk}})
+    assert "Granted more by reviewer" in response.content.decode()
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED and run.max_tokens == 201345 + 20000
+
+
+def test_a_second_decider_on_the_page_gets_a_409_and_who_decided(users):
+    run = a_run(users["requester"])
+    approval = trip(run, GuardKind.STUCK, reason="no progress", detail=NO_PROGRESS)
+    url = f"/desk/approvals/{approval.pk}/decide"
+    assert client_for(users["reviewer"]).post(url, {"action": "continue"}).status_code == 302
+    response = client_for(users["senior"]).post(url, {"action": "stop"})
+    assert response.status_code == 409
+    assert b"already decided (continued) by reviewer" in response.content
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED
+
+
+def test_a_decision_on_a_run_that_moved_on_is_a_409_on_the_page(users):
+    run = a_run(users["requester"])
+    approval = trip(run, GuardKind.STUCK, reason="no progress", detail=NO_PROGRESS)
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.QUEUED, guard="")
+    response = client_for(users["reviewer"]).post(f"/desk/approvals/{approval.pk}/decide", {"action": "stop"})
+    assert response.status_code == 409 and b"Nothing was changed" in response.content
+    approval.refresh_from_db()
+    assert approval.status == "pending"
+
+
+def test_the_page_refuses_the_requester_a_wrong_action_and_a_missing_csrf_token(users):
+    run = a_run(users["requester"])
+    approval = trip(run, GuardKind.VERIFY, reason="not verified", detail=NOT_VERIFIED)
+    url = f"/desk/approvals/{approval.pk}/decide"
+    assert (
+        client_for(users["requester"]).post(url, {"action": "accept", "comment": "fine"}).status_code == 403
+    )
+    wrong = client_for(users["reviewer"]).post(url, {"action": "grant", "amount": "5"})
+    assert wrong.status_code == 400 and b"takes accept, send_back or hand_over" in wrong.content
+    no_reason = client_for(users["reviewer"]).post(url, {"action": "accept", "comment": ""})
+    assert no_reason.status_code == 400 and b"needs a reason" in no_reason.content
+    approve = client_for(users["reviewer"]).post(url, {"decision": "approve", "args_hash": ""})
+    assert approve.status_code == 400
+    csrf = client_for(users["reviewer"], enforce_csrf_checks=True).post(
+        url, {"action": "accept", "comment": "x"}
+    )
+    assert csrf.status_code == 403
+    approval.refresh_from_db()
+    assert approval.status == "pending"
+    run.refresh_from_db()
+    assert run.status == RunStatus.WAITING_APPROVAL
+
+
+def test_what_the_guard_found_is_escaped_on_the_page_and_in_the_queue(users):
+    evil = "<script>alert(1)</script>"
+    detail = {
+        "checks": [{"name": evil, "ok": False, "detail": evil}],
+        "final_text": evil,
+    }
+    approval = trip(a_run(users["requester"]), GuardKind.VERIFY, reason=evil, detail=detail)
+    client = client_for(users["reviewer"])
+    for url in ["/desk/", f"/desk/approvals/{approval.pk}/"]:
+        page = get_html(client, url)
+        assert evil not in page
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page, url
+
+
+def test_hand_over_from_a_call_approval_page(users):
+    run = a_run(users["requester"])
+    [approval] = gated(run, ("refund_item", REFUND))
+    response = client_for(users["senior"]).post(
+        f"/desk/approvals/{approval.pk}/decide", {"action": "hand_over", "comment": "mine now"}
+    )
+    assert response.status_code == 302
+    run.refresh_from_db()
+    assert run.status == RunStatus.HANDED_OVER and run.handed_over_to == users["senior"]
+
+
+# --- the command line ----------------------------------------------------------------
+def test_decide_act_grant_from_the_command_line(users):
+    run = a_run(users["requester"], max_tokens=200000)
+    spend_tokens(run)
+    approval = trip(run, GuardKind.BUDGET, reason="token budget spent", detail=TOKENS_SPENT)
+    out = run_command("decide", str(approval.pk), "--act", "grant", "--amount", "5000", "--user", "reviewer")
+    assert f"approval {approval.pk}: approved (grant) by reviewer" in out
+    assert f"run {run.pk}: queued" in out
+    run.refresh_from_db()
+    assert run.max_tokens == 201345 + 5000
+
+
+def test_decide_act_refuses_an_action_of_another_kind(users):
+    run = a_run(users["requester"])
+    approval = trip(run, GuardKind.STUCK, reason="no progress", detail=NO_PROGRESS)
+    with pytest.raises(CommandError, match="takes continue, stop or hand_over; not accept"):
+        run_command("decide", str(approval.pk), "--act", "accept", "--comment", "fine", "--user", "reviewer")
+    with pytest.raises(CommandError, match="Unknown action 'approve'"):
+        run_command("decide", str(approval.pk), "--act", "approve", "--user", "reviewer")
+    with pytest.raises(CommandError, match="do not apply"):
+        run_command("decide", str(approval.pk), "--approve", "--user", "reviewer")
+    with pytest.raises(CommandError, match="no arguments to edit"):
+        run_command("decide", str(approval.pk), "--approve", "--edit", '{"a": 1}', "--user", "reviewer")
+    with pytest.raises(CommandError, match="--amount goes with --act grant"):
+        run_command("decide", str(approval.pk), "--approve", "--amount", "5", "--user", "reviewer")
+    approval.refresh_from_db()
+    assert approval.status == "pending"
+
+
+def test_decide_act_hand_over_on_a_call_approval(users):
+    run = a_run(users["requester"])
+    [approval] = gated(run, ("refund_item", REFUND))
+    out = run_command("decide", str(approval.pk), "--act", "hand_over", "--user", "senior")
+    assert f"run {run.pk}: handed_over" in out
+    run.refresh_from_db()
+    assert run.handed_over_to == users["senior"]
+
+
+def test_decide_act_continue_with_a_note(users):
+    run = a_run(users["requester"])
+    approval = trip(run, GuardKind.STUCK, reason="no progress", detail=NO_PROGRESS, stalled_steps=4)
+    run_command(
+        "decide", str(approval.pk), "--act", "continue", "--comment", "Try T-1.", "--user", "reviewer"
+    )
+    assert "Try T-1." in Message.objects.filter(run=run).order_by("-seq").first().content[0]["text"]
+
+
+def test_runstatus_json_gives_every_item_its_kind_and_the_runs_guard_fields(users):
+    run = a_run(users["requester"], max_tokens=200000, max_cost="2.5", params={"order_id": "A-1001"})
+    [call_approval] = gated(run, ("refund_item", REFUND))
+    call = a_call(
+        run, "refund_item", {**REFUND, "amount": 100}, status=ToolCall.Status.UNKNOWN, step=0, position=1
+    )
+    with transaction.atomic():
+        get_gate().open_guard(
+            run=run,
+            kind="outcome",
+            reason="timed out",
+            detail={"tool": "refund_item", "attempts": 2},
+            call=call,
+        )
+    data = json.loads(run_command("runstatus", str(run.pk), "--json"))
+    items = {item["id"]: item for item in data["pending_approvals"]}
+    assert items[call_approval.pk]["kind"] == "call" and items[call_approval.pk]["tool"] == "refund_item"
+    assert items[call_approval.pk]["args_hash"] == call_approval.args_hash
+    [outcome] = [item for item in items.values() if item["kind"] == "outcome"]
+    assert outcome["detail"] == {"tool": "refund_item", "attempts": 2}
+    assert outcome["tool"] == "refund_item" and outcome["actions"] == [
+        "happened",
+        "not_happened",
+        "hand_over",
+    ]
+    assert data["budget"]["tokens"] == {"limit": 200000, "used": 0}
+    assert data["budget"]["cost"]["limit"] == "2.500000"
+    assert data["budget"]["steps"]["used"] == 0
+    for key in ("stage", "stalled_steps", "guard", "params", "dry_run", "model", "agent_version"):
+        assert key in data, key
+    assert data["params"]["order_id"] == "A-1001"
+    assert data["handed_over_to"] is None and data["verification"] is None and data["verified_at"] is None
+    text = run_command("runstatus", str(run.pk))
+    assert "did refund_item happen?" in text and "decide --act" in text

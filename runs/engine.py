@@ -39,6 +39,7 @@ from django.utils import timezone
 
 from tools.inputs import UnsafeJSON, check_json
 from tools.registry import (
+    Check,
     ToolContext,
     ToolError,
     ToolSpec,
@@ -62,17 +63,31 @@ from .llm import (
     ScenarioError,
     ScriptedLLM,
     TransientLLMError,
+    estimate_tokens,
 )
-from .models import RESOLVED_CALL_STATUSES, CallStatus, Message, Run, RunStatus, Step, ToolCall
+from .models import (
+    RESOLVED_CALL_STATUSES,
+    CallStatus,
+    GuardKind,
+    Message,
+    Run,
+    RunGuard,
+    RunStatus,
+    Step,
+    ToolCall,
+)
 from .rawsql import insert_objects, insert_rows, update_rows
-from .services import TransitionConflict, lease_deadline, run_transition
+from .services import TransitionConflict, lease_deadline, run_transition, version_mismatch
 from .signals import run_transitioned, tool_call_transitioned
 
 log = logging.getLogger(__name__)
 
-# A write whose outcome stays unknown after this many attempts stops the run
-# for a human: we never retry blind.
+# A write whose outcome stays unknown after this many attempts waits for a person
+# to say whether it happened: we never retry blind.
 MAX_UNKNOWN_OUTCOME_ATTEMPTS = 3
+DEFAULT_MAX_OUTPUT_TOKENS = 4096
+# Calls a step waits on: a decision, or a person's word on an unknown outcome.
+WAITING_CALL_STATUSES = (CallStatus.AWAITING_APPROVAL, CallStatus.UNKNOWN)
 
 
 class Outcome(StrEnum):
@@ -143,6 +158,11 @@ def run_advance(run_id: int, *, owner: str | None = None, llm: LLM | None = None
     if not lease_claim(run_id, owner):
         return AdvanceResult(Outcome.BUSY)
     run = Run.objects.get(pk=run_id)
+    mismatch = version_mismatch(run)
+    if mismatch:
+        # Pinned: never carry a run on under a prompt, tools or guards it did not start with.
+        _wait(run, owner, guard=RunGuard.VERSION, reason=mismatch, error=mismatch)
+        return AdvanceResult(Outcome.PAUSED)
     try:
         loop = _Loop(run, owner, llm)
         while True:
@@ -196,6 +216,22 @@ def _hold_for_retry(run: Run, owner: str, exc: TransientLLMError) -> AdvanceResu
     )
     log.info("run %s: transient LLM error (%s); retry %s in %.1fs", run.pk, exc, attempts, delay)
     return AdvanceResult(Outcome.RETRY, retry_after=delay)
+
+
+def _wait(run: Run, owner: str, *, guard: str, reason: str, **fields) -> None:
+    """running -> waiting_approval on a guard, lease released (in the caller's transaction)."""
+    with transaction.atomic():
+        run_transition(
+            run_id=run.pk,
+            old=RunStatus.RUNNING,
+            new=RunStatus.WAITING_APPROVAL,
+            owner=owner,
+            reason=reason,
+            guard=guard,
+            lease_owner="",
+            lease_until=None,
+            **fields,
+        )
 
 
 def _fail(run: Run, owner: str, reason: str) -> None:
@@ -281,6 +317,28 @@ class _Loop:
         # The last checkpoint's digest and how many messages it had closed: the next
         # step chains from it (runs.integrity).
         self.chain: tuple[str, int] = chain_head(run)
+        # Guards, loaded once per claim and kept up to date in memory: the results the
+        # run has seen (progress), its calls' (tool, status) pairs (stage transitions),
+        # and about how many tokens the next model call's input will be (budgets).
+        self.seen_results: set[str] = set()
+        self.call_facts: set[tuple[str, str]] = set()
+        # Closed steps only: the open step's calls (reads saved at a pause) are
+        # learned when it closes, or its new results would look already seen.
+        for tool_name, status, result, is_error, key, attempts in (
+            ToolCall.objects.live()
+            .filter(run=run, step__lt=run.step)
+            .values_list("tool_name", "status", "result", "is_error", "idempotency_key", "attempts")
+        ):
+            made = not (key and status == CallStatus.COMMITTED and not attempts)
+            self._learn(tool_name, status, result, is_error, made=made)
+        self.input_estimate = estimate_tokens(self.agent.system) + estimate_tokens(self.tools_for_model)
+        self.input_growth = 0  # tokens added since the model's last reply (its reply included)
+        for message in self.transcript:
+            tokens = estimate_tokens(message["content"])
+            self.input_estimate += tokens
+            self.input_growth = (
+                tokens if message["role"] == Message.Role.ASSISTANT else self.input_growth + tokens
+            )
 
     # --- the step: docs/architecture.md "The step protocol", in this order ----
     def step(self) -> AdvanceResult | None:
@@ -295,14 +353,15 @@ class _Loop:
                 _fail(run, self.owner, "transcript ends with a final reply but the run was not closed")
                 return AdvanceResult(Outcome.FINISHED)
             return self._work(calls)
-        if run.step >= run.max_steps:
-            _fail(run, self.owner, f"step budget exhausted ({run.max_steps} steps)")
-            return AdvanceResult(Outcome.FINISHED)
+        guarded = self._budget_spent() or self._stuck()  # guards, before the model is asked
+        if guarded is not None:
+            return guarded
         reply = self._ask_model()  # 2. outside any transaction
         proposals = self._propose(reply)
-        if not proposals.calls:  # 7. a reply with no tool call ends the run
-            self._close_step([], reply=reply)
-            return AdvanceResult(Outcome.FINISHED)
+        if not proposals.calls:  # 7. a reply with no tool call ends the run, once verified
+            checks = self._verify()
+            self._close_step([], reply=reply, checks=checks)
+            return AdvanceResult(Outcome.PAUSED if self.run.guard else Outcome.FINISHED)
         if proposals.reads_only:
             # The fast path: run the reads now, save the reply with the step.
             self._run_reads(proposals.calls)
@@ -315,6 +374,7 @@ class _Loop:
         """Slow I/O outside any transaction: nothing is locked while the model thinks."""
         reply = self.llm.reply(system=self.agent.system, messages=self.transcript, tools=self.tools_for_model)
         _check_reply(reply)
+        self.run.last_input_tokens = reply.usage.input_tokens
         self.run.input_tokens += reply.usage.input_tokens
         self.run.output_tokens += reply.usage.output_tokens
         self.run.cost += reply.usage.cost
@@ -344,7 +404,13 @@ class _Loop:
         run = self.run
         seq = len(self.transcript)
         with transaction.atomic():
-            self._renew_lease(message_count=seq + 1, llm_attempts=0, error="", **_usage_fields(run))
+            self._renew_lease(
+                message_count=seq + 1,
+                llm_attempts=0,
+                error="",
+                last_input_tokens=run.last_input_tokens,
+                **_usage_fields(run),
+            )
             insert_rows(
                 Message,
                 [{"run_id": run.pk, "seq": seq, "role": Message.Role.ASSISTANT, "content": reply.content}],
@@ -354,7 +420,7 @@ class _Loop:
                     proposals.verdicts[call.position] = self._review(call, find_tool(call.tool_name))
                 call.save(force_insert=True)
             self._announce(proposals.calls, proposals.verdicts)
-        self.transcript.append({"role": Message.Role.ASSISTANT, "content": reply.content})
+        self._remember([{"role": Message.Role.ASSISTANT, "content": reply.content}])
         run.message_count, run.llm_attempts, run.error = seq + 1, 0, ""
         failpoint("after_model_reply", run.step)
 
@@ -369,19 +435,22 @@ class _Loop:
                 outcome = self._recover(call, spec)
             if outcome is not None:
                 return outcome
-        if any(call.status == CallStatus.AWAITING_APPROVAL for call in calls):
+        if any(call.status in WAITING_CALL_STATUSES for call in calls):
             return self._pause()
         self._close_step(calls)
         return None
 
-    def _close_step(self, calls: list[ToolCall], *, reply: Reply | None = None) -> None:
+    def _close_step(
+        self, calls: list[ToolCall], *, reply: Reply | None = None, checks: list[Check] | None = None
+    ) -> None:
         """Close the step in one transaction: the user message with every tool result
         (in tool_use order) and the Step checkpoint, which costs the same at any step.
 
         With ``reply``, the model's reply is not saved yet and is saved here, with its
         calls: a reads-only step (one durable commit per step; a crash before it
         loses only the reply, which the model is asked for again) or a final reply
-        (no calls, no results), which ends the run.
+        (no calls, no results), which ends the run if ``checks`` (verification against
+        the world; None in a dry run) all hold, and otherwise waits for a person.
         """
         run = self.run
         number, first = run.step, len(self.transcript)
@@ -390,14 +459,25 @@ class _Loop:
         if not final:
             closing.append({"role": Message.Role.USER, "content": [tool_result_block(c) for c in calls]})
         seen = first if reply is not None else first - 1  # what the model had seen when it replied
-        status = RunStatus.DONE if final else RunStatus.RUNNING
+        verified = final and all(check.ok for check in checks or [])
+        status = RunStatus.RUNNING
+        if final:
+            status = RunStatus.DONE if verified else RunStatus.WAITING_APPROVAL
         message_count = first + len(closing)
+        stage, progress, stalled = self._progress(calls)
         digest = self._digest(message_count=seen, status=status, closing=closing, calls=calls)
         if reply is not None:
             failpoint("after_model_reply", number)  # the reply is in hand, not saved yet
         with transaction.atomic():
             self._renew_lease(
-                step=number + 1, message_count=message_count, llm_attempts=0, error="", **_usage_fields(run)
+                step=number + 1,
+                message_count=message_count,
+                llm_attempts=0,
+                error="",
+                stage=stage,
+                stalled_steps=stalled,
+                last_input_tokens=run.last_input_tokens,
+                **_usage_fields(run),
             )
             self._save_read_results()
             insert_rows(
@@ -423,22 +503,219 @@ class _Loop:
                         "message_count": seen,
                         "status": status,
                         "digest": digest,
+                        "stage": run.stage,
+                        "progress": progress,
                         **_usage_fields(run),
                     }
                 ],
             )
             if final:
-                run_transition(
-                    run_id=run.pk,
-                    old=RunStatus.RUNNING,
-                    new=RunStatus.DONE,
-                    owner=self.owner,
-                    reason="final reply",
-                )
-        self.transcript.extend(closing)
+                self._end(reply, checks, verified)
+        self._remember(closing)
         self.chain = (digest, message_count)
         run.step, run.message_count, run.llm_attempts, run.error = number + 1, message_count, 0, ""
+        run.stage, run.stalled_steps = stage, stalled
         failpoint("after_step_commit", number)
+
+    def _end(self, reply: Reply, checks: list[Check] | None, verified: bool) -> None:
+        """The final reply: done when the world agrees, else a person decides."""
+        run = self.run
+        now = timezone.now()
+        verification = {
+            "checks": [check.as_dict() for check in checks or []],
+            "ok": verified,
+            "at": now.isoformat(),
+            "dry_run": run.dry_run,
+        }
+        if verified:
+            run_transition(
+                run_id=run.pk,
+                old=RunStatus.RUNNING,
+                new=RunStatus.DONE,
+                owner=self.owner,
+                reason="final reply" + (", verified against the world" if checks else ""),
+                verification=verification,
+                verified_at=now if checks else None,
+            )
+            return
+        failing = [check for check in checks or [] if not check.ok]
+        reason = "not verified: " + "; ".join(
+            f"{c.name} ({c.detail})" if c.detail else c.name for c in failing
+        )
+        run_transition(
+            run_id=run.pk,
+            old=RunStatus.RUNNING,
+            new=RunStatus.WAITING_APPROVAL,
+            owner=self.owner,
+            reason=reason,
+            guard=RunGuard.VERIFY,
+            verification=verification,
+            lease_owner="",
+            lease_until=None,
+        )
+        text = "\n".join(b.get("text", "") for b in reply.content if b.get("type") == "text")
+        self.gate.open_guard(
+            run=run,
+            kind=GuardKind.VERIFY,
+            reason=reason,
+            detail={"checks": verification["checks"], "final_text": text},
+        )
+        run.guard = RunGuard.VERIFY
+
+    # --- guards ------------------------------------------------------------
+    def _learn(self, tool_name: str, status: str, result, is_error: bool, *, made: bool = True) -> bool:
+        """Note a call's outcome; True if it taught the run something new (a result not
+        seen before, not an error, not empty). ``made`` is False for a write that
+        moved nothing (a repeat answered with the earlier result)."""
+        if status == CallStatus.PREVIEWED:
+            if isinstance(result, dict) and result.get("verdict") != gate_module.DENY:
+                self.call_facts.add((tool_name, CallStatus.COMMITTED))
+        else:
+            self.call_facts.add((tool_name, status))
+        if is_error or not made or not result:
+            return False
+        if status not in (CallStatus.COMMITTED, CallStatus.RESPONDED, CallStatus.PREVIEWED):
+            return False
+        key = input_hash([tool_name, result])
+        if key in self.seen_results:
+            return False
+        self.seen_results.add(key)
+        return True
+
+    def _progress(self, calls: list[ToolCall]) -> tuple[str, bool, int]:
+        """The stage after the step, whether the step made progress, and the steps
+        since the run last did."""
+        run = self.run
+        progress = False
+        for call in calls:
+            made = not (call.idempotency_key and call.status == CallStatus.COMMITTED and not call.attempts)
+            progress |= self._learn(call.tool_name, call.status, call.result, call.is_error, made=made)
+        stage = self.agent.next_stage(run.stage, self.call_facts) if self.agent.stages else run.stage
+        progress |= stage != run.stage
+        return stage, progress, 0 if progress or not calls else run.stalled_steps + 1
+
+    def _budget_spent(self) -> AdvanceResult | None:
+        """Before each model call: could it go over a budget, at worst? Then ask."""
+        run = self.run
+        if run.step >= run.max_steps:
+            return self._open_guard(
+                RunGuard.BUDGET,
+                f"step budget spent: {run.step} of {run.max_steps} steps",
+                {
+                    "budget": "steps",
+                    "limit": run.max_steps,
+                    "used": run.step,
+                    "next_worst_case": run.step + 1,
+                },
+            )
+        worst_input = max(self.input_estimate, run.last_input_tokens + self.input_growth)
+        # An LLM that cannot say (a test's fake) is taken at Anthropic's usual ceiling.
+        worst_output = getattr(self.llm, "max_output_tokens", DEFAULT_MAX_OUTPUT_TOKENS)
+        used = run.input_tokens + run.output_tokens
+        if run.max_tokens is not None and used + worst_input + worst_output > run.max_tokens:
+            return self._open_guard(
+                RunGuard.BUDGET,
+                f"token budget spent: {used:,} of {run.max_tokens:,} used, the next call may take "
+                f"{worst_input + worst_output:,}",
+                {
+                    "budget": "tokens",
+                    "limit": run.max_tokens,
+                    "used": used,
+                    "next_worst_case": used + worst_input + worst_output,
+                },
+            )
+        cost_of = getattr(self.llm, "cost_of", None)
+        worst_cost = run.cost + (cost_of(worst_input, worst_output) if cost_of else 0)
+        if run.max_cost is not None and worst_cost > run.max_cost:
+            return self._open_guard(
+                RunGuard.BUDGET,
+                f"cost budget spent: ${run.cost:.4f} of ${run.max_cost:.4f} used, the next call "
+                f"may cost up to ${worst_cost - run.cost:.4f}",
+                {
+                    "budget": "cost",
+                    "limit": str(run.max_cost),
+                    "used": str(run.cost),
+                    "next_worst_case": str(worst_cost),
+                },
+            )
+        return None
+
+    def _stuck(self) -> AdvanceResult | None:
+        """``patience`` steps without progress: ask a person before asking the model again."""
+        run, patience = self.run, self.agent.patience
+        if run.stalled_steps < patience:
+            return None
+        since = run.step - run.stalled_steps
+        recent: dict[int, list] = {}
+        for number, tool_name, tool_input in (
+            ToolCall.objects.live()
+            .filter(run=run, step__gte=since)
+            .order_by("step", "position")
+            .values_list("step", "tool_name", "input")
+        ):
+            recent.setdefault(number, []).append({"tool": tool_name, "input": tool_input})
+        return self._open_guard(
+            RunGuard.STUCK,
+            f"no progress for {run.stalled_steps} steps (since step {since}): nothing new learned, "
+            "no new effect, no new stage",
+            {
+                "patience": patience,
+                "stalled_steps": run.stalled_steps,
+                "since_step": since,
+                "recent": [{"step": n, "calls": c} for n, c in sorted(recent.items())],
+            },
+        )
+
+    def _open_guard(self, guard: str, reason: str, detail: dict) -> AdvanceResult:
+        """Put the run in front of a person (one request in the queue) and wait."""
+        with transaction.atomic():
+            _wait(self.run, self.owner, guard=guard, reason=reason)
+            self.gate.open_guard(run=self.run, kind=guard, reason=reason, detail=detail)
+        self.run.guard = guard
+        return AdvanceResult(Outcome.PAUSED)
+
+    def _verify(self) -> list[Check] | None:
+        """Before done: the agent's requirements over the world for the run's
+        parameters, and each committed write's own check that its effect holds. The
+        model does not grade its own work. None for a dry run (nothing was done)."""
+        run = self.run
+        if run.dry_run:
+            return None
+        checks: list[Check] = []
+        if self.agent.requirements is not None:
+            try:
+                checks.extend(self.agent.requirements(run.params or {}))
+            except Exception as exc:  # a check that cannot run is a check that failed
+                log.exception("run %s: requirements could not be checked", run.pk)
+                checks.append(Check("the agent's requirements", False, f"could not check: {exc}"))
+        writes = (
+            ToolCall.objects.live()
+            .filter(run=run, status=CallStatus.COMMITTED, attempts__gt=0)
+            .exclude(idempotency_key="")
+            .order_by("step", "position")
+        )
+        for call in writes:
+            spec = find_tool(call.tool_name)
+            if spec is None or spec.verify is None:
+                continue
+            try:
+                checks.append(spec.verify(self._ctx(call), call.input, call.result))
+            except Exception as exc:
+                log.exception("run %s: %s could not be verified", run.pk, call)
+                checks.append(
+                    Check(f"{call.tool_name} at step {call.step}", False, f"could not check: {exc}")
+                )
+        return checks
+
+    def _remember(self, messages: list[dict]) -> None:
+        """Append to the in-memory transcript, keeping the next input's estimate."""
+        for message in messages:
+            if message["role"] == Message.Role.ASSISTANT:
+                self.input_growth = 0
+            tokens = estimate_tokens(message["content"])
+            self.input_estimate += tokens
+            self.input_growth += tokens
+            self.transcript.append(message)
 
     # --- the parts ---------------------------------------------------------
     def _saved_calls(self) -> list[ToolCall]:
@@ -523,6 +800,19 @@ class _Loop:
                 f"Unknown tool {call.tool_name!r}. Available tools: {available}. Nothing was done.",
                 reason="unknown tool",
             )
+        if not self.agent.allowed_in_stage(run.stage, spec):
+            # Stages: what the agent may not do yet is an error it can read, never
+            # gated and never run.
+            stage = self.agent.stage(run.stage)
+            allowed = [t.name for t in self.agent.tools if self.agent.allowed_in_stage(run.stage, t)]
+            about = f" ({stage.description})" if stage.description else ""
+            return _resolved(
+                call,
+                CallStatus.FAILED,
+                f"{call.tool_name} is not allowed in stage {stage.name}{about}. Allowed now: "
+                f"{', '.join(allowed)}. Nothing was done.",
+                reason=f"outside stage {stage.name}",
+            )
         if unsafe:
             errors = [unsafe]
         elif isinstance(tool_input, dict):
@@ -576,7 +866,9 @@ class _Loop:
         """The gate's verdict on the call, applied to it."""
         verdict = gate_module.review_call(run=self.run, call=call, spec=spec)
         call.verdict, call.verdict_rule, call.verdict_reason = verdict.effect, verdict.rule, verdict.reason
-        if verdict.effect == gate_module.ALLOW:
+        if self.run.dry_run and not spec.is_read:
+            self._preview(call, spec, verdict)
+        elif verdict.effect == gate_module.ALLOW:
             call.status = CallStatus.APPROVED
             if not spec.is_read:
                 call.approved_hash = call.input_hash
@@ -593,6 +885,22 @@ class _Loop:
             call.verdict = gate_module.DENY
         return verdict
 
+    def _preview(self, call: ToolCall, spec: ToolSpec, verdict: gate_module.Verdict) -> None:
+        """A dry run: the gate's verdict is recorded, nobody is asked, nothing runs;
+        the tool says what it would do."""
+        if verdict.effect == gate_module.ALLOW:
+            would = "would run"
+        elif verdict.effect == gate_module.NEEDS_APPROVAL:
+            would = f"would need {verdict.needs or 'a reviewer (1)'}"
+        else:
+            would = f"would be denied: {verdict.reason}"
+        try:
+            preview = spec.preview(call.input) if spec.preview else None
+        except ToolError as exc:
+            preview = f"preview failed: {exc}"
+        result = {"dry_run": True, "verdict": verdict.effect, "would": would, "preview": preview}
+        _resolved(call, CallStatus.PREVIEWED, result, is_error=False, reason=call.verdict_reason)
+
     def _repeat_of(self, call: ToolCall) -> ToolCall | None:
         """The model asking again for a write it already asked for: never twice."""
         run = self.run
@@ -607,7 +915,13 @@ class _Loop:
             ToolCall.objects.live()
             .filter(run=run, idempotency_key__in=keys)
             .exclude(
-                status__in=[CallStatus.FAILED, CallStatus.DECLINED, CallStatus.DENIED, CallStatus.COMPENSATED]
+                status__in=[
+                    CallStatus.FAILED,
+                    CallStatus.DECLINED,
+                    CallStatus.DENIED,
+                    CallStatus.COMPENSATED,
+                    CallStatus.PREVIEWED,
+                ]
             )
             .order_by("-id")
             .first()
@@ -711,28 +1025,24 @@ class _Loop:
 
     def _recover(self, call: ToolCall, spec: ToolSpec) -> AdvanceResult | None:
         """A write found ``executing``: its outcome is unknown. Never retry blind."""
-        found = spec.reconcile(self._ctx(call), call.input) if spec.reconcile else None
+        lookup = ""
+        try:
+            found = spec.reconcile(self._ctx(call), call.input) if spec.reconcile else None
+        except UnknownOutcome as exc:  # the world could not be asked
+            found, lookup = None, f"; looking it up failed: {exc}"
         if found is not None:
             self._commit(call, found, False, reason="reconciled by idempotency key")
             return None
         if not spec.honours_key:
-            self._commit(
+            return self._outcome_unknown(
                 call,
-                f"The outcome of this {call.tool_name} call is unknown (the worker "
-                "stopped mid-call) and the tool cannot be safely retried. It was not "
-                "retried. Do not retry it; report it instead.",
-                True,
-                reason="unknown outcome, not retried",
+                f"{call.tool_name} stopped mid-call, the world has no record of it by its key"
+                f"{lookup}, and the tool cannot be safely retried",
             )
-            return None
         if call.attempts >= MAX_UNKNOWN_OUTCOME_ATTEMPTS:
-            _fail(
-                self.run,
-                self.owner,
-                f"{call.tool_name} (call {call.tool_use_id}) outcome still "
-                f"unknown after {call.attempts} attempts; check the world and resume by hand",
+            return self._outcome_unknown(
+                call, f"{call.tool_name} outcome still unknown after {call.attempts} attempts{lookup}"
             )
-            return AdvanceResult(Outcome.FINISHED)
         # The effect did not happen and the downstream system deduplicates on
         # the key: running again with the same key is safe.
         with transaction.atomic():
@@ -742,6 +1052,46 @@ class _Loop:
             )
             call.attempts += 1
         return self._make_effect(call, spec, reason="re-run with the same idempotency key")
+
+    def _outcome_unknown(self, call: ToolCall, why: str) -> AdvanceResult:
+        """Nobody can tell whether the effect happened: a person looks and says (an
+        ``outcome`` request); until then the call is ``unknown`` and the run waits."""
+        run = self.run
+        with transaction.atomic():
+            Run.objects.select_for_update().filter(pk=run.pk).first()
+            self._save_read_results()
+            if not ToolCall.objects.filter(pk=call.pk, status=CallStatus.EXECUTING).update(
+                status=CallStatus.UNKNOWN
+            ):
+                raise LeaseLost()
+            call.status = CallStatus.UNKNOWN
+            tool_call_transitioned.send(
+                ToolCall, call=call, old=CallStatus.EXECUTING, new=CallStatus.UNKNOWN, actor=None, reason=why
+            )
+            run_transition(
+                run_id=run.pk,
+                old=RunStatus.RUNNING,
+                new=RunStatus.WAITING_APPROVAL,
+                owner=self.owner,
+                reason=f"outcome unknown: {why}",
+                lease_owner="",
+                lease_until=None,
+            )
+            self.gate.open_guard(
+                run=run,
+                kind=GuardKind.OUTCOME,
+                reason=why,
+                detail={
+                    "tool": call.tool_name,
+                    "input": call.input,
+                    "attempts": call.attempts,
+                    "why": why,
+                    "idempotency_key": call.idempotency_key,
+                    "step": call.step,
+                },
+                call=call,
+            )
+        return AdvanceResult(Outcome.PAUSED)
 
     def _resolve_now(self, call: ToolCall, status: str, result, *, is_error: bool) -> None:
         old = call.status
@@ -774,7 +1124,7 @@ class _Loop:
             self._save_read_results()
             still_pending = (
                 ToolCall.objects.live()
-                .filter(run=run, step=run.step, status=CallStatus.AWAITING_APPROVAL)
+                .filter(run=run, step=run.step, status__in=WAITING_CALL_STATUSES)
                 .exists()
             )
             if still_pending:

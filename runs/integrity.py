@@ -52,8 +52,11 @@ def genesis(run_id: int) -> str:
 
 def closed_until(message_count: int, status: str) -> int:
     """How many messages exist once a step with this checkpoint is closed: what the
-    model saw, its reply, and (unless it was the final reply) the tool results."""
-    return message_count + (1 if status == Run.Status.DONE else 2)
+    model saw, its reply, and (unless it was the final reply) the tool results. A
+    final reply's step is ``done``, or ``waiting_approval`` when the world did not
+    verify it; every other step closes ``running``."""
+    final = status in (Run.Status.DONE, Run.Status.WAITING_APPROVAL)
+    return message_count + (1 if final else 2)
 
 
 def call_record(call: ToolCall) -> dict:

@@ -55,7 +55,12 @@ class Reply:
 
 
 class LLM(Protocol):
+    # The most output one reply may have: a budget check's worst case.
+    max_output_tokens: int
+
     def reply(self, *, system: str, messages: list[dict], tools: list[dict]) -> Reply: ...
+
+    def cost_of(self, input_tokens: int, output_tokens: int) -> Decimal: ...
 
 
 # --- scripted ---------------------------------------------------------------
@@ -125,7 +130,8 @@ def load_scenario(path: str | Path) -> dict:
     return validate_scenario(data)
 
 
-def _estimate_tokens(value: Any) -> int:
+def estimate_tokens(value: Any) -> int:
+    """About how many tokens ``value`` is as model input (4 characters a token)."""
     return max(1, len(json.dumps(value, ensure_ascii=False)) // 4)
 
 
@@ -138,36 +144,45 @@ class ScriptedLLM:
         # same at turn 2,000 as at turn 2 when the caller appends to one list.
         self._seen_list: list[dict] | None = None
         self._seen: tuple[int, int, int] = (0, 0, 0)  # length, assistant turns, tokens
+        self.max_output_tokens = max(
+            [estimate_tokens(self._content(i)) for i in range(len(self.turns))] or [1]
+        )
+
+    def cost_of(self, input_tokens: int, output_tokens: int) -> Decimal:
+        return Decimal(0)  # a script costs nothing
+
+    def _content(self, turn_index: int) -> list[dict]:
+        if turn_index >= len(self.turns):
+            return [{"type": "text", "text": "(end of script)"}]
+        turn = self.turns[turn_index]
+        content = [{"type": "text", "text": turn["text"]}] if turn.get("text") else []
+        for j, call in enumerate(turn.get("tool_calls", [])):
+            content.append(
+                {
+                    "type": "tool_use",
+                    # Deterministic, so a replayed turn carries the same ids.
+                    "id": f"toolu_s{turn_index:04d}_{j}",
+                    "name": call["name"],
+                    "input": call.get("input", {}),
+                }
+            )
+        return content
 
     def _position(self, system: str, messages: list[dict]) -> tuple[int, int]:
         length, turns, tokens = self._seen
         if self._seen_list is not messages or length > len(messages):
-            length, turns, tokens = 0, 0, _estimate_tokens(system)
+            length, turns, tokens = 0, 0, estimate_tokens(system)
         for message in messages[length:]:
             turns += message["role"] == "assistant"
-            tokens += _estimate_tokens(message["content"])
+            tokens += estimate_tokens(message["content"])
         self._seen_list, self._seen = messages, (len(messages), turns, tokens)
         return turns, tokens
 
     def reply(self, *, system: str, messages: list[dict], tools: list[dict]) -> Reply:
         turn_index, input_tokens = self._position(system, messages)
         usage = Usage(input_tokens=input_tokens)
-        if turn_index >= len(self.turns):
-            content = [{"type": "text", "text": "(end of script)"}]
-        else:
-            turn = self.turns[turn_index]
-            content = [{"type": "text", "text": turn["text"]}] if turn.get("text") else []
-            for j, call in enumerate(turn.get("tool_calls", [])):
-                content.append(
-                    {
-                        "type": "tool_use",
-                        # Deterministic, so a replayed turn carries the same ids.
-                        "id": f"toolu_s{turn_index:04d}_{j}",
-                        "name": call["name"],
-                        "input": call.get("input", {}),
-                    }
-                )
-        usage.output_tokens = _estimate_tokens(content)
+        content = self._content(turn_index)
+        usage.output_tokens = estimate_tokens(content)
         return Reply(content=content, usage=usage)
 
 
@@ -204,6 +219,13 @@ class AnthropicLLM:
         # max_retries=0: a transient error goes back to Celery, which re-schedules
         # the task with backoff instead of holding a worker in a sleep.
         self.client = anthropic.Anthropic(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout)
+
+    @property
+    def max_output_tokens(self) -> int:
+        return self.max_tokens
+
+    def cost_of(self, input_tokens: int, output_tokens: int) -> Decimal:
+        return price(self.model, input_tokens, output_tokens)
 
     def reply(self, *, system: str, messages: list[dict], tools: list[dict]) -> Reply:
         import anthropic

@@ -365,7 +365,9 @@ def run_rollback(*, run: Run, to_step: int | None = None, by=None) -> RollbackRe
 
 
 def _interrupted(run: Run, to_step: int | None):
-    calls = ToolCall.objects.live().filter(run=run, status=CallStatus.EXECUTING)
+    # A call whose outcome a person was asked about is as unsettled as one a dead
+    # worker left executing.
+    calls = ToolCall.objects.live().filter(run=run, status__in=[CallStatus.EXECUTING, CallStatus.UNKNOWN])
     return calls.filter(step__gt=to_step) if to_step is not None else calls
 
 
@@ -395,13 +397,13 @@ def _settle_interrupted(run: Run, to_step: int | None, by) -> None:
             )
         )
         with transaction.atomic():
-            if ToolCall.objects.filter(pk=call.pk, status=CallStatus.EXECUTING).update(
+            if ToolCall.objects.filter(pk=call.pk, status=call.status).update(
                 status=new, result=result, is_error=new == CallStatus.FAILED, finished_at=timezone.now()
             ):
                 tool_call_transitioned.send(
                     ToolCall,
                     call=call,
-                    old=CallStatus.EXECUTING,
+                    old=call.status,
                     new=new,
                     actor=by,
                     reason="settled by the rollback (reconciled by key)",
@@ -457,6 +459,8 @@ def run_rewind(*, run: Run, to_step: int, by=None, enqueue: bool = True) -> Roll
         raise RollbackRefused(refusal)
     result = run_rollback(run=run, to_step=to_step, by=by)
     head = step.message_count + 2  # what the model saw, its reply, the results
+    # The stage the run was in after that step: the next step's (or the run's now).
+    after = Step.objects.live().filter(run=run, number=to_step + 1).values_list("stage", flat=True).first()
     now = timezone.now()
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run.pk)
@@ -490,6 +494,11 @@ def run_rewind(*, run: Run, to_step: int, by=None, enqueue: bool = True) -> Roll
             step=to_step + 1,
             message_count=head,
             generation=run.generation + 1,
+            stage=after if after is not None else run.stage,
+            stalled_steps=0,
+            guard="",
+            verified_at=None,
+            verification=None,
             error="",
             finished_at=None,
             lease_owner="",
@@ -518,6 +527,12 @@ def run_fork(*, run: Run, step: int, by=None, enqueue: bool = True) -> Run:
             llm=run.llm,
             script=run.script,
             max_steps=run.max_steps,
+            max_tokens=run.max_tokens,
+            max_cost=run.max_cost,
+            model=run.model,
+            params=run.params,
+            dry_run=run.dry_run,
+            stage=checkpoint.stage,
             parent=run,
             fork_step=step,
             shared_messages=checkpoint.message_count,

@@ -238,12 +238,13 @@ def _run_end(*, run: Run, new: str, actor, reason: str, **fields) -> CancelResul
     transition is conditional on the status we loaded, so a lost race reloads and
     tries again instead of overwriting.
     """
-    verb = "cancelled" if new == RunStatus.CANCELLED else "handed over"
+    cancel = new == RunStatus.CANCELLED
     for _attempt in range(CANCEL_ATTEMPTS):
-        if run.is_finished and not (new == RunStatus.HANDED_OVER and run.status == RunStatus.FAILED):
+        if run.is_finished and not (not cancel and run.status == RunStatus.FAILED):
             return CancelResult(
                 False,
-                f"Run {run.pk} is already {run.get_status_display().lower()}; it cannot be {verb}.",
+                f"Run {run.pk} is already {run.get_status_display().lower()}; there is nothing to "
+                + ("cancel." if cancel else "hand over."),
             )
         try:
             with transaction.atomic():
@@ -254,12 +255,13 @@ def _run_end(*, run: Run, new: str, actor, reason: str, **fields) -> CancelResul
             run.refresh_from_db()
             continue
         run.refresh_from_db()
-        if new == RunStatus.CANCELLED:
+        if cancel:
             return CancelResult(
                 True, f"Run {run.pk} cancelled. It will not resume; nothing of it waits for a decision."
             )
         return CancelResult(True, f"Run {run.pk} {reason}. The agent stops here; its requester is told.")
-    return CancelResult(False, f"Run {run.pk} kept changing while we tried; try again.")
+    what = "cancel it" if cancel else "hand it over"
+    return CancelResult(False, f"Run {run.pk} kept changing while we tried to {what}; try again.")
 
 
 def lease_release_for_resume(*, run: Run, steal: bool, actor=None) -> bool:
@@ -560,12 +562,16 @@ def run_repin(*, run_id: int, actor) -> str:
         if run.is_finished:
             raise GuardConflict(f"run {run_id} is {run.status}; there is nothing to repin")
         new_model = model_id(run.llm)
+        waiting = run.status == RunStatus.WAITING_APPROVAL and run.guard == RunGuard.VERSION
         if run.agent_version == agent.version and run.model == new_model:
+            if waiting:  # the agent went back to the version the run is pinned to
+                _requeue(run, actor=actor, reason="its agent is back on its version; resuming", error="")
+                return f"Run {run_id} is on {run.agent} version {agent.version} again; it resumes."
             return f"Run {run_id} is already on {run.agent} version {agent.version}."
         old = f"{run.agent_version} ({run.model or 'model not recorded'})"
         Run.objects.filter(pk=run_id).update(agent_version=agent.version, model=new_model)
         reason = f"repinned from {old} to {agent.version} ({new_model})"
         run_transitioned.send(Run, run_id=run_id, old=run.status, new=run.status, actor=actor, reason=reason)
-        if run.status == RunStatus.WAITING_APPROVAL and run.guard == RunGuard.VERSION:
+        if waiting:
             _requeue(run, actor=actor, reason="repinned; resuming", error="")
     return f"Run {run_id} {reason}."

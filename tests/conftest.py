@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.helpers import run_command
+from tools import registry
 
 # desk/settings.py knows when it runs under pytest: the test process's broker
 # is memory:// (a nudge goes nowhere) and the demo password is fixed.
@@ -15,6 +18,19 @@ def sandbox(settings, tmp_path):
     """Each test's onboarding files live in its own sandbox folder."""
     settings.DESK_SANDBOX_DIR = tmp_path / "sandbox"
     return settings.DESK_SANDBOX_DIR
+
+
+@pytest.fixture
+def plain_refund_desk(monkeypatch):
+    """refund-desk without its stages and its requirements over the world, in this
+    process: for tests of the gate, the saga, the desk and the step protocol whose
+    scripts go straight to the call they are about (a refund as the first call, a run
+    that ends without emailing anyone). Stages and verification are tested as shipped
+    in tests/runs/test_guards.py; cross-process tests use the agent as shipped."""
+    agent = registry.get_agent("refund-desk")
+    plain = dataclasses.replace(agent, stages=(), transitions=(), requirements=None)
+    monkeypatch.setitem(registry._AGENTS, "refund-desk", plain)
+    return plain
 
 
 @pytest.fixture

@@ -77,9 +77,9 @@ def the_approval(run: Run) -> ApprovalRequest:
 
 
 def pending(run: Run) -> ApprovalRequest:
-    """The run's one pending approval."""
+    """The run's one pending approval of a call."""
     return ApprovalRequest.objects.select_related("tool_call", "proposal").get(
-        run=run, status=ApprovalRequest.Status.PENDING
+        run=run, status=ApprovalRequest.Status.PENDING, kind="call"
     )
 
 
@@ -101,9 +101,11 @@ def decide_and_advance(run: Run, reviewer, decision: Decision | None = None) -> 
 
 
 def approve_all(run: Run, reviewer, *, confirm_irreversible: bool = False) -> Run:
-    """Approve whatever the run waits for, advancing it, until it waits for nothing.
+    """Approve the calls the run waits for, advancing it, until it waits for no call.
     ``confirm_irreversible``: the reviewer also confirms calls that cannot be undone."""
-    while (approval := ApprovalRequest.objects.filter(run=run, status="pending").first()) is not None:
+    while (
+        approval := ApprovalRequest.objects.filter(run=run, status="pending", kind="call").first()
+    ) is not None:
         decide(approval, reviewer, Decision.approve(confirm_irreversible=confirm_irreversible))
         run_advance_until_settled(run.pk)
     run.refresh_from_db()

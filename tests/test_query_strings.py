@@ -23,7 +23,11 @@ from django.urls.resolvers import RoutePattern
 
 from tests.helpers import client_for, get_html, script, start, the_approval, turn
 
-pytestmark = pytest.mark.django_db(databases=["default", "world"])
+# The gate, not the agent's workflow, is under test here: refund-desk without stages.
+pytestmark = [
+    pytest.mark.django_db(databases=["default", "world"]),
+    pytest.mark.usefixtures("plain_refund_desk"),
+]
 
 # What the desk reads, whether or not a page links it today: the queue's, the run
 # history's, a run page's (undo progress, the status poll), and names nobody reads.

@@ -21,7 +21,11 @@ from runs.saga import run_rollback
 from tests.helpers import client_for, decide, get_html, script, start, the_approval, turn
 from tools.models import Payment
 
-pytestmark = pytest.mark.django_db(databases=["default", "world"])
+# The gate, not the agent's workflow, is under test here: refund-desk without stages.
+pytestmark = [
+    pytest.mark.django_db(databases=["default", "world"]),
+    pytest.mark.usefixtures("plain_refund_desk"),
+]
 
 PER_ORDER = "Refunds per order over ₹500 in total need approval"
 

@@ -30,7 +30,11 @@ from tests.helpers import (
 )
 from tools.models import Payment
 
-pytestmark = pytest.mark.django_db(databases=["default", "world"])
+# The gate, not the agent's workflow, is under test here: refund-desk without stages.
+pytestmark = [
+    pytest.mark.django_db(databases=["default", "world"]),
+    pytest.mark.usefixtures("plain_refund_desk"),
+]
 
 REFUND_600 = script(
     turn(("refund_item", {"order_id": "A-1001", "amount": 600, "reason": "Scratched case"})),

@@ -17,7 +17,11 @@ from runs.services import run_cancel
 from tests.helpers import decide, script, start, the_approval, turn
 from tools.models import Payment
 
-pytestmark = pytest.mark.django_db(databases=["default", "world"])
+# The gate, not the agent's workflow, is under test here: refund-desk without stages.
+pytestmark = [
+    pytest.mark.django_db(databases=["default", "world"]),
+    pytest.mark.usefixtures("plain_refund_desk"),
+]
 
 BIG_REFUND = script(
     turn(("refund_item", {"order_id": "A-1003", "amount": 12000, "reason": "Dead on arrival"})),

@@ -20,13 +20,18 @@ from approvals.models import ApprovalRequest, AuditEvent, Notification
 from approvals.notifications import Kind, notification_send, notifications_record, notifications_renudge
 from approvals.services import Decision
 from approvals.tasks import send_notification
-from runs.engine import run_advance_until_settled
+from runs.engine import run_advance, run_advance_until_settled
+from runs.llm import PermanentLLMError
 from runs.models import Run
 from runs.saga import run_rewind
-from runs.services import run_cancel
+from runs.services import run_cancel, run_create
 from tests.helpers import decide, deliver, script, start, the_approval, turn
 
-pytestmark = pytest.mark.django_db(databases=["default", "world"])
+# The gate, not the agent's workflow, is under test here: refund-desk without stages.
+pytestmark = [
+    pytest.mark.django_db(databases=["default", "world"]),
+    pytest.mark.usefixtures("plain_refund_desk"),
+]
 
 BIG_REFUND = script(
     turn(("refund_item", {"order_id": "A-1003", "amount": 12000, "reason": "Dead on arrival"})),
@@ -264,14 +269,22 @@ def test_the_requester_hears_when_their_run_finishes(users):
         assert f"http://127.0.0.1:8000/runs/{run.pk}/" in part
 
 
+class RefusingLLM:
+    """A model that will never answer this request: the run fails."""
+
+    def reply(self, **kwargs):
+        raise PermanentLLMError("the model refused the request: invalid x-api-key")
+
+
 def test_the_requester_hears_when_their_run_fails(users):
-    looping = script(turn(("get_order", {"order_id": "A-1001"})), turn(("get_policy", {})), {"text": "x"})
-    run = start(looping, requester=users["requester"], max_steps=1)
+    run = run_create(agent_name="refund-desk", task="t", requester=users["requester"], enqueue=False)
+    run_advance(run.pk, llm=RefusingLLM())
+    run.refresh_from_db()
     assert run.status == "failed"
     deliver()
     [email] = inbox("requester@countersign.local")
     assert email.subject.startswith(f"[Countersign] Run {run.pk} failed")
-    assert "step budget exhausted" in email.body and "step budget exhausted" in html_of(email)
+    assert "invalid x-api-key" in email.body and "invalid x-api-key" in html_of(email)
 
 
 def test_a_run_without_a_requester_email_tells_nobody(users):

@@ -8,7 +8,11 @@ from runs.models import Run
 from tests.helpers import client_for, get_html, post_decision, script, start, the_approval, turn
 from tools.models import Payment
 
-pytestmark = pytest.mark.django_db(databases=["default", "world"])
+# The gate, not the agent's workflow, is under test here: refund-desk without stages.
+pytestmark = [
+    pytest.mark.django_db(databases=["default", "world"]),
+    pytest.mark.usefixtures("plain_refund_desk"),
+]
 
 
 def test_every_page_needs_login(users):

@@ -17,8 +17,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(databases=["default", "worl
 def test_an_edit_above_the_reviewers_authority_waits_for_a_senior(page, desk, tmp_path, browser):
     desk.start_worker()
     run_id = desk.start_run(
-        "Refund A-1003 in part",
+        "Refund the scratched case in part",  # no order id: the order's own checks are not tested here
         script=script(
+            turn(("get_order", {"order_id": "A-1001"}), ("get_policy", {}), text="Reading."),
             turn(
                 ("refund_item", {"order_id": "A-1001", "amount": 600, "reason": "Scratched case"}),
                 text="Refunding the scratched case.",

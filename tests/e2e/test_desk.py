@@ -104,11 +104,15 @@ def test_the_requester_cannot_decide_their_own_run(page, desk, users):
 def test_a_script_in_model_text_or_arguments_shows_as_text(page, desk, users):
     evil = "<script>alert('pwned')</script><img src=x onerror=alert(2)>"
     run = start(
-        script(turn(("send_email", {"to": "ada@example.com", "subject": evil, "body": evil}), text=evil)),
+        script(
+            turn(("get_order", {"order_id": "A-1001"}), ("get_policy", {}), text="Reading."),
+            turn(("refund_item", {"order_id": "A-1001", "amount": 900, "reason": evil}), text=evil),
+        ),
         requester=users["requester"],
     )
     sign_in(page, "reviewer")
-    for url in ["/desk/", f"/desk/approvals/{pending(run).pk}/", f"/runs/{run.pk}/"]:
+    page.goto("/desk/")  # the queue row (it shows the amount, not the reason)
+    for url in [f"/desk/approvals/{pending(run).pk}/", f"/runs/{run.pk}/"]:
         page.goto(url)
         assert evil[:20] in page.inner_text("main"), url
     assert page.dialogs == []
@@ -118,7 +122,10 @@ def test_a_script_in_model_text_or_arguments_shows_as_text(page, desk, users):
 def test_the_keyboard_path(page, desk, users):
     first = start(requester=users["requester"])
     second = start(
-        script(turn(("refund_item", {"order_id": "A-1003", "amount": 800, "reason": "Late"}))),
+        script(
+            turn(("get_order", {"order_id": "A-1003"}), ("get_policy", {}), text="Reading."),
+            turn(("refund_item", {"order_id": "A-1003", "amount": 800, "reason": "Late"})),
+        ),
         requester=users["requester"],
     )
     sign_in(page, "senior")

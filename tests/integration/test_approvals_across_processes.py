@@ -88,7 +88,11 @@ def test_concurrent_decisions_one_wins_and_the_refund_runs_once(desk):
 
 
 def test_two_workers_nudged_for_one_run_one_advances_it(desk):
-    reads = [turn(("get_order", {"order_id": "A-1001"}), text=f"Step {i}.") for i in range(40)]
+    # Forty notes: each a new effect, so the run keeps making progress (forty reads of
+    # one order would be stopped as stuck after four).
+    reads = [
+        turn(("add_note", {"order_id": "A-1001", "text": f"Look {i}"}), text=f"Step {i}.") for i in range(40)
+    ]
     desk.start_worker(name="a")
     desk.start_worker(name="b")
     run_id = desk.start_run("Look twice", user=None, script=script(*reads, turn(text="Done.")))

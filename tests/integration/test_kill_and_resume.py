@@ -13,7 +13,10 @@ pytestmark = [
     pytest.mark.django_db(databases=["default", "world"], transaction=True),
 ]
 
-# A refund under the threshold (allowed, no approval) at step 3.
+# A refund under the threshold (allowed, no approval) at step 3, between two notes (writes
+# refund-desk allows in every stage). The task names no order, so verification checks
+# the writes' own effects only: nothing here emails the customer.
+TASK = "A customer asks for a refund of a late delivery"
 SCENARIO = {
     "turns": [
         {
@@ -37,10 +40,10 @@ SCENARIO = {
             ],
         },
         {
-            "text": "Closing the ticket.",
-            "tool_calls": [{"name": "close_ticket", "input": {"ticket_id": "T-2"}}],
+            "text": "Noting the refund.",
+            "tool_calls": [{"name": "add_note", "input": {"order_id": "A-1002", "text": "Refunded in full"}}],
         },
-        {"text": "Refunded ₹250.00 and closed T-2."},
+        {"text": "Refunded ₹250.00 and noted it."},
     ]
 }
 
@@ -50,7 +53,7 @@ SCENARIO = {
 )
 def test_a_killed_worker_resumes_from_the_step_it_died_in(desk, point):
     doomed = desk.start_worker(failpoints=f"{point}@3")
-    run_id = desk.start_run("Refund A-1002", script=SCENARIO)
+    run_id = desk.start_run(TASK, script=SCENARIO)
 
     assert doomed.wait_exit() == 137, doomed.log()
     crashed = desk.status(run_id)
@@ -73,7 +76,7 @@ def test_a_killed_worker_resumes_from_the_step_it_died_in(desk, point):
     # Exactly one refund, one note, and no duplicate assistant turn.
     world = desk.world()
     assert [p["amount"] for p in world["payments"]] == ["250.00"]
-    assert len(world["notes"]) == 1
+    assert len(world["notes"]) == 2
     texts = [m.content[0]["text"] for m in Message.objects.filter(run_id=run_id, role="assistant")]
     assert texts == [turn["text"] for turn in SCENARIO["turns"]]
     assert ToolCall.objects.filter(run_id=run_id).count() == 5
@@ -84,13 +87,13 @@ def test_a_killed_worker_resumes_from_the_step_it_died_in(desk, point):
     for number in range(6):
         data = json.loads(desk.manage("showcheckpoint", str(run_id), "--step", str(number), "--json").stdout)
         assert data["message_count"] == 2 * number + 1
-        assert data["seen"][0]["content"][0]["text"] == "Refund A-1002"
+        assert data["seen"][0]["content"][0]["text"] == TASK
         assert data["reply"][0]["text"] == SCENARIO["turns"][number]["text"]
 
 
 def test_the_beat_sweeper_renudges_a_run_whose_worker_died(desk):
     doomed = desk.start_worker(failpoints="after_tool_effect@3")
-    run_id = desk.start_run("Refund A-1002", user=None, script=SCENARIO)
+    run_id = desk.start_run(TASK, user=None, script=SCENARIO)
     assert doomed.wait_exit() == 137
     desk.start_worker()
     desk.start_beat()  # sweeps every second; nobody runs `resume`

@@ -29,7 +29,11 @@ from runs.tasks import advance_run
 from tools.demo import DEMO_TASK
 from tools.registry import get_agent
 
-pytestmark = pytest.mark.django_db(databases=["default", "world"])
+# The gate, not the agent's workflow, is under test here: refund-desk without stages.
+pytestmark = [
+    pytest.mark.django_db(databases=["default", "world"]),
+    pytest.mark.usefixtures("plain_refund_desk"),
+]
 
 # A current model: the settings default (claude-sonnet-4-5) is on the SDK's
 # deprecation list and warns on every call, which this suite turns into errors.

@@ -20,7 +20,11 @@ from tests.helpers import decide, decide_and_advance, pending, script, start, to
 from tools import counters, payments
 from tools.models import FileOperation, Note, OutboxEmail, Payment, ProviderFault, Ticket
 
-pytestmark = pytest.mark.django_db(databases=["default", "world"])
+# The gate, not the agent's workflow, is under test here: refund-desk without stages.
+pytestmark = [
+    pytest.mark.django_db(databases=["default", "world"]),
+    pytest.mark.usefixtures("plain_refund_desk"),
+]
 
 # A refund under the ₹500 threshold: allowed, it runs without a decision.
 REFUND_250 = script(
@@ -242,12 +246,13 @@ def test_a_run_that_loses_its_lease_while_the_model_thinks_saves_nothing_and_doe
     assert not ToolCall.objects.filter(run=run).exists()
 
 
-def test_the_step_budget_stops_a_looping_agent(users):
+def test_the_step_budget_stops_a_looping_agent_and_asks_a_person(users):
     loop = [turn(("get_policy", {})) for _ in range(10)]
     run = start(script(*loop), max_steps=3)
-    assert run.status == Run.Status.FAILED
-    assert run.error == "step budget exhausted (3 steps)"
+    assert run.status == Run.Status.WAITING_APPROVAL and run.guard == "budget"
     assert run.step == 3
+    request = ApprovalRequest.objects.get(run=run, kind="budget", status="pending")
+    assert request.reason == "step budget spent: 3 of 3 steps"
 
 
 def test_a_malformed_model_reply_fails_the_run_and_saves_nothing(users):
@@ -267,12 +272,13 @@ def test_a_malformed_model_reply_fails_the_run_and_saves_nothing(users):
     assert not ToolCall.objects.filter(run=run).exists()
 
 
-def test_a_write_whose_outcome_stays_unknown_stops_the_run_for_a_human(users):
+def test_a_write_whose_outcome_stays_unknown_waits_for_a_person_to_say(users):
     ProviderFault.objects.create(kind=ProviderFault.Kind.TIMEOUT_BEFORE_APPLY, remaining=5)
     run = start(REFUND_250)
-    assert run.status == Run.Status.FAILED
-    assert "outcome still unknown after 3 attempts" in run.error
-    assert ToolCall.objects.get(run=run).status == ToolCall.Status.EXECUTING
+    assert run.status == Run.Status.WAITING_APPROVAL
+    request = ApprovalRequest.objects.get(run=run, kind="outcome", status="pending")
+    assert "outcome still unknown after 3 attempts" in request.reason
+    assert ToolCall.objects.get(run=run).status == ToolCall.Status.UNKNOWN
     assert Payment.objects.count() == 0
 
 

@@ -19,7 +19,11 @@ from tests.helpers import decide, finished_demo, hold_lease, pending, start, the
 from tools import counters
 from tools.models import OutboxEmail, Payment, Ticket, WorldFault
 
-pytestmark = pytest.mark.django_db(databases=["default", "world"])
+# The gate, not the agent's workflow, is under test here: refund-desk without stages.
+pytestmark = [
+    pytest.mark.django_db(databases=["default", "world"]),
+    pytest.mark.usefixtures("plain_refund_desk"),
+]
 
 
 def balance(order_id: str) -> Decimal:

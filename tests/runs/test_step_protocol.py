@@ -15,7 +15,11 @@ from runs.services import run_create
 from tests.helpers import script, turn
 from tools.models import Note
 
-pytestmark = pytest.mark.django_db(databases=["default", "world"])
+# The gate, not the agent's workflow, is under test here: refund-desk without stages.
+pytestmark = [
+    pytest.mark.django_db(databases=["default", "world"]),
+    pytest.mark.usefixtures("plain_refund_desk"),
+]
 
 READS_THEN_NOTE = script(
     turn(("get_order", {"order_id": "A-1002"}), text="Looking up the order."),

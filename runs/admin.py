@@ -24,7 +24,17 @@ class ToolCallInline(ReadOnlyInline):
 
 class StepInline(ReadOnlyInline):
     model = Step
-    fields = ["number", "message_count", "status", "input_tokens", "output_tokens", "cost", "created_at"]
+    fields = [
+        "number",
+        "message_count",
+        "status",
+        "stage",
+        "progress",
+        "input_tokens",
+        "output_tokens",
+        "cost",
+        "created_at",
+    ]
     readonly_fields = fields
 
 
@@ -46,15 +56,20 @@ class RunAdmin(ReadOnlyAdmin):
     list_display = [
         "id",
         "agent",
+        "agent_version",
         "status",
+        "guard",
+        "stage",
         "step",
+        "dry_run",
         "requester",
         "input_tokens",
         "output_tokens",
         "cost",
         "created_at",
     ]
-    list_filter = ["status", "agent", "llm"]
+    list_filter = ["status", "guard", "dry_run", "agent", "llm", "model"]
+    list_select_related = ["requester"]
     search_fields = ["task", "error"]
     date_hierarchy = "created_at"
     inlines = [StepInline, ToolCallInline]

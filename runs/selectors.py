@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from copy import copy
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
+from typing import Any
 
 from django.db.models import F
 from django.utils import timezone
 
-from tools.registry import all_agents
+from tools.registry import all_agents, find_tool
 
 from .history import transcript_messages
-from .models import Message, Run, Step, ToolCall
+from .models import Message, Run, RunGuard, RunStatus, Step, ToolCall
 
 VIEW_ALL_PERMISSION = "runs.view_all_runs"
+# Named by string: runs never imports approvals (see docs/architecture.md).
+DECIDE_PERMISSION = "approvals.decide_approvalrequest"
 
 
 def runs_visible_to(user):
@@ -32,7 +36,7 @@ def run_get(run_id, *, user=None) -> Run | None:
     """The run, or None; with ``user``, only if they may see it."""
     runs = Run.objects.all() if user is None else runs_visible_to(user)
     try:
-        return runs.select_related("requester").filter(pk=int(run_id)).first()
+        return runs.select_related("requester", "handed_over_to").filter(pk=int(run_id)).first()
     except (TypeError, ValueError, OverflowError):
         return None
 
@@ -154,6 +158,10 @@ class TimelineStep:
     seen: int  # messages the model had seen when it replied
     reply: list = field(default_factory=list)  # content blocks of the reply
     calls: list[ToolCall] = field(default_factory=list)
+    # The agent's stage while the step ran (the run's current one for the open step),
+    # and whether the step made progress (the engine records it on the checkpoint).
+    stage: str = ""
+    progress: bool = False
     input_tokens: int = 0
     output_tokens: int = 0
     cost: Decimal = Decimal(0)
@@ -222,6 +230,8 @@ def run_timeline(run: Run) -> list[TimelineStep]:
                 seen=seen,
                 reply=replies.get(seen) or [],
                 calls=calls_by_step.get(number, []),
+                stage=step.stage if step is not None else run.stage,
+                progress=step.progress if step is not None else False,
                 input_tokens=totals[0] - before[0],
                 output_tokens=totals[1] - before[1],
                 cost=totals[2] - before[2],
@@ -249,3 +259,210 @@ def run_step_checkpoint(run: Run, number: int) -> dict | None:
     if data is not None:
         data["status"] = run.status
     return data
+
+
+# --- guards: what the run page and the command line show about them -----------
+# A run a person may still take from the agent: it has not ended, or it failed.
+HAND_OVER_STATUSES = frozenset(
+    {RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING_APPROVAL, RunStatus.FAILED}
+)
+
+
+def may_hand_over(user, run: Run) -> bool:
+    """Whether ``user`` may take ``run`` from its agent: its requester, or a reviewer
+    (someone who may decide approvals). The caller has checked that they may see it."""
+    if not (user.is_authenticated and user.is_active):
+        return False
+    return run.requester_id == user.pk or user.has_perm(DECIDE_PERMISSION)
+
+
+def run_version_problem(run: Run) -> str:
+    """Why a live run may not go on with its agent as it is now ("" if it may): the
+    pause the engine recorded, or a change made since."""
+    # Imported here: services is the writing side and may come to read selectors.
+    from .services import version_mismatch
+
+    if run.is_finished:
+        return ""
+    return version_mismatch(run) or (run.error if run.guard == RunGuard.VERSION else "")
+
+
+@dataclass(frozen=True)
+class BudgetUsage:
+    """One of a run's budgets: how much is used of how much (None: no limit)."""
+
+    name: str  # steps, tokens or cost
+    used: int | Decimal
+    limit: int | Decimal | None
+
+    @property
+    def spent(self) -> bool:
+        return self.limit is not None and self.used >= self.limit
+
+
+def run_budget_usage(run: Run) -> list[BudgetUsage]:
+    return [
+        BudgetUsage("steps", run.step, run.max_steps),
+        BudgetUsage("tokens", run.input_tokens + run.output_tokens, run.max_tokens),
+        BudgetUsage("cost", run.cost, run.max_cost),
+    ]
+
+
+@dataclass(frozen=True)
+class VerificationShown:
+    """What checking the run against the world found, as the run page tells it."""
+
+    state: str  # "verified", "failed" or "accepted" (failed, and a person accepted it)
+    at: datetime | None
+    checks: list[dict]
+    failed: list[dict]
+    accepted_by: str = ""
+    accepted_reason: str = ""
+
+
+def run_verification(run: Run) -> VerificationShown | None:
+    """The run's verification against the world (None: nothing was checked). The JSON
+    is the engine's: {"checks": [{"name", "ok", "detail"}], "ok", "at", and
+    "accepted": {"by", "reason"} once a person accepted a failed one}. Anything
+    malformed in it is shown as text, never trusted."""
+    data = run.verification if isinstance(run.verification, dict) else {}
+    raw = data.get("checks") if isinstance(data.get("checks"), list) else []
+    checks = [
+        {
+            "name": str(check.get("name", "")),
+            "ok": check.get("ok") is True,
+            "detail": str(check.get("detail") or ""),
+        }
+        for check in raw
+        if isinstance(check, dict)
+    ]
+    failed = [check for check in checks if not check["ok"]]
+    at = run.verified_at or _when(data.get("at"))
+    accepted = data.get("accepted") if isinstance(data.get("accepted"), dict) else None
+    if accepted is not None:
+        return VerificationShown(
+            "accepted",
+            at,
+            checks,
+            failed,
+            accepted_by=str(accepted.get("by") or "someone"),
+            accepted_reason=str(accepted.get("reason") or ""),
+        )
+    if failed or data.get("ok") is False:
+        return VerificationShown("failed", at, checks, failed)
+    if run.verified_at is None:
+        return None  # done with nothing to check (an agent without requirements)
+    return VerificationShown("verified", run.verified_at, checks, failed)
+
+
+def _when(text) -> datetime | None:
+    try:
+        when = datetime.fromisoformat(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return when if when is None or timezone.is_aware(when) else None
+
+
+# --- dry runs: what each call would have done -----------------------------------
+WOULD_BY_VERDICT = {
+    ToolCall.Verdict.ALLOW: "would run",
+    ToolCall.Verdict.NEEDS_APPROVAL: "would need approval",
+    ToolCall.Verdict.DENY: "would be denied",
+}
+
+
+def _is_read(call: ToolCall) -> bool:
+    spec = find_tool(call.tool_name)
+    return spec.is_read if spec is not None else not call.idempotency_key
+
+
+def call_would(call: ToolCall) -> str:
+    """What a dry run's call would have done ("would run", "would need reviewers (1)",
+    "would be denied: why"); "read" for a read, which ran for real; "" for a write that
+    was not previewed."""
+    if _is_read(call):
+        return "read"
+    if call.status != ToolCall.Status.PREVIEWED:
+        return ""
+    result = call.result if isinstance(call.result, dict) else {}
+    would = result.get("would")
+    if isinstance(would, str) and would:
+        return would
+    verdict = result.get("verdict") or call.verdict
+    text = WOULD_BY_VERDICT.get(verdict, "previewed")
+    if verdict == ToolCall.Verdict.DENY and call.verdict_reason:
+        text += f": {call.verdict_reason}"
+    return text
+
+
+def compact_args(value, *, limit: int = 160) -> str:
+    """A call's arguments as compact JSON on one line, cut at ``limit`` characters."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def args_summary(value, *, limit: int = 160, each: int = 60) -> str:
+    """A tool call's arguments on one line: ``order_id: A-1001, amount: 2900.0``."""
+
+    def short(item) -> str:
+        text = item if isinstance(item, str) else json.dumps(item, ensure_ascii=False, default=str)
+        text = " ".join(text.split())
+        return text if len(text) <= each else text[: each - 1] + "…"
+
+    if isinstance(value, dict):
+        text = ", ".join(f"{key}: {short(item)}" for key, item in value.items())
+    else:
+        text = short(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass(frozen=True)
+class PreviewLine:
+    """One call of a dry run: what it was and what it would have done."""
+
+    step: int
+    tool: str
+    input: Any
+    outcome: str  # "read", "would run", "would need ...", "would be denied: ...", or what became of it
+    verdict: str
+    preview: Any
+
+    @property
+    def text(self) -> str:
+        return f"{self.step}. {self.tool} {compact_args(self.input)} -> {self.outcome}"
+
+    def as_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "tool": self.tool,
+            "input": self.input,
+            "outcome": self.outcome,
+            "verdict": self.verdict,
+            "preview": self.preview,
+        }
+
+
+def dry_run_preview(run: Run) -> list[PreviewLine]:
+    """Every live call of ``run`` in order, with what it would have done: the listing
+    ``startrun --dry-run`` prints (and ``runstatus`` may)."""
+    lines = []
+    for call in ToolCall.objects.live().filter(run=run).order_by("step", "position"):
+        outcome = call_would(call)
+        result = call.result if isinstance(call.result, dict) else {}
+        if not outcome:
+            # Not previewed: refused by its stage, invalid, ... Say what became of it.
+            outcome = call.get_status_display().lower()
+            if call.is_error and call.result is not None:
+                detail = call.result if isinstance(call.result, str) else compact_args(call.result)
+                outcome += f": {' '.join(detail.split())[:200]}"
+        lines.append(
+            PreviewLine(
+                step=call.step,
+                tool=call.tool_name,
+                input=call.input,
+                outcome=outcome,
+                verdict=str(result.get("verdict") or call.verdict),
+                preview=result.get("preview"),
+            )
+        )
+    return lines

@@ -36,12 +36,34 @@ from .saga import (
     undo_request,
     worker_holds,
 )
-from .selectors import has_checkpoint, run_get, run_search, run_step_checkpoint, run_timeline
-from .services import run_cancel, run_create
+from .selectors import (
+    DECIDE_PERMISSION,
+    HAND_OVER_STATUSES,
+    args_summary,
+    call_would,
+    has_checkpoint,
+    may_hand_over,
+    run_budget_usage,
+    run_get,
+    run_search,
+    run_step_checkpoint,
+    run_timeline,
+    run_verification,
+    run_version_problem,
+)
+from .services import (
+    BudgetRefused,
+    GuardConflict,
+    may_repin,
+    run_cancel,
+    run_create,
+    run_hand_over,
+    run_repin,
+)
 
 RUNS_PER_PAGE = 50
-# Named by string: runs never imports approvals (see docs/architecture.md).
-DECIDE_PERMISSION = "approvals.decide_approvalrequest"
+# Longest note a hand-over keeps (it goes into the audit trail and the email).
+HAND_OVER_NOTE_MAX = 2000
 # Steps shown unfolded at the end of a long timeline; earlier ones sit in a <details>.
 RECENT_STEPS = 30
 # Messages shown unfolded at the end of a checkpoint; older turns are folded.
@@ -107,6 +129,9 @@ def _status_marker(run: Run, undo: dict) -> str:
 
 def _status_context(request, run: Run, **extra) -> dict:
     undo = _undo_state(request, run)
+    version_problem = run_version_problem(run)
+    if version_problem and undo["run_error"] == version_problem:
+        undo["run_error"] = ""  # said once, in the version box
     return {
         "run": run,
         "marker": _status_marker(run, undo),
@@ -114,6 +139,11 @@ def _status_context(request, run: Run, **extra) -> dict:
         "can_undo": may_undo(request.user),
         "run_is_live": run_is_live(run),
         "worker_holds": worker_holds(run),
+        "budgets": run_budget_usage(run),
+        "verification": run_verification(run),
+        "version_problem": version_problem,
+        "can_repin": bool(version_problem) and may_repin(request.user),
+        "can_hand_over": run.status in HAND_OVER_STATUSES and may_hand_over(request.user, run),
         "nav_section": "runs",
         **undo,
         **extra,
@@ -189,6 +219,8 @@ def _timeline_for_display(run: Run) -> list:
             proposal = approval.proposal if approval is not None and approval.status == "pending" else None
             call.pending_edit = proposal if proposal is not None and proposal.proposed_by_id else None
             call.pending_edit_text = pretty(proposal.input) if call.pending_edit else ""
+            # A dry run's write: what it would have done ("would need reviewers (1)").
+            call.would = call_would(call) if run.dry_run else ""
     return timeline
 
 
@@ -285,20 +317,42 @@ def run_new(request):
     form = RunStartForm(request.POST if request.method == "POST" else None)
     if form.is_valid():
         data = form.cleaned_data
+        # The second submit button: the same run, with writes only previewed.
+        dry_run = "dry_run" in request.POST
         try:
             run = run_create(
                 agent_name=data["agent"],
                 task=data["task"],
                 llm=data["llm"],
                 requester=request.user,
+                dry_run=dry_run,
                 enqueue=True,
+                **form.run_options(),
             )
+        except BudgetRefused as exc:
+            form.add_error(None, f"Budget refused: {exc}.")
         except (LookupError, ValueError) as exc:
             form.add_error(None, str(exc))
         else:
-            messages.success(request, f"Run {run.pk} started.")
+            what = "Dry run" if dry_run else "Run"
+            messages.success(request, f"{what} {run.pk} started.")
             return redirect("run-detail", run_id=run.pk)
     return render(request, "runs/run_new.html", {"form": form, "nav_section": "runs"})
+
+
+def _status_reply(request, run: Run, *, message: str, ok: bool):
+    """After a write from the status box: the box again over htmx, else the page."""
+    if _htmx_target(request):
+        run.refresh_from_db()
+        response = render(
+            request,
+            "runs/run_detail.html#status",
+            _status_context(request, run, notice=message, notice_ok=ok),
+        )
+        trigger_client_event(response, "runChanged")
+        return response
+    (messages.success if ok else messages.error)(request, message)
+    return redirect("run-detail", run_id=run.pk)
 
 
 @require_POST
@@ -307,16 +361,36 @@ def run_cancel_view(request, run_id: int):
     if not may_cancel(request.user, run):
         raise PermissionDenied("Only the requester, staff or a reviewer may cancel this run.")
     result = run_cancel(run=run, actor=request.user, reason=f"cancelled by {request.user.get_username()}")
-    if _htmx_target(request):
-        response = render(
-            request,
-            "runs/run_detail.html#status",
-            _status_context(request, run, notice=result.message, notice_ok=result.cancelled),
-        )
-        trigger_client_event(response, "runChanged")
-        return response
-    (messages.success if result.cancelled else messages.error)(request, result.message)
-    return redirect("run-detail", run_id=run.pk)
+    return _status_reply(request, run, message=result.message, ok=result.cancelled)
+
+
+@require_POST
+def run_hand_over_view(request, run_id: int):
+    """A person takes the run from its agent: it ends as handed over, naming them."""
+    run = _run_or_404(request, run_id)
+    if not may_hand_over(request.user, run):
+        raise PermissionDenied("Only the requester or a reviewer may take this run over.")
+    note = request.POST.get("note", "").strip()
+    if len(note) > HAND_OVER_NOTE_MAX or "\x00" in note:
+        message = f"Not handed over: keep the note to {HAND_OVER_NOTE_MAX} characters of plain text."
+        return _status_reply(request, run, message=message, ok=False)
+    result = run_hand_over(run=run, actor=request.user, note=note)
+    return _status_reply(request, run, message=result.message, ok=result.cancelled)
+
+
+@require_POST
+def run_repin_view(request, run_id: int):
+    """Move a run to its agent's current version (admins only; audited by the service)."""
+    run = _run_or_404(request, run_id)
+    if not may_repin(request.user):
+        raise PermissionDenied("Only an admin may move a run to its agent's current version.")
+    try:
+        message, ok = run_repin(run_id=run.pk, actor=request.user), True
+    except PermissionError as exc:
+        raise PermissionDenied(str(exc)) from None
+    except (GuardConflict, LookupError) as exc:
+        message, ok = f"Not repinned: {exc}.", False
+    return _status_reply(request, run, message=message, ok=ok)
 
 
 # --- undo: roll back, rewind, fork --------------------------------------------
@@ -338,21 +412,6 @@ class UndoRow:
     @property
     def meaning(self) -> str:
         return UNDO_KINDS_SHOWN.get(self.kind, "")
-
-
-def args_summary(value, *, limit: int = 160, each: int = 60) -> str:
-    """A tool call's arguments on one line: ``order_id: A-1001, amount: 2900.0``."""
-
-    def short(item) -> str:
-        text = item if isinstance(item, str) else json.dumps(item, ensure_ascii=False, default=str)
-        text = " ".join(text.split())
-        return text if len(text) <= each else text[: each - 1] + "…"
-
-    if isinstance(value, dict):
-        text = ", ".join(f"{key}: {short(item)}" for key, item in value.items())
-    else:
-        text = short(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _undo_rows(calls: list[ToolCall]) -> list[UndoRow]:

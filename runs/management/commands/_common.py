@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import argparse
+from decimal import Decimal, InvalidOperation
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
+from runs.forms import MAX_COST, parse_param
 from runs.models import Run
 from runs.selectors import run_get
 
@@ -53,3 +55,39 @@ def run_by_id(run_id) -> Run:
     if run is None:
         raise CommandError(f"No run {run_id}.")
     return run
+
+
+# --- budgets and task parameters (startrun) -------------------------------------
+def whole_number(limit: int):
+    """An argparse type: a whole number from 1 to ``limit`` (what the column holds)."""
+
+    def parse(text: str) -> int:
+        if not is_id(text) or int(text) < 1 or int(text) > limit:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to {limit}")
+        return int(text)
+
+    return parse
+
+
+def amount(text: str) -> Decimal:
+    """The argparse type of --max-cost: US dollars above 0, at most 6 decimal places."""
+    try:
+        value = Decimal(text) if text.isascii() else None
+    except InvalidOperation:
+        value = None
+    if value is None or not value.is_finite() or value <= 0 or value > MAX_COST:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an amount above 0 and at most {MAX_COST}")
+    if value != value.quantize(Decimal("0.000001")):
+        raise argparse.ArgumentTypeError(f"{text!r} has more than 6 decimal places")
+    return value
+
+
+def task_param(text: str) -> tuple[str, str]:
+    """The argparse type of --param: KEY=VALUE."""
+    try:
+        text.encode("utf-8")
+        return parse_param(text)
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError("a --param is not valid UTF-8 text") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

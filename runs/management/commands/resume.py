@@ -8,8 +8,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from runs.engine import run_advance_until_settled
-from runs.models import Run
-from runs.services import lease_release_for_resume, run_enqueue, run_wake_if_ready
+from runs.models import Run, RunGuard
+from runs.services import lease_release_for_resume, run_enqueue, run_wake_if_ready, version_mismatch
 
 from ._common import run_by_id
 
@@ -30,10 +30,23 @@ class Command(BaseCommand):
         run = run_by_id(run_id)
         if run.is_finished:
             raise CommandError(f"Run {run.pk} is {run.status}; there is nothing to resume.")
+        # A run is bound to the agent version it started with: going on with another
+        # prompt or other tools takes an explicit, audited repin.
+        mismatch = version_mismatch(run)
+        if mismatch:
+            raise CommandError(mismatch[:1].upper() + mismatch[1:])
         if run.status == Run.Status.WAITING_APPROVAL:
             with transaction.atomic():
                 woken = run_wake_if_ready(run_id=run.pk)
             if not woken:
+                if run.guard == RunGuard.VERSION:
+                    raise CommandError(
+                        f"Run {run.pk} waits for a repin: manage.py repin {run.pk} --user NAME"
+                    )
+                if run.guard:
+                    raise CommandError(
+                        f"Run {run.pk} is waiting for {run.get_guard_display()}; decide it in the desk first."
+                    )
                 raise CommandError(f"Run {run.pk} is waiting for an approval; decide it first.")
         else:
             deadline = time.monotonic() + settings.DESK_LEASE_SECONDS + 5

@@ -66,6 +66,7 @@ bench: install
 	$(BIN)/python bench/step_overhead.py
 	$(BIN)/python bench/gate_aggregates.py
 	$(BIN)/python bench/rawsql.py
+	$(BIN)/python bench/stuck.py
 
 clean:
 	rm -rf var/ .pytest_cache

@@ -128,8 +128,26 @@ def worker(config: str, n: int, db_dir: Path) -> dict:
     # Refunds of ₹0.01 stay allowed: the demo's per-order total would stop them at ₹500.
     GateRule.objects.filter(name="Refunds per order over ₹500 in total need approval").update(enabled=False)
     rule = aggregate_rule(config)
+    # The gate is measured here, not the agent's workflow: refund-desk without its stages
+    # (which refuse a refund before the order and the policy were read), started by an
+    # admin, who may ask for more steps and tokens than the agent's ceiling.
+    import dataclasses
+
+    from django.contrib.auth import get_user_model
+
+    from tools import registry
+
+    agent = registry.get_agent("refund-desk")
+    registry._AGENTS[agent.name] = dataclasses.replace(agent, stages=(), transitions=(), requirements=None)
+    admin = get_user_model().objects.get(username="admin")
     run = run_create(
-        agent_name="refund-desk", task="bench", script=scenario(n, tool), max_steps=n + 5, enqueue=False
+        agent_name="refund-desk",
+        task="bench",
+        script=scenario(n, tool),
+        requester=admin,
+        max_steps=n + 5,
+        max_tokens=10**12,
+        enqueue=False,
     )
     started = time.perf_counter()
     run_advance(run.pk)

@@ -286,6 +286,44 @@ def sql_shape(alias: str, sql: str) -> str:
     return f"{alias}: {verb} {m.group(1)}"
 
 
+def bench_admin():
+    """A superuser to start the run: only an admin may ask for more than the agent's
+    ceiling of steps and tokens."""
+    from django.contrib.auth import get_user_model
+
+    user, _ = get_user_model().objects.get_or_create(username="bench", defaults={"is_superuser": True})
+    return user
+
+
+def configure_guards(mode: str, n: int) -> dict:
+    """The run's guards, on (as shipped) or off (the engine without them), and the
+    budgets to start it with.
+
+    The scenario re-reads one order N times, which the stuck detector stops after
+    ``patience`` steps. On: patience past N, so the detector still does its work every
+    step (hashing each result, counting) without stopping the run, and budgets far
+    above what the run uses, so each is checked before every model call. Off: the
+    guard methods replaced by ones that do nothing, and no stages (refund-desk has
+    none that a read would meet anyway)."""
+    import dataclasses
+
+    from runs import engine
+    from tools import registry
+
+    agent = registry.get_agent("refund-desk")
+    if mode == "on":
+        registry._AGENTS[agent.name] = dataclasses.replace(agent, patience=n + 10)
+        return {"max_tokens": 10**12, "max_cost": 100_000}
+    registry._AGENTS[agent.name] = dataclasses.replace(agent, stages=(), transitions=(), requirements=None)
+    loop = engine._Loop
+    loop._budget_spent = lambda self: None
+    loop._stuck = lambda self: None
+    loop._verify = lambda self: None
+    loop._learn = lambda self, *a, **k: False
+    loop._progress = lambda self, calls: (self.run.stage, False, 0)
+    return {}
+
+
 def worker(args) -> dict:
     db_dir = Path(args.dir)
     setup_django(db_dir, debug=args.debug)
@@ -300,11 +338,16 @@ def worker(args) -> dict:
         return commit_probe(db_dir, args.commits, counters)
 
     n = args.n
+    guards = configure_guards(args.guards, n)
     run = run_create(
         agent_name="refund-desk",
-        task=f"Benchmark: check order A-1001 {n} times.",
+        # No order id in the task: nothing for the agent's requirements to check at the end,
+        # so the run ends done (a read-only run has no effect to verify).
+        task=f"Benchmark: check the order {n} times.",
         script=scenario(n),
+        requester=bench_admin(),
         max_steps=n + 5,
+        **guards,
         enqueue=False,
     )
     rows_before = table_rows()
@@ -531,7 +574,9 @@ def commit_probe(db_dir: Path, count: int, counters: Counters) -> dict:
 # =============================================================================
 # Orchestrator: spawn workers, print the report.
 # =============================================================================
-def spawn(mode: str, db_dir: Path, *, n: int = 0, args, strace_to: Path | None = None) -> dict:
+def spawn(
+    mode: str, db_dir: Path, *, n: int = 0, args, strace_to: Path | None = None, guards: str = "on"
+) -> dict:
     out_path = db_dir.with_suffix(".json")
     cmd = [
         sys.executable,
@@ -546,6 +591,8 @@ def spawn(mode: str, db_dir: Path, *, n: int = 0, args, strace_to: Path | None =
         str(out_path),
         "--commits",
         str(args.commits),
+        "--guards",
+        guards,
     ]
     if args.debug:
         cmd.append("--debug")
@@ -765,6 +812,39 @@ def report(
         report_profile(prof, fsyncs, cprof)
 
 
+def report_guards(pairs: list[dict]) -> None:
+    """The guards' cost per step: the same run with them on and off, side by side."""
+    n = pairs[0]["on"]["n"]
+    print(
+        f"\nGuards' cost per step (N={n}, {len(pairs)} on/off pairs, alternated; budgets, progress, stages)"
+    )
+    print(
+        f"  {'pair':>4} | {'on ms/step':>10} {'off ms/step':>11} {'ratio':>6} | "
+        f"{'on engine':>9} {'off engine':>10} {'ratio':>6}"
+    )
+    ons, offs, e_ons, e_offs = [], [], [], []
+    for i, pair in enumerate(pairs, 1):
+        on, off = summarize(pair["on"]), summarize(pair["off"])
+        for r in (pair["on"], pair["off"]):
+            if r["status"] != "done":
+                print(f"  !! a {r['mode']} run ended {r['status']}: {r['error']}")
+        ons.append(on["ms_step"])
+        offs.append(off["ms_step"])
+        e_ons.append(on["eng_ms_step"])
+        e_offs.append(off["eng_ms_step"])
+        ratio, e_ratio = on["ms_step"] / off["ms_step"], on["eng_ms_step"] / off["eng_ms_step"]
+        print(
+            f"  {i:>4} | {on['ms_step']:>10.3f} {off['ms_step']:>11.3f} {ratio:>5.2f}x | "
+            f"{on['eng_ms_step']:>9.3f} {off['eng_ms_step']:>10.3f} {e_ratio:>5.2f}x"
+        )
+    on_m, off_m = statistics.median(ons), statistics.median(offs)
+    e_on, e_off = statistics.median(e_ons), statistics.median(e_offs)
+    print(
+        f"  median: {on_m:.3f} vs {off_m:.3f} ms/step all-in ({on_m / off_m:.2f}x, {on_m - off_m:+.3f} ms); "
+        f"engine {e_on:.3f} vs {e_off:.3f} ({e_on / e_off:.2f}x, {e_on - e_off:+.3f} ms)"
+    )
+
+
 def report_profile(prof: dict, fsyncs: dict | None, cprof: dict | None) -> None:
     p = print
     steps = prof["steps"]
@@ -868,6 +948,11 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--marker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--guards", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--guard-steps", type=int, default=800, help="N for the guards on/off comparison (0: none)"
+    )
+    parser.add_argument("--guard-pairs", type=int, default=3, help="on/off pairs, alternated")
     args = parser.parse_args()
 
     if args.worker:
@@ -896,8 +981,23 @@ def main() -> None:
                 spawn("time", tmp / f"strace-{n}", n=n, args=args, strace_to=trace)
                 fsyncs = count_fsyncs(trace)
             cprof = spawn("cprofile", tmp / f"cprofile-{n}", n=n, args=args)
+        pairs = []
+        if args.guard_steps:
+            n = args.guard_steps
+            for i in range(args.guard_pairs):
+                # Alternate which goes first: the machine drifts.
+                order = ("on", "off") if i % 2 == 0 else ("off", "on")
+                pair = {}
+                for mode in order:
+                    print(
+                        f"  ... guards {mode} N={n} ({i + 1}/{args.guard_pairs})", file=sys.stderr, flush=True
+                    )
+                    pair[mode] = spawn("time", tmp / f"guards-{mode}-{n}-{i}", n=n, args=args, guards=mode)
+                pairs.append(pair)
         print()
         report(args, results, probe, prof, fsyncs, cprof, tmp)
+        if pairs:
+            report_guards(pairs)
     finally:
         if args.keep:
             print(f"kept {tmp}")

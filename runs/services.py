@@ -92,6 +92,7 @@ def run_transition(
     if owner is not None:
         rows = rows.filter(lease_owner=owner)
     if new in FINISHED_RUN_STATUSES:
+        fields.setdefault("guard", "")  # nothing waits on a finished run
         fields.setdefault("finished_at", timezone.now())
         fields.setdefault("lease_owner", "")
         fields.setdefault("lease_until", None)
@@ -179,6 +180,11 @@ def run_create(
     return run
 
 
+# The most each budget column holds (Run.max_steps, max_tokens, max_cost: 12 digits,
+# 6 after the point): a bigger one is refused rather than stored and unreadable.
+BUDGET_LIMITS = {"steps": 2**31 - 1, "tokens": 2**63 - 1, "cost": Decimal("999999.999999")}
+
+
 class BudgetRefused(ValueError):
     """A budget above the agent's ceiling, asked for by someone who may not."""
 
@@ -201,6 +207,8 @@ def run_budget(agent, *, requester=None, steps=None, tokens=None, cost=None) -> 
     for name, value in asked.items():
         if value is not None and value <= 0:
             raise BudgetRefused(f"a {name} budget must be more than 0")
+        if value is not None and value > BUDGET_LIMITS[name]:
+            raise BudgetRefused(f"a {name} budget must be at most {BUDGET_LIMITS[name]:,}")
     admin = requester is not None and requester.is_superuser
     if not admin:
         over = [

@@ -258,6 +258,15 @@ def test_a_budget_above_the_agents_ceiling_is_refused_unless_an_admin_asks(users
     assert run.max_tokens == ceiling + 1
 
 
+@pytest.mark.parametrize("budget", [{"max_cost": 10**6}, {"max_steps": 2**31}, {"max_tokens": 0}])
+def test_even_an_admin_cannot_ask_for_a_budget_the_run_cannot_hold(users, budget):
+    from runs.services import BudgetRefused
+
+    with pytest.raises(BudgetRefused, match="budget must be"):
+        run_create(agent_name="refund-desk", task="t", requester=users["admin"], enqueue=False, **budget)
+    assert not Run.objects.exists()
+
+
 # --- verification against the world ---------------------------------------------------
 def test_a_final_reply_claiming_a_refund_with_an_empty_ledger_opens_a_verify_request(users):
     run = start(
@@ -293,6 +302,10 @@ def test_send_back_gives_the_model_the_findings_and_accept_needs_a_reason(users)
     assert run.status == Run.Status.DONE
     assert run.verification["accepted"]["reason"] == "Customer withdrew the request by phone."
     assert run.verified_at is None
+    # The findings went into the transcript between two checkpoints: the record still
+    # verifies, every message covered by a digest.
+    out = run_command("verify", str(run.pk), "--json")
+    assert '"ok": true' in out, out
 
 
 def test_a_real_refund_desk_run_passes_verification(users):
@@ -408,6 +421,17 @@ def test_a_paused_run_resumed_after_its_prompt_changed_refuses_and_repin_moves_i
     assert Payment.objects.count() == 1
 
 
+def test_a_run_pinned_to_another_model_does_not_go_on_under_this_one(users):
+    run = run_create(agent_name="refund-desk", task="t", script=script(turn(text="Done.")), enqueue=False)
+    assert run.model == "scripted"
+    Run.objects.filter(pk=run.pk).update(model="claude-opus-4-1")  # started under another model
+    run_advance_until_settled(run.pk)
+    run.refresh_from_db()
+    assert run.status == Run.Status.WAITING_APPROVAL and run.guard == "version"
+    assert "claude-opus-4-1" in run.error and "scripted" in run.error
+    assert not Message.objects.filter(run=run, role="assistant").exists()
+
+
 # --- unknown outcomes ---------------------------------------------------------------------
 def unreachable_after_applying() -> None:
     """The provider applies the next movement and times out, then cannot be reached."""
@@ -440,6 +464,8 @@ def test_an_unknown_outcome_at_step_3_either_answer_resumes_with_exactly_one_ref
     call.refresh_from_db()
     assert call.status == ToolCall.Status.COMMITTED
     assert run.status in (Run.Status.DONE, Run.Status.WAITING_APPROVAL)  # verification may ask about T-1
+    out = run_command("verify", str(run.pk), "--json")
+    assert '"ok": true' in out, out
 
 
 @pytest.mark.parametrize("answer", ["happened", "not_happened"])

@@ -79,7 +79,9 @@ class Command(BaseCommand):
             if item["kind"] != ApprovalRequest.Kind.CALL:
                 actions = ", ".join(item["actions"])
                 self.stdout.write(
-                    f"  pending {item['kind']} {item['id']}: {item['summary']} ({item['reason']}) "
+                    # The reason usually begins with the summary: say it once.
+                    f"  pending {item['kind']} {item['id']}: "
+                    f"{item['reason'] if item['reason'].startswith(item['summary']) else item['summary']} "
                     f"[decide --act {actions}]"
                 )
                 continue

@@ -396,8 +396,10 @@ def call_would(call: ToolCall) -> str:
 
 
 def compact_args(value, *, limit: int = 160) -> str:
-    """A call's arguments as compact JSON on one line, cut at ``limit`` characters."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    """A call's arguments as compact JSON on one line, keys sorted (PostgreSQL's jsonb
+    does not keep their order, so the listing is the same on both databases), cut at
+    ``limit`` characters."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str, sort_keys=True)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

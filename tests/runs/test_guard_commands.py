@@ -148,7 +148,7 @@ def test_a_dry_run_lists_what_each_call_would_do_and_changes_nothing(users):
     assert listing[0] == '0. get_order {"order_id":"A-1001"} -> read'
     assert listing[1] == "1. get_policy {} -> read"
     refund = next(line for line in listing if " refund_item " in line)
-    assert refund.startswith('2. refund_item {"order_id":"A-1001","amount":2900')
+    assert refund.startswith('2. refund_item {"amount":2900.0,"order_id":"A-1001","reason":')
     assert "-> would need " in refund and refund.endswith("(1)")
     email = next(line for line in listing if " send_email " in line)
     assert "-> would need " in email

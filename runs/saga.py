@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from tools.registry import ToolContext, ToolError, compensation_key, find_tool
+from tools.registry import ToolContext, ToolError, UnknownOutcome, compensation_key, find_tool
 
 from .failpoints import failpoint
 from .gate import get_gate
@@ -387,7 +387,15 @@ def _settle_interrupted(run: Run, to_step: int | None, by) -> None:
     for call in _interrupted(run, to_step):
         spec = find_tool(call.tool_name)
         ctx = ToolContext(run_id=run.pk, step=call.step, idempotency_key=call.idempotency_key)
-        found = spec.reconcile(ctx, call.input)
+        try:
+            found = spec.reconcile(ctx, call.input)
+        except UnknownOutcome as exc:
+            # The world cannot be asked: undoing what may or may not have happened is a
+            # guess. Stop here, with nothing compensated; the next try asks again.
+            raise SagaError(
+                f"Cannot tell whether {call.tool_name} at step {call.step} took effect ({exc}); "
+                "nothing was rolled back. Try again when the world answers."
+            ) from None
         new, result = (
             (CallStatus.COMMITTED, found)
             if found is not None

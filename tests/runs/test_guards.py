@@ -468,6 +468,32 @@ def test_an_unknown_outcome_at_step_3_either_answer_resumes_with_exactly_one_ref
     assert '"ok": true' in out, out
 
 
+def test_a_rollback_of_a_call_nobody_can_look_up_says_so_and_undoes_nothing_until_it_can(users):
+    unreachable_after_applying()
+    run = start(
+        script(
+            turn(ORDER, POLICY, text="Reading."),
+            turn(("refund_item", {"order_id": "A-1001", "amount": 400, "reason": "late"}), text="Refunding."),
+            turn(text="Refunded ₹400."),
+        ),
+        requester=users["requester"],
+    )
+    call = ToolCall.objects.get(run=run, tool_name="refund_item")
+    assert call.status == ToolCall.Status.UNKNOWN
+    with pytest.raises(Exception, match="Cannot tell whether refund_item at step 1 took effect"):
+        run_command("rollback", str(run.pk), "--user", "admin")
+    call.refresh_from_db()
+    assert call.status == ToolCall.Status.UNKNOWN
+    assert not Payment.objects.filter(kind="reversal").exists()
+    ProviderFault.objects.all().delete()  # the provider answers again
+    run_command("rollback", str(run.pk), "--user", "admin")
+    run.refresh_from_db()
+    assert run.status == Run.Status.ROLLED_BACK
+    # The refund did happen (timed out after applying): found by key, then reversed once.
+    assert [p.kind for p in Payment.objects.order_by("pk")] == ["refund", "reversal"]
+    assert not ApprovalRequest.objects.filter(run=run, status="pending").exists()
+
+
 @pytest.mark.parametrize("answer", ["happened", "not_happened"])
 def test_an_unknown_outcome_at_step_0_can_be_answered_too(users, answer):
     ProviderFault.objects.create(kind="timeout_after_apply", remaining=1)

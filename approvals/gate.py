@@ -16,9 +16,11 @@ from runs.failpoints import pausepoint
 from runs.gate import ALLOW, NEEDS_APPROVAL, Verdict
 from runs.models import Run, ToolCall
 
-from .models import ApprovalRequest, GateRule, as_comparable, rule_label
+from .models import ApprovalRequest, GateRule, RuleMode, as_comparable, rule_label
 from .notifications import notify_run_finished
 from .services import approval_open, approval_open_guard, approvals_cancel
+from .shadow import shadow_verdicts
+from .standing import standing_allows
 
 OPERATOR_SYMBOLS = dict(GateRule.Operator.choices)
 
@@ -86,17 +88,18 @@ COMPARISONS = {
 RULE_COLUMNS = tuple(field.name for field in dataclasses.fields(RuleTerms))
 
 
-def enabled_rules(tool_name: str) -> list[RuleTerms]:
-    """Enabled rules for the tool (or ``*``), highest priority first."""
+def enabled_rules(tool_name: str, *, mode: str = RuleMode.LIVE) -> list[RuleTerms]:
+    """Enabled rules for the tool (or ``*``), highest priority first: the live ones
+    that gate, or (``mode`` shadow) those that only record what they would decide."""
     connection = connections[router.db_for_read(GateRule)]
     quote = connection.ops.quote_name
     sql = (
         f"SELECT {', '.join(quote(c) for c in RULE_COLUMNS)} FROM {quote(GateRule._meta.db_table)} "
-        f"WHERE {quote('enabled')} = %s AND {quote('tool')} IN (%s, %s) "
+        f"WHERE {quote('enabled')} = %s AND {quote('mode')} = %s AND {quote('tool')} IN (%s, %s) "
         f"ORDER BY {quote('priority')} DESC, {quote('id')}"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [True, tool_name, "*"])
+        cursor.execute(sql, [True, mode, tool_name, "*"])
         return [RuleTerms(*row) for row in cursor.fetchall()]
 
 
@@ -112,6 +115,16 @@ def _who_decides(rule_id: int) -> str:
 class RuleGate:
     def review(self, *, run, call, spec) -> Verdict:
         facts = spec.gate_facts(call.input)
+        verdict = self._live(run=run, call=call, spec=spec, facts=facts)
+        if verdict.effect == NEEDS_APPROVAL:
+            # A reviewer's standing approval in this run may allow it (never an
+            # irreversible call: ``standing_allows`` refuses those).
+            verdict = standing_allows(run=run, call=call, spec=spec, facts=facts, verdict=verdict) or verdict
+        shadow = shadow_verdicts(run=run, call=call, spec=spec, facts=facts)
+        return dataclasses.replace(verdict, shadow=shadow) if shadow else verdict
+
+    def _live(self, *, run, call, spec, facts: dict) -> Verdict:
+        """What the live rules decide, first match by priority."""
         for rule in enabled_rules(call.tool_name):
             if rule.aggregate:
                 hit, why, detail = aggregate_matches(rule, run=run, call=call, facts=facts)

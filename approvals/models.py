@@ -66,6 +66,28 @@ class NotificationStatus(models.TextChoices):
     SENDING = "sending"
     SENT = "sent"
     FAILED = "failed"
+    # The recipient asked for an hourly digest of this kind: held until the digest
+    # that carries it is recorded (then DIGESTED, with ``digest`` naming it).
+    HELD = "held"
+    DIGESTED = "digested"
+    # The recipient asked for no email of this kind: kept for their in-app inbox only.
+    MUTED = "muted"
+
+
+class Delivery(models.TextChoices):
+    """How a person wants one kind of email (``NotificationPreference``)."""
+
+    EACH = "each", "each one as it happens"
+    DIGEST = "digest", "an hourly digest"
+    NONE = "none", "no email (in-app inbox only)"
+
+
+class RuleMode(models.TextChoices):
+    """A live rule gates calls; a shadow rule only records what it would have decided
+    (``ToolCall.shadow``), for analytics to compare with the live rules."""
+
+    LIVE = "live"
+    SHADOW = "shadow"
 
 
 def rule_label(name: str, version: int) -> str:
@@ -138,6 +160,12 @@ class GateRule(models.Model):
     )
     priority = models.IntegerField(default=0, help_text="Higher is tried first.")
     enabled = models.BooleanField(default=True)
+    mode = models.CharField(
+        max_length=10,
+        choices=RuleMode.choices,
+        default=RuleMode.LIVE,
+        help_text="Shadow: record what the rule would decide on every call, without gating.",
+    )
     required_group = models.ForeignKey(
         Group,
         null=True,
@@ -174,6 +202,7 @@ class GateRule(models.Model):
             models.CheckConstraint(
                 condition=Q(timeout_effect__in=TimeoutEffect.values), name="gaterule_timeout_effect_valid"
             ),
+            models.CheckConstraint(condition=Q(mode__in=RuleMode.values), name="gaterule_mode_valid"),
         ]
 
     def __str__(self) -> str:
@@ -239,6 +268,7 @@ class GateRule(models.Model):
             "scope": self.scope,
             "scope_fact": self.scope_fact,
             "window_minutes": self.window_minutes,
+            "mode": self.mode,
         }
 
     @property
@@ -255,7 +285,7 @@ class GateRule(models.Model):
             window = f" over {_minutes(self.window_minutes)}" if self.window_minutes else ""
             return f"{what} {where}{window} {self.get_operator_display()} {self.value}"
         if not self.field:
-            return "always"
+            return "every call"
         return f"{self.field} {self.get_operator_display()} {self.value}"
 
 
@@ -415,6 +445,10 @@ class Proposal(models.Model):
     reason = models.TextField(blank=True)
     # An aggregate rule's figures (so far, this call, total, threshold, scope).
     detail = models.JSONField(null=True, blank=True)
+    # What the tool warned a reviewer of when these arguments were proposed
+    # (``ToolSpec.warnings``: "repeats an earlier refund"), a list of sentences.
+    # The approval page reads the world again; the queue shows these.
+    warnings = models.JSONField(default=list, blank=True)
     # What approving these arguments alone takes (its rule's). The approval needs
     # the stricter of this and what the model's call (proposal 1) needs.
     required_group = models.ForeignKey(
@@ -477,9 +511,14 @@ class Notification(models.Model):
     last_error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     sent_at = models.DateTimeField(null=True, blank=True)
+    # A held notification: the digest email that carried it.
+    digest = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="digested"
+    )
 
     class Meta:
         ordering = ["id"]
+        indexes = [models.Index(fields=["recipient", "-id"], name="notification_inbox")]
         constraints = [
             models.UniqueConstraint(fields=["event", "recipient"], name="notification_once_per_event"),
             models.CheckConstraint(
@@ -489,6 +528,91 @@ class Notification(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event} to {self.recipient} ({self.status})"
+
+
+class NotificationPreference(models.Model):
+    """How one person wants one kind of email (``approvals.notifications.Kind``).
+    No row: each one as it happens."""
+
+    Delivery = Delivery
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_preferences"
+    )
+    kind = models.CharField(max_length=30)
+    delivery = models.CharField(max_length=10, choices=Delivery.choices, default=Delivery.EACH)
+
+    class Meta:
+        ordering = ["user_id", "kind"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "kind"], name="notificationpreference_one_per_kind"),
+            models.CheckConstraint(
+                condition=Q(delivery__in=Delivery.values), name="notificationpreference_delivery_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} {self.kind}: {self.delivery}"
+
+
+class OutboxEmail(models.Model):
+    """An email as the development backend (``desk.mail.DatabaseBackend``) received
+    it, instead of printing its MIME to the log: listed at ``/desk/outbox/``."""
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    subject = models.CharField(max_length=300)
+    from_email = models.CharField(max_length=300)
+    to = models.TextField(help_text="Recipients, one per line.")
+    body = models.TextField()
+    html = models.TextField(blank=True)
+    headers = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return self.subject
+
+
+class StandingApproval(models.Model):
+    """A reviewer's grant, made while approving a call: further calls of the same tool
+    in the same run are allowed without asking, within a cap on the amount or a count,
+    until it expires (at most 8 hours) or is revoked. Never an irreversible tool, and
+    never more than the reviewer could approve themselves (``approvals.standing``)."""
+
+    MAX_HOURS = 8
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="standing_approvals")
+    tool = models.CharField(max_length=100)
+    # The approval it was granted with, and who granted it.
+    approval = models.ForeignKey(ApprovalRequest, on_delete=models.PROTECT, related_name="standing_grants")
+    granted_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    # Limits: the total ``amount`` of the calls it allows, and/or how many (at least one is set).
+    max_amount = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    max_count = models.PositiveIntegerField(null=True, blank=True)
+    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(max_amount__isnull=False) | Q(max_count__isnull=False),
+                name="standingapproval_has_a_limit",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"standing approval #{self.pk}: {self.tool} in run {self.run_id}"
+
+    @property
+    def label(self) -> str:
+        """How an allowed call names it (``ToolCall.verdict_rule``)."""
+        return f"standing approval #{self.pk}"
 
 
 class AuditQuerySet(models.QuerySet):

@@ -21,7 +21,7 @@ from runs.gate import GUARD_ACTIONS
 from runs.history import transcript_messages
 from runs.models import GuardKind, Message, Step, ToolCall
 from runs.selectors import VIEW_ALL_PERMISSION
-from tools.registry import canonical_json, find_tool
+from tools.registry import ReviewContext, canonical_json, find_tool
 
 from .models import ApprovalRequest, ApprovalVote, GateRule, GuardAction, Proposal
 
@@ -283,6 +283,18 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
         changes=input_changes(proposals[0].input, shown) if proposal and proposal.number > 1 else [],
         who_may_decide=group_names(approval),
     )
+
+
+def call_notes(approval: ApprovalRequest) -> tuple[list[tuple[str, str]], list[str]]:
+    """What the tool tells a reviewer about what would run (the current proposal),
+    read from the world now: (facts, warnings). Empty for guards."""
+    call = approval.tool_call
+    spec = find_tool(call.tool_name) if call is not None else None
+    if spec is None:
+        return [], []
+    shown = approval.proposal.input if approval.proposal_id else call.input
+    review = ReviewContext(run_id=approval.run_id, params=approval.run.params or {}, call_id=call.pk)
+    return spec.reviewer_notes(review, shown)
 
 
 def schema_fields(tool_name: str, shown) -> list[dict]:

@@ -2,12 +2,18 @@ from __future__ import annotations
 
 from django.urls import path
 
-from . import views
+from . import views, views_analytics, views_mail, views_queue
 
 # <id:...> is desk.converters.IdConverter (at most 18 digits), registered in desk/urls.py.
 urlpatterns = [
     path("", views.queue, name="queue"),
     path("nav", views.nav_counts, name="nav-counts"),
+    path("bulk", views_queue.bulk_decide, name="approvals-bulk"),
+    path("outbox/", views_mail.outbox, name="outbox"),
+    path("outbox/<id:email_id>/", views_mail.outbox_email, name="outbox-email"),
+    path("inbox/", views_mail.inbox, name="inbox"),
+    path("preferences/", views_mail.preferences, name="notification-preferences"),
+    path("analytics/", views_analytics.analytics, name="analytics"),
     path("approvals/<id:approval_id>/", views.approval_detail, name="approval-detail"),
     path("approvals/<id:approval_id>/decide", views.approval_decide_view, name="approval-decide"),
     path("approvals/<id:approval_id>/claim", views.approval_claim_view, name="approval-claim"),

@@ -866,6 +866,7 @@ class _Loop:
         """The gate's verdict on the call, applied to it."""
         verdict = gate_module.review_call(run=self.run, call=call, spec=spec)
         call.verdict, call.verdict_rule, call.verdict_reason = verdict.effect, verdict.rule, verdict.reason
+        call.shadow = list(verdict.shadow) or None
         if self.run.dry_run and not spec.is_read:
             self._preview(call, spec, verdict)
         elif verdict.effect == gate_module.ALLOW:

@@ -40,6 +40,9 @@ class Verdict:
     # Who a needs_approval verdict waits for, for people: "reviewers (1)",
     # "senior-reviewers (2)" (a dry run reports it; nothing is opened).
     needs: str = ""
+    # What shadow rules (which never gate) would have decided on the call, recorded on
+    # it for analytics: ({"rule_id", "version", "effect", "reason"}, ...).
+    shadow: tuple = ()
 
 
 class Gate(Protocol):
@@ -119,6 +122,7 @@ def review_call(*, run: Run, call: ToolCall, spec: ToolSpec) -> Verdict:
             rule_id=verdict.rule_id,
             detail=verdict.detail,
             needs=verdict.needs or "a reviewer (1)",
+            shadow=verdict.shadow,
             reason=f"irreversible: {call.tool_name} cannot be undone"
             + (f"; {verdict.reason}" if verdict.reason else ""),
         )

@@ -263,6 +263,9 @@ class ToolCall(models.Model):
     verdict = models.CharField(max_length=20, choices=Verdict.choices, blank=True)
     verdict_rule = models.CharField(max_length=200, blank=True)
     verdict_reason = models.TextField(blank=True)
+    # What the gate's shadow rules would have decided on this call, as the gate
+    # reported it (``Verdict.shadow``): [{"rule_id", "version", "effect", "reason"}].
+    shadow = models.JSONField(null=True, blank=True)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PROPOSED)
     result = models.JSONField(null=True, blank=True)
     is_error = models.BooleanField(default=False)

@@ -10,13 +10,13 @@ from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import F
+from django.db.models import Count, F
 from django.utils import timezone
 
 from tools.registry import all_agents, find_tool
 
 from .history import transcript_messages
-from .models import Message, Run, RunGuard, RunStatus, Step, ToolCall
+from .models import CallStatus, Message, Run, RunGuard, RunStatus, Step, ToolCall
 
 VIEW_ALL_PERMISSION = "runs.view_all_runs"
 # Named by string: runs never imports approvals (see docs/architecture.md).
@@ -468,3 +468,53 @@ def dry_run_preview(run: Run) -> list[PreviewLine]:
             )
         )
     return lines
+
+
+# --- honest outcomes ----------------------------------------------------------------
+# What a run's badge and its requester's email admit besides its status: calls that
+# did not happen as the model asked (its final reply may still claim they did).
+OUTCOME_NOTES = (
+    (CallStatus.DECLINED, "declined"),
+    (CallStatus.DENIED, "denied"),
+    (CallStatus.COMPENSATED, "compensated"),
+)
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    status: str  # the run's status
+    label: str  # "Done", "Done, 1 declined", "Failed, 2 denied and 1 compensated"
+    notes: tuple[tuple[str, int], ...]  # (what, how many), in OUTCOME_NOTES order; none if clean
+
+    @property
+    def clean(self) -> bool:
+        return not self.notes
+
+
+def run_outcomes(runs) -> dict[int, RunOutcome]:
+    """Each run's honest outcome, by id, in one query for any number of runs."""
+    runs = list(runs)
+    counts: dict[int, dict[str, int]] = defaultdict(dict)
+    rows = (
+        ToolCall.objects.live()
+        .filter(run_id__in=[r.pk for r in runs], status__in=[s for s, _ in OUTCOME_NOTES])
+        .values_list("run_id", "status")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    for run_id, status, n in rows:
+        counts[run_id][status] = n
+    return {run.pk: _outcome(run, counts.get(run.pk, {})) for run in runs}
+
+
+def run_outcome(run: Run) -> RunOutcome:
+    return run_outcomes([run])[run.pk]
+
+
+def _outcome(run: Run, counts: dict[str, int]) -> RunOutcome:
+    notes = tuple((word, counts[status]) for status, word in OUTCOME_NOTES if counts.get(status))
+    label = run.get_status_display().capitalize()
+    if notes:
+        parts = [f"{n} {word}" for word, n in notes]
+        label += ", " + (parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1])
+    return RunOutcome(status=run.status, label=label, notes=notes)

@@ -74,6 +74,24 @@ PreviewFunction = Callable[[dict], Any]
 
 
 @dataclass(frozen=True)
+class ReviewContext:
+    """What a tool's ``context`` and ``warnings`` know of the call a person reviews:
+    its run, the run's task parameters (``Run.params``: the task's order id) and the
+    call, if it is saved yet."""
+
+    run_id: int
+    params: dict
+    call_id: int | None = None
+
+
+# context(review, input) -> facts a reviewer should see, read from the world now:
+# [("Already refunded on A-1001", "₹2,900.00"), ...] (label, value; plain text).
+ContextFunction = Callable[[ReviewContext, dict], list[tuple[str, str]]]
+# warnings(review, input) -> sentences for what looks wrong: "Repeats an earlier refund ...".
+WarningsFunction = Callable[[ReviewContext, dict], list[str]]
+
+
+@dataclass(frozen=True)
 class ToolSpec:
     name: str
     description: str
@@ -95,6 +113,9 @@ class ToolSpec:
     # say what the call would do without doing it (a dry run).
     verify: VerifyFunction | None = None
     preview: PreviewFunction | None = None
+    # For reviewers (writes): facts about the call from the world, and warnings.
+    context: ContextFunction | None = None
+    warnings: WarningsFunction | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in (READ, WRITE):
@@ -115,6 +136,27 @@ class ToolSpec:
     @property
     def is_irreversible(self) -> bool:
         return self.undo == IRREVERSIBLE
+
+    def reviewer_notes(
+        self, review: ReviewContext, tool_input: Any
+    ) -> tuple[list[tuple[str, str]], list[str]]:
+        """(facts, warnings) for a person reviewing a call with ``tool_input``.
+
+        A tool whose context cannot be read (the world is down, the input is not what
+        it expects) says so as a warning: the page still renders, and the reviewer is
+        told the checks did not run rather than shown nothing.
+        """
+        args = tool_input if isinstance(tool_input, dict) else {}
+        facts: list[tuple[str, str]] = []
+        warnings: list[str] = []
+        try:
+            if self.context is not None:
+                facts = [(str(label), str(value)) for label, value in self.context(review, args)]
+            if self.warnings is not None:
+                warnings = [str(w) for w in self.warnings(review, args)]
+        except Exception as exc:  # a tool's bug must not hide the call from its reviewer
+            warnings.append(f"{self.name}'s checks for reviewers could not run: {type(exc).__name__}: {exc}")
+        return facts, warnings
 
     @property
     def effect_kind(self) -> str:

@@ -66,7 +66,7 @@ class RuleTerms:
     def matches(self, facts: dict) -> tuple[bool, str]:
         """Whether the call's facts meet the condition, and why, with the actual value."""
         if not self.field:
-            return True, "always"
+            return True, "every call matches"
         if self.field not in facts:
             return False, ""
         actual = facts[self.field]

@@ -84,6 +84,7 @@ from .selectors import (
     may_break_claims,
     timeout_may_approve,
 )
+from .standing import StandingTerms
 
 
 class DecisionError(Exception):
@@ -176,6 +177,9 @@ class Decision:
     confirm_irreversible: bool = False
     action: str = ""
     amount: Decimal | None = None
+    # Approve only: also allow further calls of the same tool in the same run within
+    # these limits (a standing approval, ``approvals.standing``).
+    standing: StandingTerms | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -196,6 +200,8 @@ class Decision:
             raise DecisionError("A response needs text: it becomes the tool's result.")
         if kind != DecisionKind.APPROVE and self.edit is not None:
             raise DecisionError(f"Edited arguments go with an approval: a {kind} runs nothing.")
+        if kind != DecisionKind.APPROVE and self.standing is not None:
+            raise DecisionError(f"A standing approval goes with an approval: a {kind} allows nothing.")
         if kind != DecisionKind.APPROVE and self.confirm_irreversible:
             raise DecisionError(
                 f"Confirming an irreversible call goes with an approval: a {kind} runs nothing."
@@ -240,8 +246,9 @@ class Decision:
         args_hash: str | None = None,
         edit: dict | None = None,
         confirm_irreversible: bool = False,
+        standing: StandingTerms | None = None,
     ) -> Decision:
-        return cls(DecisionKind.APPROVE, comment, args_hash, edit, confirm_irreversible)
+        return cls(DecisionKind.APPROVE, comment, args_hash, edit, confirm_irreversible, standing=standing)
 
     @classmethod
     def decline(cls, reason: str, *, args_hash: str | None = None) -> Decision:

@@ -7,7 +7,28 @@ grant, its limits and its revocation are being built (issue 10, part 8).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from decimal import Decimal
+
 from runs.gate import Verdict
+
+# This module must not import ``approvals.services`` at import time (services imports
+# StandingTerms from here; the gate imports standing_allows).
+
+
+@dataclass(frozen=True)
+class StandingTerms:
+    """The limits a reviewer sets while approving (at least one of amount or count)."""
+
+    max_amount: Decimal | None = None
+    max_count: int | None = None
+    hours: Decimal = Decimal(8)  # until it expires; at most StandingApproval.MAX_HOURS
+
+
+def standing_terms_from_form(data) -> StandingTerms | None:
+    """The standing approval the decide form asked for (its ``standing-*`` fields), or
+    None if it asked for none. Unusable limits raise DecisionError (a clear 400)."""
+    return None
 
 
 def standing_allows(*, run, call, spec, facts: dict, verdict: Verdict) -> Verdict | None:

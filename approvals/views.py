@@ -40,6 +40,7 @@ from .services import (
     approval_decide,
     approval_release,
 )
+from .standing import standing_terms_from_form
 
 PAGE_SIZE = 50
 
@@ -200,6 +201,7 @@ def _decision(request, approval: ApprovalRequest) -> Decision:
             edit=_edited_input(request, approval) if button == "approve_edited" else None,
             confirm_irreversible=approval.tool_call is not None
             and request.POST.get("confirm_irreversible") == approval.tool_call.tool_name,
+            standing=standing_terms_from_form(request.POST),
         )
     if button == "decline":
         return Decision.decline(comment, args_hash=args_hash)

@@ -542,17 +542,7 @@ class _Loop:
         reason = "not verified: " + "; ".join(
             f"{c.name} ({c.detail})" if c.detail else c.name for c in failing
         )
-        run_transition(
-            run_id=run.pk,
-            old=RunStatus.RUNNING,
-            new=RunStatus.WAITING_APPROVAL,
-            owner=self.owner,
-            reason=reason,
-            guard=RunGuard.VERIFY,
-            verification=verification,
-            lease_owner="",
-            lease_until=None,
-        )
+        _wait(run, self.owner, guard=RunGuard.VERIFY, reason=reason, verification=verification)
         text = "\n".join(b.get("text", "") for b in reply.content if b.get("type") == "text")
         self.gate.open_guard(
             run=run,
@@ -1069,15 +1059,7 @@ class _Loop:
             tool_call_transitioned.send(
                 ToolCall, call=call, old=CallStatus.EXECUTING, new=CallStatus.UNKNOWN, actor=None, reason=why
             )
-            run_transition(
-                run_id=run.pk,
-                old=RunStatus.RUNNING,
-                new=RunStatus.WAITING_APPROVAL,
-                owner=self.owner,
-                reason=f"outcome unknown: {why}",
-                lease_owner="",
-                lease_until=None,
-            )
+            _wait(run, self.owner, guard="", reason=f"outcome unknown: {why}")
             self.gate.open_guard(
                 run=run,
                 kind=GuardKind.OUTCOME,

@@ -17,6 +17,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from django.utils import timezone
+
 from .counters import counted
 from .registry import PreviewFunction, ReconcileFunction, ToolContext, ToolError
 
@@ -90,3 +92,41 @@ def previewing(function: Callable[[dict], dict]) -> PreviewFunction:
             return would_fail(str(error))
 
     return preview
+
+
+# --- which run made a record (reviewer warnings: "... (run 7)") ---------------------
+# The world knows a write only by its idempotency key; the run that made it is the
+# runs app's to say, and tools never import runs: runs registers the lookup at start
+# (runs.apps). Without it (a bare tools test) warnings just leave the run out.
+KeyOwners = Callable[[list[str]], dict[str, int]]
+_key_owners: KeyOwners | None = None
+
+
+def set_key_owners(find: KeyOwners | None) -> None:
+    """Register ``find(keys) -> {key: run id}``: the run whose call made each record."""
+    global _key_owners
+    _key_owners = find
+
+
+def runs_of_keys(keys: list[str]) -> dict[str, int]:
+    """The run that made the record under each key (one query), for the keys that are a
+    run's; {} when none are or no lookup is registered."""
+    keys = [key for key in keys if key]
+    if not keys or _key_owners is None:
+        return {}
+    return _key_owners(keys)
+
+
+def of_run(key: str) -> str:
+    """The run whose call made the record under ``key``, as " (run 7)"; "" if none did."""
+    run_id = runs_of_keys([key]).get(key)
+    return f" (run {run_id})" if run_id is not None else ""
+
+
+def when(moment) -> str:
+    """When, as a reviewer reads it: "at 14:02" today, "on 28 Nov 2026 at 14:02" before
+    (the desk's time zone)."""
+    local = timezone.localtime(moment)
+    if local.date() == timezone.localdate():
+        return f"at {local:%H:%M}"
+    return f"on {local.day} {local:%b %Y} at {local:%H:%M}"

@@ -30,8 +30,10 @@ from .keyed import (
     capture_key,
     found_for_call,
     made_by_call,
+    of_run,
     previewing,
     reconcile_by_key,
+    when,
     would,
     would_fail,
 )
@@ -45,6 +47,7 @@ from .registry import (
     AgentSpec,
     Budget,
     Check,
+    ReviewContext,
     ToolContext,
     ToolError,
     ToolSpec,
@@ -604,6 +607,54 @@ def verify_charge(ctx: ToolContext, args: dict, result) -> Check:
     return Check(name, True, f"CH-{charge.pk}: {rupees(charge.amount)} charged, not refunded")
 
 
+# --- for reviewers: what the ledger and the directory say about a charge ------------
+def _standing_charges(account: str) -> list[dict]:
+    """Charges to ``account`` that stand (not refunded), oldest first, one query."""
+    return list(
+        Payment.objects.filter(kind=Payment.Kind.CHARGE, account=account, reversed_by__isnull=True)
+        .order_by("created_at", "pk")
+        .values("amount", "created_at", "idempotency_key")
+    )
+
+
+def _charges_text(charges: list[dict]) -> str:
+    if not charges:
+        return "nothing"
+    total = rupees(sum((c["amount"] for c in charges), Decimal("0.00")))
+    return f"{total} (1 charge)" if len(charges) == 1 else f"{total} in {len(charges)} charges"
+
+
+def charge_context(review: ReviewContext, args: dict) -> list[tuple[str, str]]:
+    """Whether the account is in the directory, and what it was charged so far."""
+    account = str(args.get("account", ""))
+    email = WorldUser.objects.filter(username=account).values_list("email", flat=True).first()
+    return [
+        (f"Account {account}", f"in the directory ({email})" if email else "not in the directory"),
+        (f"Charged to {account} so far", _charges_text(_standing_charges(account))),
+    ]
+
+
+def charge_warnings(review: ReviewContext, args: dict) -> list[str]:
+    """No such account; the same amount already charged to it (in any run)."""
+    account = str(args.get("account", ""))
+    warnings = []
+    if not WorldUser.objects.filter(username=account).exists():
+        warnings.append(f"There is no account {account} in the directory")
+    try:
+        amount = payments.amount_to_pay(args.get("amount"))
+    except ToolError:
+        return [*warnings, f"The amount {args.get('amount')!r} is not a positive number of rupees"]
+    repeats = [c for c in _standing_charges(account) if c["amount"] == amount]
+    if repeats:
+        latest = repeats[-1]
+        more = f" (and {len(repeats) - 1} more before it)" if len(repeats) > 1 else ""
+        warnings.append(
+            f"Repeats an earlier charge: {rupees(amount)} to {account} "
+            f"{when(latest['created_at'])}{of_run(latest['idempotency_key'])}{more}"
+        )
+    return warnings
+
+
 @previewing
 def preview_webhook(args: dict) -> dict:
     url = args["url"]
@@ -729,6 +780,8 @@ register_tool(
         compensate=compensate_charge,
         verify=verify_charge,
         preview=preview_charge,
+        context=charge_context,
+        warnings=charge_warnings,
     )
 )
 register_tool(

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin
 from django.forms.models import model_to_dict
 
 from runs.admin import ReadOnlyAdmin
 
-from .models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule, Notification
+from .models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule, Notification, RuleEffect
 
 RULE_FIELDS = [
     "name",
@@ -20,6 +21,7 @@ RULE_FIELDS = [
     "effect",
     "priority",
     "enabled",
+    "mode",
     "required_group",
     "approvers_required",
     "allow_self_approval",
@@ -29,26 +31,64 @@ RULE_FIELDS = [
 ]
 
 
+class RuleListForm(forms.ModelForm):
+    """A row of the rule list: the value edited in place in a narrow box."""
+
+    class Meta:
+        widgets = {"value": forms.TextInput(attrs={"size": 7})}
+
+
 @admin.register(GateRule)
 class GateRuleAdmin(admin.ModelAdmin):
+    # Fits a 1366 px screen beside the filters: short headers, the condition in one
+    # column (its value stays editable in place), who decides and the SLA folded in.
     list_display = [
         "name",
         "tool",
-        "condition",
+        "when",
         "value",
         "effect",
-        "priority",
+        "mode",
         "enabled",
-        "required_group",
-        "approvers_required",
-        "version",
-        "updated_at",
+        "priority",
+        "who_decides",
+        "sla",
     ]
     list_editable = ["value", "effect", "enabled"]
-    list_filter = ["tool", "effect", "enabled", "aggregate", "required_group"]
+    list_filter = ["mode", "enabled", "effect", "tool", "aggregate", "required_group"]
+    list_select_related = ["required_group"]
     search_fields = ["name", "tool", "field", "value"]
     readonly_fields = ["version", "updated_at"]
     fields = [*RULE_FIELDS, "version", "updated_at"]
+
+    def get_changelist_form(self, request, **kwargs):
+        kwargs.setdefault("form", RuleListForm)
+        return super().get_changelist_form(request, **kwargs)
+
+    def changelist_view(self, request, extra_context=None):
+        # The widest list in the admin: without the navigation sidebar (the breadcrumbs
+        # lead back) it fits a 1366 px screen beside its filters.
+        return super().changelist_view(request, {"is_nav_sidebar_enabled": False, **(extra_context or {})})
+
+    @admin.display(description="when", ordering="field")
+    def when(self, rule: GateRule) -> str:
+        """The condition without its value ("amount >"): the value is the next column,
+        editable in place."""
+        condition = rule.condition
+        if rule.value and condition.endswith(" " + rule.value):
+            condition = condition[: -len(rule.value) - 1]
+        return condition
+
+    @admin.display(description="decides", ordering="required_group__name")
+    def who_decides(self, rule: GateRule) -> str:
+        if rule.effect != RuleEffect.NEEDS_APPROVAL:
+            return "—"
+        group = rule.required_group.name if rule.required_group else "reviewers"
+        return group if rule.approvers_required <= 1 else f"{rule.approvers_required} of {group}"
+
+    @admin.display(description="SLA", ordering="sla_minutes")
+    def sla(self, rule: GateRule) -> str:
+        return f"{rule.sla_minutes} min" if rule.sla_minutes else "—"
 
     def save_model(self, request, obj, form, change):
         before = model_to_dict(GateRule.objects.get(pk=obj.pk), RULE_FIELDS) if change else {}

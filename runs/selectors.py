@@ -7,12 +7,13 @@ from collections import defaultdict
 from copy import copy
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.db.models import Count, F
 from django.utils import timezone
 
+from tools.payments import rupees
 from tools.registry import all_agents, find_tool
 
 from .history import transcript_messages
@@ -403,8 +404,31 @@ def compact_args(value, *, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def is_amount(name) -> bool:
+    """Whether an argument holds money: "amount", "refund_amount"."""
+    return str(name) == "amount" or str(name).endswith("_amount")
+
+
+def format_rupees(value) -> str:
+    """2900 -> ₹2,900.00 (``tools.payments.rupees``); anything that is not a number is
+    shown as it is. Paise are never rounded away: 2900.005 is ₹2,900.005."""
+    if value is None or isinstance(value, bool):
+        return "" if value is None else str(value)
+    try:
+        exact = Decimal(str(value))
+    except (InvalidOperation, ValueError):
+        return str(value)
+    if not exact.is_finite():
+        return str(value)
+    sign = "-" if exact < 0 else ""
+    amount = exact.quantize(Decimal("0.01"))
+    if amount != exact:
+        return f"{sign}₹{abs(exact).normalize():,f}"
+    return sign + rupees(abs(amount))
+
+
 def args_summary(value, *, limit: int = 160, each: int = 60) -> str:
-    """A tool call's arguments on one line: ``order_id: A-1001, amount: 2900.0``."""
+    """A tool call's arguments on one line, amounts as rupees: ``order_id: A-1001, amount: ₹2,900.00``."""
 
     def short(item) -> str:
         text = item if isinstance(item, str) else json.dumps(item, ensure_ascii=False, default=str)
@@ -412,7 +436,9 @@ def args_summary(value, *, limit: int = 160, each: int = 60) -> str:
         return text if len(text) <= each else text[: each - 1] + "…"
 
     if isinstance(value, dict):
-        text = ", ".join(f"{key}: {short(item)}" for key, item in value.items())
+        text = ", ".join(
+            f"{key}: {format_rupees(item) if is_amount(key) else short(item)}" for key, item in value.items()
+        )
     else:
         text = short(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -485,36 +511,141 @@ class RunOutcome:
     status: str  # the run's status
     label: str  # "Done", "Done, 1 declined", "Failed, 2 denied and 1 compensated"
     notes: tuple[tuple[str, int], ...]  # (what, how many), in OUTCOME_NOTES order; none if clean
+    # Which calls: (what, tool, how many), e.g. ("declined", "refund_item", 1), for a tooltip.
+    calls: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def clean(self) -> bool:
         return not self.notes
 
+    @property
+    def notes_text(self) -> str:
+        """The notes alone: "1 declined", "2 denied and 1 compensated" ("" if clean)."""
+        return _and([f"{n} {word}" for word, n in self.notes])
+
+    @property
+    def calls_text(self) -> str:
+        """Which calls, for a tooltip: "declined: refund_item; compensated: send_email x2"."""
+        by_what: dict[str, list[str]] = defaultdict(list)
+        for what, tool, n in self.calls:
+            by_what[what].append(tool if n == 1 else f"{tool} x{n}")
+        return "; ".join(f"{what}: {', '.join(tools)}" for what, tools in by_what.items())
+
+
+def _and(parts: list[str]) -> str:
+    if len(parts) < 2:
+        return "".join(parts)
+    return ", ".join(parts[:-1]) + " and " + parts[-1]
+
 
 def run_outcomes(runs) -> dict[int, RunOutcome]:
-    """Each run's honest outcome, by id, in one query for any number of runs."""
+    """Each run's honest outcome, by id, in one query for any number of runs. Only the
+    live branch counts: a call a rewind superseded (or withdrew) is history."""
     runs = list(runs)
     counts: dict[int, dict[str, int]] = defaultdict(dict)
+    calls: dict[int, list[tuple[str, str, int]]] = defaultdict(list)
+    words = dict(OUTCOME_NOTES)
     rows = (
         ToolCall.objects.live()
-        .filter(run_id__in=[r.pk for r in runs], status__in=[s for s, _ in OUTCOME_NOTES])
-        .values_list("run_id", "status")
+        .filter(run_id__in=[r.pk for r in runs], status__in=list(words))
+        .values_list("run_id", "status", "tool_name")
         .annotate(n=Count("id"))
-        .order_by()
+        .order_by("run_id", "status", "tool_name")
     )
-    for run_id, status, n in rows:
-        counts[run_id][status] = n
-    return {run.pk: _outcome(run, counts.get(run.pk, {})) for run in runs}
+    for run_id, status, tool, n in rows:
+        counts[run_id][status] = counts[run_id].get(status, 0) + n
+        calls[run_id].append((words[status], tool, n))
+    order = {word: i for i, (_, word) in enumerate(OUTCOME_NOTES)}
+    return {
+        run.pk: _outcome(
+            run, counts.get(run.pk, {}), sorted(calls.get(run.pk, []), key=lambda c: (order[c[0]], c[1]))
+        )
+        for run in runs
+    }
 
 
 def run_outcome(run: Run) -> RunOutcome:
     return run_outcomes([run])[run.pk]
 
 
-def _outcome(run: Run, counts: dict[str, int]) -> RunOutcome:
+def outcome_of_calls(run: Run, calls) -> RunOutcome:
+    """``run_outcome`` from its live calls already loaded (the run page's timeline has
+    them): no query."""
+    words = dict(OUTCOME_NOTES)
+    counts: dict[str, int] = defaultdict(int)
+    tools: dict[tuple[str, str], int] = defaultdict(int)
+    for call in calls:
+        if call.status in words:
+            counts[call.status] += 1
+            tools[(words[call.status], call.tool_name)] += 1
+    order = {word: i for i, (_, word) in enumerate(OUTCOME_NOTES)}
+    listed = sorted(((what, tool, n) for (what, tool), n in tools.items()), key=lambda c: (order[c[0]], c[1]))
+    return _outcome(run, counts, listed)
+
+
+def _outcome(run: Run, counts: dict[str, int], calls=()) -> RunOutcome:
     notes = tuple((word, counts[status]) for status, word in OUTCOME_NOTES if counts.get(status))
     label = run.get_status_display().capitalize()
     if notes:
-        parts = [f"{n} {word}" for word, n in notes]
-        label += ", " + (parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1])
-    return RunOutcome(status=run.status, label=label, notes=notes)
+        label += ", " + _and([f"{n} {word}" for word, n in notes])
+    return RunOutcome(status=run.status, label=label, notes=notes, calls=tuple(calls))
+
+
+@dataclass(frozen=True)
+class OutcomeLine:
+    """One call that did not happen as the model asked, said plainly under its final
+    reply: "refund_item ₹2,900.00 was declined by bob: duplicate"."""
+
+    call: ToolCall
+    what: str  # "declined", "denied" or "compensated"
+    by: str  # who or what: a reviewer's name, a rule, "nobody (it expired)", "a rollback"
+    reason: str  # their comment, the rule's reason; "" if none
+    amount: Any = None  # the call's amount argument, if it has one
+
+    @property
+    def has_amount(self) -> bool:
+        return self.amount is not None
+
+
+def run_outcome_lines(run: Run) -> list[OutcomeLine]:
+    """The live calls of ``run`` that were declined, denied or compensated, in order,
+    with who decided and why: one query (the approvals follow by name, as in
+    run_timeline: runs never imports approvals)."""
+    words = dict(OUTCOME_NOTES)
+    calls = (
+        ToolCall.objects.live()
+        .filter(run=run, status__in=list(words))
+        .select_related("approval__decided_by")
+        .order_by("step", "position")
+    )
+    return outcome_lines_of_calls(calls)
+
+
+def outcome_lines_of_calls(calls) -> list[OutcomeLine]:
+    """``run_outcome_lines`` from the run's live calls already loaded, in order, with
+    their approvals and deciders (the run page's timeline): no query."""
+    words = dict(OUTCOME_NOTES)
+    lines = []
+    for call in calls:
+        if call.status not in words:
+            continue
+        what = words[call.status]
+        approval = getattr(call, "approval", None)
+        by, reason = "", ""
+        if call.status == CallStatus.DECLINED:
+            if approval is not None and approval.decided_by is not None:
+                by, reason = approval.decided_by.get_username(), approval.comment
+            elif approval is not None and approval.status == "expired":
+                by, reason = "nobody: it expired", ""
+            else:
+                by = "the desk"
+                reason = call.result if isinstance(call.result, str) else ""
+        elif call.status == CallStatus.DENIED:
+            by = f"the rule “{call.verdict_rule}”" if call.verdict_rule else "the gate"
+            reason = call.verdict_reason or (call.result if isinstance(call.result, str) else "")
+        else:
+            by = "a rollback"
+        inputs = call.input if isinstance(call.input, dict) else {}
+        amount = next((value for key, value in inputs.items() if is_amount(key)), None)
+        lines.append(OutcomeLine(call=call, what=what, by=by, reason=reason, amount=amount))
+    return lines

@@ -42,9 +42,14 @@ from .selectors import (
     args_summary,
     call_would,
     has_checkpoint,
+    is_amount,
     may_hand_over,
+    outcome_lines_of_calls,
+    outcome_of_calls,
     run_budget_usage,
     run_get,
+    run_outcome,
+    run_outcomes,
     run_search,
     run_step_checkpoint,
     run_timeline,
@@ -105,10 +110,13 @@ def run_list(request):
     form = RunFilterForm(request.GET, user=request.user)
     runs = run_search(user=request.user, **form.filters())
     page = Paginator(runs, RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    # Each run's honest outcome ("Done, 1 declined"): one query for the whole page.
+    outcomes = run_outcomes(page.object_list)
+    rows = [(run, outcomes[run.pk]) for run in page.object_list]
     template = "runs/run_list.html"
     if _htmx_target(request) == "run-table":
         template += "#run-table"
-    response = render(request, template, {"form": form, "page": page, "nav_section": "runs"})
+    response = render(request, template, {"form": form, "page": page, "rows": rows, "nav_section": "runs"})
     # One URL, two representations: keep caches from handing the fragment to a full load.
     patch_vary_headers(response, ["HX-Request"])
     return response
@@ -127,13 +135,15 @@ def _status_marker(run: Run, undo: dict) -> str:
     return marker
 
 
-def _status_context(request, run: Run, **extra) -> dict:
+def _status_context(request, run: Run, *, outcome=None, **extra) -> dict:
+    """The status box's context; ``outcome``: the run's, if the caller has it already."""
     undo = _undo_state(request, run)
     version_problem = run_version_problem(run)
     if version_problem and undo["run_error"] == version_problem:
         undo["run_error"] = ""  # said once, in the version box
     return {
         "run": run,
+        "outcome": outcome or run_outcome(run),
         "marker": _status_marker(run, undo),
         "can_cancel": not run.is_finished and may_cancel(request.user, run),
         "can_undo": may_undo(request.user),
@@ -221,15 +231,19 @@ def _timeline_for_display(run: Run) -> list:
             call.pending_edit_text = pretty(proposal.input) if call.pending_edit else ""
             # A dry run's write: what it would have done ("would need reviewers (1)").
             call.would = call_would(call) if run.dry_run else ""
+            spec = find_tool(call.tool_name)
+            call.kind = spec.effect_kind if spec is not None else ""
+            inputs = call.input if isinstance(call.input, dict) else {}
+            call.amount = next((v for k, v in inputs.items() if is_amount(k)), None)
     return timeline
 
 
 @require_GET
 def run_detail(request, run_id: int):
     run = _run_or_404(request, run_id)
-    context = _status_context(request, run)
     target = _htmx_target(request)
     if target == "run-status":
+        context = _status_context(request, run)
         # The live status poll: one small query, and the timeline is told to
         # refresh itself only when the run moved on since the page showed it.
         response = render(request, "runs/run_detail.html#status", context)
@@ -237,9 +251,20 @@ def run_detail(request, run_id: int):
             trigger_client_event(response, "runChanged")
     else:
         timeline = _timeline_for_display(run)
+        # The honest outcome from the calls the timeline loaded: no query of its own.
+        calls = [call for entry in timeline for call in entry.calls]
+        context = _status_context(request, run, outcome=outcome_of_calls(run, calls))
         split = max(0, len(timeline) - RECENT_STEPS)
+        # What did not happen as the model asked, said under its final reply (which may
+        # claim it did), or at the end of the timeline if the run ended without one.
+        final = [e.number for e in timeline if e.checkpoint is not None and e.checkpoint.status == "done"]
         context.update(
-            earlier_steps=timeline[:split], recent_steps=timeline[split:], step_count=len(timeline)
+            earlier_steps=timeline[:split],
+            recent_steps=timeline[split:],
+            step_count=len(timeline),
+            outcome_lines=outcome_lines_of_calls(calls) if run.is_finished else [],
+            final_step=final[-1] if final else None,
+            kinds_shown=any(getattr(c, "kind", "") not in ("", "read") for c in calls),
         )
         if target is None:  # the page head: where this run came from, what came of it
             context.update(parent=run.parent, forks=list(run.forks.order_by("pk")))

@@ -193,6 +193,7 @@ def test_an_admin_adds_an_aggregate_rule_in_the_admin(users):
             "effect": "deny",
             "priority": "50",
             "enabled": "on",
+            "mode": "live",
             "approvers_required": "1",
             "timeout_effect": "decline",
             "aggregate": "count",

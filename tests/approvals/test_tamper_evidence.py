@@ -188,6 +188,7 @@ def test_each_run_and_each_rule_has_its_own_chain(users):
             "effect": "allow",
             "priority": "1",
             "enabled": "on",
+            "mode": "live",
             "approvers_required": "1",
             "timeout_effect": "decline",
             "scope": "run",

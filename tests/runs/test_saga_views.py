@@ -113,7 +113,7 @@ def test_the_confirmation_lists_what_will_be_compensated_newest_first(users):
     # (Key order is the database's: PostgreSQL's jsonb sorts keys.)
     [summary] = re.findall(r"<code>([^<]*order_id: A-1001[^<]*)</code>", content)
     assert sorted(summary.split(", ")) == [
-        "amount: 2900.0",
+        "amount: ₹2,900.00",
         "order_id: A-1001",
         "reason: Item arrived broken",
     ]

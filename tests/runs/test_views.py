@@ -201,7 +201,7 @@ def test_the_timeline_shows_texts_calls_badges_and_decisions(users):
     assert "Declined by Reviewer: Customer asked for phone contact only. Do not retry." in content
     approval = ApprovalRequest.objects.get(run=run, status="approved")
     assert approval.decided_at.strftime("%Y-%m-%d %H:%M:%S") in content
-    assert "amount 2900.0 &gt; 500" in content  # why it was asked
+    assert "amount ₹2,900.00 &gt; ₹500.00" in content  # why it was asked, amounts as rupees
     # Arguments are pretty-printed JSON; the run's facts are there.
     assert "&quot;order_id&quot;: &quot;A-1001&quot;" in content
     assert 'data-testid="run-status">Done<' in content

@@ -27,7 +27,16 @@ the event happens, never a signal receiver):
 - ``run:<id>:g<generation>:done`` / ``:failed`` / ``:handed_over`` (naming who
   took it): the run's requester;
   ``RuleGate.run_ended``, in the transition's transaction. The generation is in
-  the key because a rewound run that finishes again is news again.
+  the key because a rewound run that finishes again is news again;
+- ``digest:<recipient>:<hour>``: one email carrying what that recipient asked to
+  receive as an hourly digest; ``digests_record``, called by the hourly beat task.
+
+Each person chooses, per kind of email, how it reaches them
+(``NotificationPreference``; no row: each one as it happens). Recording an event
+reads the preferences of all its recipients in one query: "each" records the row
+pending and enqueues it; "digest" records it held, for the next hourly digest;
+"none" records it muted (never emailed, listed in their in-app inbox). Every kind
+keeps one row per event and recipient, whatever the preference.
 """
 
 from __future__ import annotations
@@ -36,19 +45,23 @@ import contextlib
 import functools
 import json
 import logging
+from datetime import UTC
 from urllib.parse import urlparse
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.mail import EmailMultiAlternatives, mailers
 from django.db import transaction
+from django.db.models import OuterRef, Subquery
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
 from runs.history import live_at
-from runs.models import Message, Run
+from runs.models import CallStatus, Message, Run, ToolCall
+from runs.selectors import OUTCOME_NOTES, run_outcome
 
-from .models import ApprovalRequest, Notification
+from .models import ApprovalRequest, Notification, NotificationPreference
 from .selectors import (
     approval_sla_minutes,
     eligible_reviewers,
@@ -57,6 +70,7 @@ from .selectors import (
     guard_headline,
     input_changes,
 )
+from .templatetags.desk import rupees
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +85,33 @@ class Kind:
     APPROVAL_DECLINED = "approval_declined"
     APPROVAL_PROPOSED = "approval_proposed"
     RUN_FINISHED = "run_finished"
+    # The hourly digest itself: always sent (a preference for it would lose mail).
+    DIGEST = "digest"
+
+
+# The kinds a person may choose a delivery for, in the order the preferences page
+# lists them: (kind, what it is, who gets it).
+PREFERENCE_KINDS = (
+    (Kind.APPROVAL_OPENED, "A call waits for your approval", "reviewers"),
+    (Kind.APPROVAL_REMINDER, "Reminder: a call still waits", "reviewers"),
+    (Kind.APPROVAL_ESCALATED, "A call was escalated to senior reviewers", "reviewers"),
+    (Kind.APPROVAL_PROPOSED, "A reviewer proposed edited arguments", "reviewers"),
+    (Kind.APPROVAL_DECLINED, "A call in your run was declined", "requesters"),
+    (Kind.RUN_FINISHED, "Your run ended", "requesters"),
+)
+PREFERENCE_KIND_NAMES = frozenset(kind for kind, _, _ in PREFERENCE_KINDS)
+# When several accounts share an address, the one that wants the most email wins:
+# a preference never silences someone else.
+_DELIVERY_RANK = {
+    NotificationPreference.Delivery.EACH: 0,
+    NotificationPreference.Delivery.DIGEST: 1,
+    NotificationPreference.Delivery.NONE: 2,
+}
+_STATUS_FOR_DELIVERY = {
+    NotificationPreference.Delivery.EACH: Notification.Status.PENDING,
+    NotificationPreference.Delivery.DIGEST: Notification.Status.HELD,
+    NotificationPreference.Delivery.NONE: Notification.Status.MUTED,
+}
 
 
 REVIEWER_KINDS = {
@@ -97,29 +138,58 @@ def notifications_record(
     approval: ApprovalRequest | None = None,
     run_id: int | None = None,
 ) -> list[Notification]:
-    """One pending Notification per recipient of ``event``; an existing one is left alone.
+    """One Notification per recipient of ``event``; an existing one is left alone.
 
-    Call it inside the transaction of the event: each new row is enqueued when
-    that transaction commits (and never, if it rolls back). Returns the rows it
-    created.
+    Each recipient's preference for ``kind`` decides the new row's status: pending
+    (enqueued when the current transaction commits, never if it rolls back), held
+    for the hourly digest, or muted. Call it inside the transaction of the event.
+    Returns the rows it created.
     """
     subject = " ".join(subject.split())[:300]  # a header: one line
+    recipients = list(dict.fromkeys(r for r in recipients if r))
+    deliveries = recipient_deliveries(recipients, kind=kind)
     created = []
-    for recipient in dict.fromkeys(r for r in recipients if r):
+    for recipient in recipients:
+        status = _STATUS_FOR_DELIVERY[deliveries.get(recipient, NotificationPreference.Delivery.EACH)]
         note, new = Notification.objects.get_or_create(
             event=event,
             recipient=recipient,
             defaults={
                 "kind": kind,
                 "subject": subject,
+                "status": status,
                 "approval": approval,
                 "run_id": run_id if run_id is not None else (approval.run_id if approval else None),
             },
         )
         if new:
             created.append(note)
-            notification_enqueue(note.pk)
+            if note.status == Notification.Status.PENDING:
+                notification_enqueue(note.pk)
     return created
+
+
+def recipient_deliveries(recipients: list[str], *, kind: str) -> dict[str, str]:
+    """How each address wants ``kind``, in one query: a preference belongs to a user,
+    found by email (recipients are the addresses users have). An address with no
+    user (or no preference) gets each one; accounts that share an address get the
+    most email any of them wants: one person's preference never silences another."""
+    if kind not in PREFERENCE_KIND_NAMES or not recipients:
+        return {}
+    chosen = NotificationPreference.objects.filter(user=OuterRef("pk"), kind=kind).values("delivery")[:1]
+    rows = (
+        get_user_model()
+        .objects.filter(email__in=recipients, is_active=True)
+        .annotate(delivery=Subquery(chosen))
+        .values_list("email", "delivery")
+    )
+    deliveries: dict[str, str] = {}
+    for email, delivery in rows:
+        delivery = delivery or NotificationPreference.Delivery.EACH
+        known = deliveries.get(email)
+        if known is None or _DELIVERY_RANK[delivery] < _DELIVERY_RANK[known]:
+            deliveries[email] = delivery
+    return deliveries
 
 
 def approval_subject(approval: ApprovalRequest, kind: str) -> str:
@@ -196,6 +266,10 @@ def notify_run_finished(*, run: Run) -> list[Notification]:
         outcome = f"handed over to {_name(run.handed_over_to)}"
     else:
         outcome = "finished" if run.status == Run.Status.DONE else "failed"
+    honest = run_outcome(run)
+    if not honest.clean:
+        # "Run 7 finished (Done, 1 declined)": the model's last reply may claim otherwise.
+        outcome += f" ({honest.label})"
     return notifications_record(
         event=f"run:{run.pk}:g{run.generation}:{run.status}",
         kind=Kind.RUN_FINISHED,
@@ -203,6 +277,142 @@ def notify_run_finished(*, run: Run) -> list[Notification]:
         run_id=run.pk,
         subject=f"[Countersign] Run {run.pk} {outcome}: {run.task[:120]}",
     )
+
+
+# --- the hourly digest (beat) ----------------------------------------------
+def digests_record(*, now=None) -> int:
+    """Record one digest per recipient with held notifications; how many were made.
+
+    Beat runs it hourly (``approvals.tasks.send_digests``). Safe to repeat and to
+    run twice at once: see ``digest_record``."""
+    now = now or timezone.now()
+    recipients = (
+        Notification.objects.filter(status=Notification.Status.HELD)
+        .order_by("recipient")
+        .values_list("recipient", flat=True)
+        .distinct()
+    )
+    return sum(1 for recipient in list(recipients) if digest_record(recipient=recipient, now=now))
+
+
+def digest_record(*, recipient: str, now) -> Notification | None:
+    """One digest email for ``recipient`` carrying every notification held for them,
+    recorded and enqueued in one transaction; None if there was nothing to carry or
+    this hour's digest exists already.
+
+    Exactly once: the digest's event names the recipient and the hour, so a second
+    sweep in the same hour (or a second worker) finds it and adds nothing: rows held
+    since then wait for the next hour, never joining a digest that may have gone
+    out. Each held row moves to DIGESTED by a conditional UPDATE (still held), so a
+    row taken by a concurrent digest of another hour is not counted twice; a digest
+    that won no row is rolled back.
+    """
+    hour = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    with transaction.atomic():
+        held = list(
+            Notification.objects.filter(recipient=recipient, status=Notification.Status.HELD)
+            .order_by("id")
+            .values_list("pk", flat=True)
+        )
+        if not held:
+            return None
+        digest, new = Notification.objects.get_or_create(
+            event=f"digest:{recipient}:{hour:%Y-%m-%dT%H:00Z}",
+            recipient=recipient,
+            defaults={"kind": Kind.DIGEST, "subject": _digest_subject(len(held))},
+        )
+        if not new:
+            return None  # this hour's digest was recorded already
+        carried = Notification.objects.filter(pk__in=held, status=Notification.Status.HELD).update(
+            status=Notification.Status.DIGESTED, digest=digest
+        )
+        if carried == 0:
+            transaction.set_rollback(True)
+            return None
+        if carried != len(held):
+            Notification.objects.filter(pk=digest.pk).update(subject=_digest_subject(carried))
+        notification_enqueue(digest.pk)
+    return digest
+
+
+def _digest_subject(count: int) -> str:
+    return f"[Countersign] Your hourly digest: {count} notification{'' if count == 1 else 's'}"
+
+
+# --- preferences and the in-app inbox --------------------------------------
+class PreferenceError(ValueError):
+    """A preferences form named a kind or a delivery that does not exist."""
+
+
+def preferences_of(user) -> dict[str, str]:
+    """Every preference kind with the user's delivery for it (default: each)."""
+    chosen = dict(NotificationPreference.objects.filter(user=user).values_list("kind", "delivery"))
+    return {kind: chosen.get(kind, NotificationPreference.Delivery.EACH) for kind, _, _ in PREFERENCE_KINDS}
+
+
+def preferences_save(*, user, choices: dict[str, str]) -> None:
+    """Set the user's delivery for each kind in ``choices``; all or nothing.
+
+    Raises PreferenceError, changing nothing, for an unknown kind or delivery."""
+    unknown = sorted(set(choices) - PREFERENCE_KIND_NAMES)
+    if unknown:
+        raise PreferenceError(f"There is no kind of email called {', '.join(map(repr, unknown))}.")
+    bad = sorted(set(choices.values()) - set(NotificationPreference.Delivery.values))
+    if bad:
+        allowed = ", ".join(NotificationPreference.Delivery.values)
+        raise PreferenceError(f"{bad[0]!r} is not a delivery; choose one of {allowed}.")
+    with transaction.atomic():
+        for kind, delivery in choices.items():
+            if delivery == NotificationPreference.Delivery.EACH:
+                # The default needs no row.
+                NotificationPreference.objects.filter(user=user, kind=kind).delete()
+            else:
+                NotificationPreference.objects.update_or_create(
+                    user=user, kind=kind, defaults={"delivery": delivery}
+                )
+
+
+def inbox_for(user):
+    """The notifications addressed to ``user`` (by their email), newest first: the
+    items a digest carried, not the digests themselves."""
+    if not user.email:
+        return Notification.objects.none()
+    return (
+        Notification.objects.filter(recipient=user.email)
+        .exclude(kind=Kind.DIGEST)
+        .select_related("digest")
+        .order_by("-id")
+    )
+
+
+def inbox_status(note: Notification) -> tuple[str, str]:
+    """What happened to one notification, as (slug, words) for its owner."""
+    Status = Notification.Status
+    if note.status == Status.DIGESTED and note.digest is not None:
+        if note.digest.status == Status.SENT:
+            return "digest", "in a digest, sent"
+        if note.digest.status == Status.FAILED:
+            return "failed", "in a digest that could not be sent"
+        return "digest", "in a digest, being sent"
+    return {
+        Status.PENDING: ("pending", "being sent"),
+        Status.SENDING: ("unknown", "sending: outcome unknown"),
+        Status.SENT: ("sent", "sent"),
+        Status.FAILED: ("failed", "failed: not delivered"),
+        Status.HELD: ("held", "held for your next hourly digest"),
+        Status.DIGESTED: ("digest", "in a digest"),
+        Status.MUTED: ("muted", "not emailed (your preference)"),
+    }.get(note.status, (note.status, note.status))
+
+
+def notification_path(note: Notification) -> str:
+    """Where the notification leads in the desk: the approval for reviewers, the run
+    for the requester."""
+    if note.approval_id and note.kind != Kind.APPROVAL_DECLINED:
+        return reverse("approval-detail", args=[note.approval_id])
+    if note.run_id:
+        return reverse("run-detail", args=[note.run_id])
+    return ""
 
 
 # --- sending (a worker, after commit) --------------------------------------
@@ -339,8 +549,75 @@ def _name(user) -> str:
     return user.get_full_name() or user.get_username()
 
 
+def digest_items(digest: Notification) -> list[dict]:
+    """What a digest carries, oldest first: each item's subject, link, and where it
+    stands now (an approval decided since is shown decided, not as a request)."""
+    items = []
+    for note in digest.digested.select_related("approval").order_by("id"):
+        if note.approval is not None and note.kind != Kind.APPROVAL_DECLINED:
+            approval = note.approval
+            waiting = approval.status == ApprovalRequest.Status.PENDING
+            state = (
+                "waiting for a decision"
+                if waiting
+                else f"decided since: {approval.get_status_display().lower()}"
+            )
+        else:
+            waiting = False
+            state = ""
+        path = notification_path(note)
+        items.append(
+            {
+                "subject": note.subject.removeprefix("[Countersign] "),
+                "link": settings.DESK_BASE_URL + path if path else "",
+                "waiting": waiting,
+                "state": state,
+                "at": note.created_at,
+            }
+        )
+    return items
+
+
+def unhonoured_calls(run: Run, *, at) -> list[ToolCall]:
+    """The calls of ``run`` that did not happen as the model asked (declined, denied,
+    compensated), on the branch that was live at ``at``."""
+    statuses = [status for status, _ in OUTCOME_NOTES]
+    return list(
+        ToolCall.objects.filter(live_at(at), run=run, status__in=statuses).order_by("step", "position")
+    )
+
+
+def _call_summary(call: ToolCall) -> str:
+    """One line of a call's arguments, for an email (amounts in rupees)."""
+    if not isinstance(call.input, dict):
+        return _as_text(call.input)[:200]
+    return ", ".join(f"{k}: {rupees(v) if k == 'amount' else _as_text(v)}" for k, v in call.input.items())[
+        :200
+    ]
+
+
+def _why_unhonoured(call: ToolCall, decisions: dict[int, ApprovalRequest]) -> str:
+    """Who stopped the call and why: the reviewer's decline, the rule's denial, the undo."""
+    approval = decisions.get(call.pk)
+    if call.status == CallStatus.DECLINED and approval is not None:
+        who = f"declined by {_name(approval.decided_by)}" if approval.decided_by else "declined (timed out)"
+        return f"{who}: {approval.comment}" if approval.comment else who
+    if call.status == CallStatus.DENIED:
+        return f"denied by the rules: {call.verdict_reason}" if call.verdict_reason else "denied by the rules"
+    if call.status == CallStatus.COMPENSATED:
+        return "it ran, then was undone (compensated)"
+    return CallStatus(call.status).label
+
+
 def notification_context(note: Notification) -> dict:
     context: dict = {"note": note, "base_url": settings.DESK_BASE_URL}
+    if note.kind == Kind.DIGEST:
+        items = digest_items(note)
+        return context | {
+            "items": items,
+            "waiting": sum(1 for item in items if item["waiting"]),
+            "link": settings.DESK_BASE_URL + reverse("inbox"),
+        }
     if note.approval_id:
         approval = ApprovalRequest.objects.select_related(
             "tool_call", "outcome_call", "run__requester", "rule", "decided_by", "proposal__proposed_by"
@@ -379,8 +656,22 @@ def notification_context(note: Notification) -> dict:
         )
     else:
         run = Run.objects.select_related("requester", "handed_over_to").get(pk=note.run_id)
+        outcome = run_outcome(run)
+        calls = unhonoured_calls(run, at=note.created_at)
+        decisions = {
+            a.tool_call_id: a
+            for a in ApprovalRequest.objects.filter(tool_call__in=calls)
+            .select_related("decided_by")
+            .order_by("created_at")
+        }
         context.update(
             link=run_link(run.pk),
+            outcome=outcome,
+            # What the model's last reply may claim but did not happen.
+            unhonoured=[
+                {"call": call, "why": _why_unhonoured(call, decisions), "arguments": _call_summary(call)}
+                for call in calls
+            ],
             final_text=_final_text(run, at=note.created_at),
             # From the event, not the run's status now (a handed-over run may be rewound later).
             handed_over_to=_name(run.handed_over_to) if note.event.endswith(":handed_over") else "",

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from celery import shared_task
 from django.conf import settings
 
-from .notifications import MAX_ATTEMPTS, notification_send
+from .notifications import MAX_ATTEMPTS, digests_record, notification_send
 from .sla import approvals_sweep_sla
 
 
@@ -33,3 +33,9 @@ def send_notification(notification_id: int) -> str:
 def sweep_sla() -> dict:
     """Beat, every DESK_SLA_SWEEP_SECONDS: reminders, escalations, expiries, lost emails."""
     return asdict(approvals_sweep_sla())
+
+
+@shared_task(ignore_result=True)
+def send_digests() -> int:
+    """Beat, hourly: one digest email per person with held notifications."""
+    return digests_record()

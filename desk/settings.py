@@ -1,7 +1,8 @@
 """One settings file, configured by environment variables with safe defaults.
 
 A fresh checkout runs with no configuration: SQLite files under ``var/``, an
-embedded (file-system) Celery broker, console email, the scripted LLM.
+embedded (file-system) Celery broker, email kept in a database outbox (DEBUG) or
+printed (console), the scripted LLM.
 Production switches by environment only: DATABASE_URL, WORLD_DATABASE_URL,
 CELERY_BROKER_URL, EMAIL_URL, ANTHROPIC_API_KEY, DESK_BASE_URL, SECRET_KEY,
 ALLOWED_HOSTS and the HTTPS switches, each named as the setting it sets.
@@ -22,6 +23,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import dj_database_url
+from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
@@ -298,15 +300,24 @@ CELERY_BEAT_SCHEDULE = {
         "task": "approvals.tasks.sweep_sla",
         "schedule": float(env_int("DESK_SLA_SWEEP_SECONDS", 60)),
     },
+    # The hourly digest of the emails people chose to receive that way.
+    "send-notification-digests": {
+        "task": "approvals.tasks.send_digests",
+        "schedule": crontab(minute=env_int("DESK_DIGEST_MINUTE", 0)),
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 
 # --- Email -----------------------------------------------------------------
-# EMAIL_URL: unset or console:// prints mail; locmem:// keeps it in memory;
+# EMAIL_URL: outbox:// keeps each email in the database, listed at /desk/outbox/
+# (the default with DEBUG on: `make run`); console:// prints it (the default with
+# DEBUG off); locmem:// keeps it in memory;
 # smtp://user:pass@host:port (smtp+tls:// for STARTTLS, smtps:// for TLS).
 def mailer_from_url(url: str) -> dict:
     parsed = urlparse(url)
+    if parsed.scheme == "outbox" or (not url and DEBUG):
+        return {"BACKEND": "desk.mail.DatabaseBackend"}
     if not url or parsed.scheme == "console":
         return {"BACKEND": "django.core.mail.backends.console.EmailBackend"}
     if parsed.scheme == "locmem":

@@ -269,6 +269,39 @@ def test_the_requester_hears_when_their_run_finishes(users):
         assert f"http://127.0.0.1:8000/runs/{run.pk}/" in part
 
 
+def test_the_requester_is_told_what_was_declined_not_only_what_the_model_claims(users):
+    claim = "Refunded ₹2,900 for order A-1001 and emailed the customer."
+    run = start(
+        script(
+            turn(("refund_item", {"order_id": "A-1001", "amount": 2900, "reason": "Broken"})), {"text": claim}
+        ),
+        requester=users["requester"],
+    )
+    decide(the_approval(run), users["reviewer"], Decision.decline("Already refunded last week"))
+    run_advance_until_settled(run.pk)
+    run.refresh_from_db()
+    assert run.status == "done"
+    deliver()
+    [email] = [m for m in inbox("requester@countersign.local") if "finished" in m.subject]
+    assert email.subject == f"[Countersign] Run {run.pk} finished (Done, 1 declined): {run.task[:120]}"
+    for part in (email.body, html_of(email)):
+        assert "Outcome: Done, 1 declined" in part
+        assert "refund_item" in part and "(order_id: A-1001, amount: ₹2,900.00, reason: Broken)" in part
+        assert "declined by Reviewer: Already refunded last week" in part
+        assert "The agent's final message (it may claim more than happened)" in part
+        assert "The agent's last words" not in part
+        assert part.index("declined") < part.index("Refunded ₹2,900")
+
+
+def test_a_clean_run_says_plainly_that_it_finished(users):
+    run = start(READS_ONLY, requester=users["requester"])
+    deliver()
+    [email] = inbox("requester@countersign.local")
+    assert email.subject == f"[Countersign] Run {run.pk} finished: {run.task[:120]}"
+    assert "The agent's last words:\nOrder A-1001 is fine." in email.body
+    assert "Outcome:" not in email.body and "may claim more" not in html_of(email)
+
+
 class RefusingLLM:
     """A model that will never answer this request: the run fails."""
 

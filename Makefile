@@ -40,6 +40,7 @@ migrate: install
 
 run: migrate
 	$(BIN)/python manage.py seeddemo --demo-run
+	$(BIN)/python manage.py seedhistory --calls 400 --once
 	@echo
 	@echo "  Countersign: http://127.0.0.1:8000/  (sign in as reviewer; password above or in var/demo-password.txt)"
 	@echo

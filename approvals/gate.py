@@ -91,16 +91,32 @@ RULE_COLUMNS = tuple(field.name for field in dataclasses.fields(RuleTerms))
 def enabled_rules(tool_name: str, *, mode: str = RuleMode.LIVE) -> list[RuleTerms]:
     """Enabled rules for the tool (or ``*``), highest priority first: the live ones
     that gate, or (``mode`` shadow) those that only record what they would decide."""
+    live, shadow = enabled_rules_by_mode(tool_name)
+    return shadow if mode == RuleMode.SHADOW else live
+
+
+def enabled_rules_by_mode(tool_name: str) -> tuple[list[RuleTerms], list[RuleTerms]]:
+    """(live, shadow): the enabled rules for the tool (or ``*``), highest priority
+    first, both read by one query (review runs on every call: shadow rules must not
+    cost a second one)."""
     connection = connections[router.db_for_read(GateRule)]
     quote = connection.ops.quote_name
     sql = (
-        f"SELECT {', '.join(quote(c) for c in RULE_COLUMNS)} FROM {quote(GateRule._meta.db_table)} "
-        f"WHERE {quote('enabled')} = %s AND {quote('mode')} = %s AND {quote('tool')} IN (%s, %s) "
+        f"SELECT {', '.join(quote(c) for c in RULE_COLUMNS)}, {quote('mode')} "
+        f"FROM {quote(GateRule._meta.db_table)} "
+        f"WHERE {quote('enabled')} = %s AND {quote('tool')} IN (%s, %s) "
         f"ORDER BY {quote('priority')} DESC, {quote('id')}"
     )
+    live: list[RuleTerms] = []
+    shadow: list[RuleTerms] = []
     with connection.cursor() as cursor:
-        cursor.execute(sql, [True, mode, tool_name, "*"])
-        return [RuleTerms(*row) for row in cursor.fetchall()]
+        cursor.execute(sql, [True, tool_name, "*"])
+        for *columns, mode in cursor.fetchall():
+            if mode == RuleMode.LIVE:
+                live.append(RuleTerms(*columns))
+            elif mode == RuleMode.SHADOW:
+                shadow.append(RuleTerms(*columns))
+    return live, shadow
 
 
 def _who_decides(rule_id: int) -> str:
@@ -115,17 +131,18 @@ def _who_decides(rule_id: int) -> str:
 class RuleGate:
     def review(self, *, run, call, spec) -> Verdict:
         facts = spec.gate_facts(call.input)
-        verdict = self._live(run=run, call=call, spec=spec, facts=facts)
+        live, shadow_rules = enabled_rules_by_mode(call.tool_name)
+        verdict = self._live(live, run=run, call=call, spec=spec, facts=facts)
         if verdict.effect == NEEDS_APPROVAL:
             # A reviewer's standing approval in this run may allow it (never an
             # irreversible call: ``standing_allows`` refuses those).
             verdict = standing_allows(run=run, call=call, spec=spec, facts=facts, verdict=verdict) or verdict
-        shadow = shadow_verdicts(run=run, call=call, spec=spec, facts=facts)
+        shadow = shadow_verdicts(run=run, call=call, spec=spec, facts=facts, rules=shadow_rules)
         return dataclasses.replace(verdict, shadow=shadow) if shadow else verdict
 
-    def _live(self, *, run, call, spec, facts: dict) -> Verdict:
-        """What the live rules decide, first match by priority."""
-        for rule in enabled_rules(call.tool_name):
+    def _live(self, rules: list[RuleTerms], *, run, call, spec, facts: dict) -> Verdict:
+        """What the live ``rules`` decide, first match by priority."""
+        for rule in rules:
             if rule.aggregate:
                 hit, why, detail = aggregate_matches(rule, run=run, call=call, facts=facts)
             else:

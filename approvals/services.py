@@ -67,7 +67,7 @@ from runs.services import (
     tool_call_resolve_without_running,
 )
 from tools.inputs import UnsafeJSON, check_json, finite_decimal
-from tools.registry import find_tool, idempotency_keys_so_far, input_hash
+from tools.registry import ReviewContext, find_tool, idempotency_keys_so_far, input_hash
 
 from .models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule, GuardAction, Proposal
 from .notifications import Kind, notify_call_declined, notify_proposal, notify_reviewers
@@ -84,7 +84,7 @@ from .selectors import (
     may_break_claims,
     timeout_may_approve,
 )
-from .standing import StandingTerms
+from .standing import StandingTerms, standing_grant, standing_grant_refusal
 
 
 class DecisionError(Exception):
@@ -405,8 +405,16 @@ def _proposal_record(
     rule: GateRule | None,
     needed: Requirement,
 ) -> Proposal:
-    """A proposal with the gate's review of its arguments and what approving them
-    alone takes (``needed``)."""
+    """A proposal with the gate's review of its arguments, what approving them alone
+    takes (``needed``) and the tool's warnings about them, read from the world now (an
+    edit is a new proposal: its own warnings)."""
+    spec = find_tool(approval.tool_call.tool_name) if approval.tool_call_id else None
+    warnings = []
+    if spec is not None:
+        review = ReviewContext(
+            run_id=approval.run_id, params=approval.run.params or {}, call_id=approval.tool_call_id
+        )
+        warnings = spec.reviewer_notes(review, tool_input)[1]
     return Proposal.objects.create(
         approval=approval,
         number=number,
@@ -421,6 +429,7 @@ def _proposal_record(
         required_group_id=next(iter(needed.groups), None),
         approvers_required=needed.approvers,
         allow_self_approval=needed.allow_self_approval,
+        warnings=warnings,
     )
 
 
@@ -496,6 +505,14 @@ def approval_decide(
                 f"not a call: approve, decline and respond do not apply. It takes "
                 f"{actions_text(approval.kind)}."
             )
+        if decision.standing is not None:
+            # Checked before any vote or edit is written: a refused grant refuses the
+            # decision, and the reviewer loses nothing by unticking it.
+            refusal = standing_grant_refusal(
+                approval=approval, reviewer=reviewer, terms=decision.standing, edit=decision.edit
+            )
+            if refusal:
+                raise DecisionError(refusal)
         if decision.kind != DecisionKind.APPROVE:
             status = {
                 DecisionKind.DECLINE: ApprovalRequest.Status.DECLINED,
@@ -522,6 +539,9 @@ def approval_decide(
                 approval=approval, run_woken=False, approvals_missing=missing, proposal=proposal
             )
         woken = _close(approval, reviewer, ApprovalRequest.Status.APPROVED, decision.comment, now)
+        if decision.standing is not None:
+            # Only now that it closed approved, in the same transaction.
+            standing_grant(approval=approval, reviewer=reviewer, terms=decision.standing, now=now)
         return _result(approval, woken, enqueue, proposal=proposal)
 
 

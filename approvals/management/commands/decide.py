@@ -4,9 +4,10 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from approvals.models import ApprovalRequest, GuardAction
+from approvals.models import ApprovalRequest, GuardAction, StandingApproval
 from approvals.selectors import actions_text
 from approvals.services import Decision, DecisionError, approval_decide
+from approvals.standing import standing_terms
 from runs.engine import run_advance_until_settled
 from runs.management.commands._common import is_id, text_argument, user_by_name
 from tools.inputs import UnsafeJSON, finite_decimal, parse_json
@@ -52,6 +53,21 @@ class Command(BaseCommand):
             action="store_true",
             help="needed to approve a call that cannot be undone",
         )
+        parser.add_argument(
+            "--standing-amount",
+            metavar="RUPEES",
+            help="with --approve: also allow further calls of the tool in this run up to this total",
+        )
+        parser.add_argument(
+            "--standing-count",
+            metavar="N",
+            help="with --approve: also allow up to N further calls of the tool in this run",
+        )
+        parser.add_argument(
+            "--standing-hours",
+            metavar="H",
+            help="how long the standing approval lasts (at most 8; default 8)",
+        )
         parser.add_argument("--sync", action="store_true", help="advance the run here, without a worker")
 
     def handle(
@@ -68,6 +84,9 @@ class Command(BaseCommand):
         confirm_irreversible,
         edit,
         args_hash,
+        standing_amount,
+        standing_count,
+        standing_hours,
         **options,
     ):
         if not is_id(str(approval_id)):
@@ -84,6 +103,9 @@ class Command(BaseCommand):
             return self._act(int(approval_id), reviewer, act, comment, amount, sync)
         if amount is not None:
             raise CommandError("--amount goes with --act grant.")
+        wants_standing = any(v is not None for v in (standing_amount, standing_count, standing_hours))
+        if wants_standing and not approve:
+            raise CommandError("--standing-amount, --standing-count and --standing-hours go with --approve.")
         edited = None
         if edit is not None:
             if decline:
@@ -94,12 +116,24 @@ class Command(BaseCommand):
         elif approve and not args_hash:
             self._require_hash_if_edited(int(approval_id))
         try:
+            standing = (
+                standing_terms(
+                    amount=text_argument(standing_amount or "", "--standing-amount"),
+                    count=text_argument(standing_count or "", "--standing-count"),
+                    hours=text_argument(
+                        standing_hours or str(StandingApproval.MAX_HOURS), "--standing-hours"
+                    ),
+                )
+                if wants_standing
+                else None
+            )
             if approve:
                 decision = Decision.approve(
                     comment=comment,
                     args_hash=args_hash,
                     edit=edited,
                     confirm_irreversible=confirm_irreversible,
+                    standing=standing,
                 )
             else:
                 decision = Decision.decline(comment, args_hash=args_hash)
@@ -116,6 +150,11 @@ class Command(BaseCommand):
                 f"approval {approval.pk}: {approval.status} by {reviewer.get_username()}"
                 + (f" (proposal {approval.proposal.number}, edited)" if approval.is_edited else "")
             )
+            for grant in approval.standing_grants.all():
+                self.stdout.write(
+                    f"{grant.label}: further {grant.tool} calls in run {approval.run_id} "
+                    f"until {grant.expires_at:%Y-%m-%d %H:%M} UTC"
+                )
         if result.run_woken:
             if sync:
                 run_advance_until_settled(approval.run_id)

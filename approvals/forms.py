@@ -1,17 +1,29 @@
 from __future__ import annotations
 
+import re
+
 from django import forms
 
 from .models import ApprovalRequest, GateRule
 
+# The queue's tabs: what the user may decide now, and everything waiting they may see.
+YOURS, ALL = "yours", "all"
+
 
 class QueueFilterForm(forms.Form):
-    """The queue's filters: a GET form, every field optional.
+    """The queue's tab, filters and search: a GET form, every field optional.
 
     Query strings are typed by hand and by scripts: a value that does not
     validate is left out, and the reviewer is told which and why.
     """
 
+    tab = forms.ChoiceField(
+        required=False,
+        choices=[(YOURS, "Yours to decide"), (ALL, "All waiting")],
+        error_messages={"invalid_choice": "there is no tab %(value)s: yours or all."},
+    )
+    # Free text over the task, the tool, the arguments and the run id ("#12").
+    q = forms.CharField(required=False, max_length=200, label="Search")
     # As long as the columns they are compared with (ToolCall.tool_name, Run.agent).
     tool = forms.CharField(required=False, max_length=100)
     agent = forms.CharField(required=False, max_length=100)
@@ -27,6 +39,10 @@ class QueueFilterForm(forms.Form):
     # What the request is about: a gated call, or a guard that stopped a run.
     kind = forms.ChoiceField(required=False, choices=[("", "any"), *ApprovalRequest.Kind.choices])
 
+    def clean_q(self) -> str:
+        # A NUL byte is no text anyone searches for (and PostgreSQL refuses it).
+        return self.cleaned_data["q"].replace("\x00", "").strip()
+
     def filters(self) -> dict:
         """Keyword arguments for ``queue_pending`` from the fields that validated."""
         data = {}
@@ -34,6 +50,8 @@ class QueueFilterForm(forms.Form):
             self.is_valid()  # an invalid field is left out of cleaned_data; problems() says why
             data = self.cleaned_data
         return {
+            "yours": self.shown_tab == YOURS,
+            "q": data.get("q") or "",
             "tool": data.get("tool") or "",
             "agent": data.get("agent") or "",
             "rule": data.get("rule"),
@@ -42,10 +60,21 @@ class QueueFilterForm(forms.Form):
             "kind": data.get("kind") or "",
         }
 
-    def applied(self) -> dict[str, str]:
-        """The filters in force, as query parameters (for the page's links and its form)."""
+    @property
+    def shown_tab(self) -> str:
+        """The tab shown: "yours" unless "all" was asked for (and validated)."""
+        if self.is_bound:
+            self.is_valid()
+        return ALL if getattr(self, "cleaned_data", {}).get("tab") == ALL else YOURS
+
+    def applied(self, *, tab: bool = True) -> dict[str, str]:
+        """The tab (unless ``tab`` is False, or it is the default) and the filters in
+        force, as query parameters (for the page's links and its form)."""
         filters = self.filters()
-        applied = {name: filters[name] for name in ("kind", "tool", "agent") if filters[name]}
+        applied = {"tab": ALL} if tab and self.shown_tab == ALL else {}
+        if filters["q"]:
+            applied["q"] = filters["q"]
+        applied.update({name: filters[name] for name in ("kind", "tool", "agent") if filters[name]})
         if filters["rule"] is not None:
             applied["rule"] = str(filters["rule"].pk)
         applied.update({name: "1" for name in ("mine", "unclaimed") if filters[name]})
@@ -56,3 +85,58 @@ class QueueFilterForm(forms.Form):
         return [
             f"{self[name].label} filter ignored: {' '.join(errors)}" for name, errors in self.errors.items()
         ]
+
+
+# How many items one bulk decision may take: a page of the queue and then some.
+BULK_LIMIT = 100
+# What a row's checkbox posts: the approval's id and the hash of the arguments it showed.
+BULK_ITEM = re.compile(r"(\d{1,18}):([0-9a-f]{0,64})")
+
+
+class BulkDecisionForm(forms.Form):
+    """A bulk decision as the queue posts it: the button pressed, one comment, and the
+    rows ticked ("id:args_hash" each)."""
+
+    decision = forms.ChoiceField(
+        choices=[("approve", "Approve selected"), ("decline", "Decline selected")],
+        error_messages={
+            "required": "Choose approve or decline.",
+            "invalid_choice": "Choose approve or decline.",
+        },
+    )
+    comment = forms.CharField(required=False, max_length=5000, strip=True)
+
+    def __init__(self, data=None, *args, **kwargs):
+        super().__init__(data, *args, **kwargs)
+        # The ticked rows: many values under one name.
+        self.raw_items = data.getlist("item") if data is not None else []
+
+    def clean(self):
+        cleaned = super().clean()
+        items, seen = [], set()
+        for raw in self.raw_items:
+            match = BULK_ITEM.fullmatch(raw.strip())
+            if match is None:
+                raise forms.ValidationError("A selected item is not one the queue shows; reload the queue.")
+            approval_id = int(match[1])
+            if approval_id not in seen:  # the same row twice is decided once
+                seen.add(approval_id)
+                items.append((approval_id, match[2]))
+        if not items:
+            raise forms.ValidationError("Select at least one item.")
+        if len(items) > BULK_LIMIT:
+            raise forms.ValidationError(
+                f"At most {BULK_LIMIT} items at a time ({len(items)} were selected); nothing was decided."
+            )
+        if cleaned.get("decision") == "decline" and not cleaned.get("comment"):
+            raise forms.ValidationError(
+                "A decline needs a reason: the model is told it. Nothing was decided."
+            )
+        cleaned["items"] = items
+        return cleaned
+
+    @property
+    def ticked(self) -> set[int]:
+        """The ids of the rows that were ticked (to tick them again when the form comes
+        back with an error: nothing is lost)."""
+        return {int(m[1]) for raw in self.raw_items if (m := BULK_ITEM.fullmatch(raw.strip()))}

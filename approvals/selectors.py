@@ -7,14 +7,29 @@ and commands may all use them.
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from django.db.models import Q
+from django.db.models import (
+    Case,
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    IntegerField,
+    Q,
+    TextField,
+    Value,
+    When,
+    prefetch_related_objects,
+)
+from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
 from runs.gate import GUARD_ACTIONS
@@ -170,34 +185,103 @@ def approvals_decidable_by(user, *, claimed: bool = False):
     return pending
 
 
+# How urgent a pending approval is: the queue's order, computed in the database so that
+# it sorts and pages there. Escalated first; then those with an SLA by due time (the
+# overdue are due earliest); then those without one, oldest first.
+URGENCY_ESCALATED, URGENCY_DUE, URGENCY_NO_SLA = 0, 1, 2
+QUEUE_ORDER = ("urgency", "sort_at", "id")
+
+
+def _sla_minutes_expression():
+    """``approval_sla_minutes`` as a database expression (NULL: no SLA): the rule's SLA
+    as it stands now (the sweep in approvals.sla reads the same) for a call, the desk's
+    guard SLA for a guard."""
+    guard_sla = settings.DESK_GUARD_SLA_MINUTES or None
+    return Case(
+        When(~Q(kind=GuardKind.CALL), then=Value(guard_sla, output_field=IntegerField())),
+        When(rule__sla_minutes__gt=0, then=F("rule__sla_minutes")),
+        default=Value(None, output_field=IntegerField()),
+        output_field=IntegerField(),
+    )
+
+
+def with_urgency(approvals):
+    """``approvals`` annotated with ``due_at`` (created + SLA; None without an SLA: never
+    stored, so a changed SLA applies at once), ``urgency`` and ``sort_at``, the keys of
+    QUEUE_ORDER. Plain date arithmetic: the same on SQLite and PostgreSQL."""
+    minute = Value(timedelta(minutes=1), output_field=DurationField())
+    sla = ExpressionWrapper(_sla_minutes_expression() * minute, output_field=DurationField())
+    return approvals.annotate(
+        due_at=ExpressionWrapper(F("created_at") + sla, output_field=DateTimeField())
+    ).annotate(
+        urgency=Case(
+            When(escalated_at__isnull=False, then=Value(URGENCY_ESCALATED)),
+            When(due_at__isnull=False, then=Value(URGENCY_DUE)),
+            default=Value(URGENCY_NO_SLA),
+            output_field=IntegerField(),
+        ),
+        sort_at=Coalesce("due_at", "created_at", output_field=DateTimeField()),
+    )
+
+
+def _search(pending, q: str):
+    """Pending approvals whose task, tool, arguments (the model's call and the current
+    proposal) or run id match ``q``, case-insensitively: "#12" is run 12 only; "12" is
+    run 12 or any of the text. Arguments are searched as their JSON text (a database
+    may store "₹" or a quote escaped: each spelling is tried)."""
+    number = re.fullmatch(r"#?\s*(\d{1,18})", q)
+    if number and q.startswith("#"):
+        return pending.filter(run_id=int(number[1]))
+    spellings = {q, json.dumps(q)[1:-1], json.dumps(q, ensure_ascii=False)[1:-1]}
+    match = (
+        Q(run__task__icontains=q)
+        | Q(tool_call__tool_name__icontains=q)
+        | Q(outcome_call__tool_name__icontains=q)
+    )
+    for text in spellings:
+        match |= (
+            Q(call_text__icontains=text) | Q(proposal_text__icontains=text) | Q(outcome_text__icontains=text)
+        )
+    if number:
+        match |= Q(run_id=int(number[1]))
+    return pending.alias(
+        call_text=Cast("tool_call__input", TextField()),
+        proposal_text=Cast("proposal__input", TextField()),
+        outcome_text=Cast("outcome_call__input", TextField()),
+    ).filter(match)
+
+
 def queue_pending(
     *,
     user,
+    yours: bool = False,
     tool: str = "",
     agent: str = "",
     rule: GateRule | None = None,
     mine: bool = False,
     unclaimed: bool = False,
     kind: str = "",
+    q: str = "",
 ):
-    """Pending approvals ``user`` may see, oldest first, narrowed by the queue's filters.
+    """Pending approvals ``user`` may see (``yours``: only those they may decide now,
+    ``approvals_decidable_by``), most urgent first (``with_urgency``), narrowed by the
+    queue's filters and its search ``q``.
 
     The filters come validated (approvals.forms.QueueFilterForm): raw query
     parameters reach the database as nothing but these typed values.
     """
-    pending = (
-        approvals_visible_to(user)
-        .filter(status=ApprovalRequest.Status.PENDING)
-        .select_related(
-            "tool_call",
-            "outcome_call",
-            "run",
-            "run__requester",
-            "rule",
-            "claimed_by",
-            "proposal__proposed_by",
-        )
-        .order_by("created_at", "id")
+    if yours:
+        pending = approvals_decidable_by(user)
+    else:
+        pending = approvals_visible_to(user).filter(status=ApprovalRequest.Status.PENDING)
+    pending = with_urgency(pending).select_related(
+        "tool_call",
+        "outcome_call",
+        "run",
+        "run__requester",
+        "rule",
+        "claimed_by",
+        "proposal__proposed_by",
     )
     if kind:
         pending = pending.filter(kind=kind)
@@ -211,7 +295,120 @@ def queue_pending(
         pending = pending.filter(claimed_by=user, claimed_until__gt=timezone.now())
     if unclaimed:
         pending = pending.filter(Q(claimed_by__isnull=True) | Q(claimed_until__lte=timezone.now()))
-    return pending
+    if q:
+        pending = _search(pending, q)
+    return pending.order_by(*QUEUE_ORDER)
+
+
+def _span(seconds: float, *, up: bool) -> str:
+    """ "12 min", "2 h 5 min", "3 d 4 h": a time span for people, in whole minutes
+    (``up``: rounded up, so "due in" never promises more time than is left)."""
+    minutes = max(1, math.ceil(seconds / 60)) if up else max(1, int(seconds // 60))
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h" if hours else f"{days} d"
+
+
+@dataclass(frozen=True)
+class SlaState:
+    """Where a pending approval stands against its SLA: ``state`` is "escalated",
+    "overdue", "due" or "" (no SLA); ``text`` says it ("due in 12 min")."""
+
+    state: str = ""
+    text: str = ""
+    due_at: datetime | None = None
+
+
+def sla_state(approval: ApprovalRequest, *, now: datetime) -> SlaState:
+    """``approval``'s SLA state at ``now``, from its ``due_at`` (``with_urgency``) or, on an
+    approval loaded without it, from ``approval_sla_minutes``."""
+    if hasattr(approval, "due_at"):
+        due = approval.due_at
+    else:
+        minutes = approval_sla_minutes(approval)
+        due = approval.created_at + timedelta(minutes=minutes) if minutes else None
+    if approval.escalated_at:
+        return SlaState("escalated", "escalated", due)
+    if due is None:
+        return SlaState()
+    if due > now:
+        return SlaState("due", f"due in {_span((due - now).total_seconds(), up=True)}", due)
+    return SlaState("overdue", f"overdue {_span((now - due).total_seconds(), up=False)}", due)
+
+
+def queue_refusal(*, user, approval: ApprovalRequest, voted: bool, now: datetime) -> str | None:
+    """Why ``user`` may not decide ``approval`` now, in a few words for its queue row
+    ("your own run", "needs senior-reviewers", "claimed by bob", "you approved it"), or
+    None if they may: the same test as ``approvals_decidable_by`` (a test holds the two
+    together). ``voted``: they approved its current proposal."""
+    if approval.run.requester_id == user.pk and not approval.allow_self_approval:
+        return "your own run"
+    if not user.is_active or not user.has_perm(DECIDE_PERMISSION):
+        return "you do not decide approvals"
+    if not user.is_superuser:
+        missing = sorted(g.name for g in approval.required_groups.all() if g.pk not in _group_ids(user))
+        if missing:
+            return "needs " + " and ".join(missing)
+    if voted:
+        return "you approved it"
+    if claimed_by_someone_else(approval, user, now=now):
+        return f"claimed by {approval.claimed_by.get_username()}"
+    return None
+
+
+@dataclass
+class QueueRow:
+    """One row of the queue: the approval, its SLA state, why the viewer may not decide
+    it (None: they may, and may select it for a bulk decision) and the warnings stored
+    with its current proposal."""
+
+    approval: ApprovalRequest
+    sla: SlaState
+    refusal: str | None
+    warnings: list[str]
+
+    @property
+    def may_decide(self) -> bool:
+        return self.refusal is None
+
+    @property
+    def bulk_value(self) -> str:
+        """What its checkbox posts: the id and the hash of the arguments the row shows,
+        so a proposal edited since is refused as stale, not decided unseen."""
+        return f"{self.approval.pk}:{self.approval.args_hash}"
+
+
+def queue_rows(approvals, *, user, now: datetime) -> list[QueueRow]:
+    """The rows of one page of the queue: two queries for the page, whatever its size
+    (the approvals' required groups, and which of their proposals ``user`` approved)."""
+    approvals = list(approvals)
+    prefetch_related_objects(approvals, "required_groups")
+    proposals = [a.proposal_id for a in approvals if a.proposal_id]
+    voted = set(
+        ApprovalVote.objects.filter(reviewer=user, proposal_id__in=proposals).values_list(
+            "proposal_id", flat=True
+        )
+        if proposals and user.is_authenticated
+        else ()
+    )
+    rows = []
+    for approval in approvals:
+        warnings = approval.proposal.warnings if approval.proposal_id else None
+        rows.append(
+            QueueRow(
+                approval=approval,
+                sla=sla_state(approval, now=now),
+                refusal=queue_refusal(
+                    user=user, approval=approval, voted=approval.proposal_id in voted, now=now
+                ),
+                warnings=[str(w) for w in warnings if w] if isinstance(warnings, list) else [],
+            )
+        )
+    return rows
 
 
 def key_facts(call: ToolCall) -> list[tuple[str, str]]:
@@ -224,12 +421,116 @@ def key_facts(call: ToolCall) -> list[tuple[str, str]]:
     return facts
 
 
+# The arguments that say which thing in the world a call is about: a transcript's
+# tool result about the same thing bears on the call and is never folded away.
+BEARING_ARGUMENTS = ("order_id", "ticket_id", "to", "customer_id")
+
+
+@dataclass
+class TranscriptEntry:
+    """One message of the transcript as the approval page shows it: labelled by what it
+    is ("get_order returned", not "user"), and whether it is folded away."""
+
+    seq: int
+    role: str
+    label: str
+    # The message's blocks; a tool_result block also has "tool" (the name of the call it
+    # answers), "called_with" (that call's arguments) and "bears" (it bears on the call).
+    content: list[dict]
+    bears: bool = False
+    # Every block is a tool result (each then labelled by its tool, not the message).
+    results_only: bool = False
+    folded: bool = False
+    # On the first message of a folded stretch: how many it hides; on its last: True.
+    fold_opens: int = 0
+    fold_closes: bool = False
+
+
+def _bearing_values(call_input) -> dict[str, str]:
+    args = call_input if isinstance(call_input, dict) else {}
+    return {name: str(args[name]) for name in BEARING_ARGUMENTS if args.get(name) not in (None, "")}
+
+
+def _result_bears(tool: str, called_with, result, bearing: dict[str, str]) -> bool:
+    """Whether a tool result bears on the call with ``bearing`` values: a call about the
+    same order, ticket or recipient, or a read whose result mentions one of them."""
+    if not bearing:
+        return False
+    args = called_with if isinstance(called_with, dict) else {}
+    if any(str(args.get(name, "")) == value for name, value in bearing.items()):
+        return True
+    spec = find_tool(tool)
+    if spec is None or not spec.is_read:
+        return False
+    text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
+    return any(value in text for value in bearing.values())
+
+
+def _names(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def transcript_entries(
+    messages: list[Message], *, call_input=None, keep_unfolded: int = 4
+) -> list[TranscriptEntry]:
+    """The transcript labelled for people, older messages folded except those that bear
+    on the call with ``call_input`` (a result about the same order) and the last
+    ``keep_unfolded``. A tool result is named by the tool_use it answers, found by its
+    id in the messages before it."""
+    bearing = _bearing_values(call_input)
+    calls: dict[str, tuple[str, object]] = {}
+    entries = []
+    for message in messages:
+        content = message.content
+        if not isinstance(content, list):
+            content = [{"type": "text", "text": str(content)}]
+        blocks = []
+        for block in content:
+            if not isinstance(block, dict):
+                continue
+            block = dict(block)
+            if block.get("type") == "tool_use":
+                calls[str(block.get("id"))] = (str(block.get("name", "?")), block.get("input"))
+            elif block.get("type") == "tool_result":
+                tool, called_with = calls.get(str(block.get("tool_use_id")), ("a tool", None))
+                block.update(tool=tool, called_with=called_with)
+                block["bears"] = _result_bears(tool, called_with, block.get("content"), bearing)
+            blocks.append(block)
+        results = [b for b in blocks if b.get("type") == "tool_result"]
+        if message.role == Message.Role.ASSISTANT:
+            label = "model"
+        elif results and len(results) == len(blocks):
+            label = f"{_names([b['tool'] for b in results])} returned"
+        else:
+            label = "task" if not entries else "user"
+        entries.append(
+            TranscriptEntry(
+                seq=message.seq,
+                role=message.role,
+                label=label,
+                content=blocks,
+                bears=any(b["bears"] for b in results),
+                results_only=bool(results) and len(results) == len(blocks),
+            )
+        )
+    for entry in entries[: max(0, len(entries) - keep_unfolded)]:
+        entry.folded = not entry.bears
+    for i, entry in enumerate(entries):
+        if entry.folded and (i == 0 or not entries[i - 1].folded):
+            stretch = 0
+            while i + stretch < len(entries) and entries[i + stretch].folded:
+                stretch += 1
+            entry.fold_opens = stretch
+            entries[i + stretch - 1].fold_closes = True
+    return entries
+
+
 @dataclass
 class ApprovalContext:
     approval: ApprovalRequest
     tool_kind: str
     schema_fields: list[dict]
-    transcript: list[Message]
+    transcript: list[TranscriptEntry]
     folded: int
     siblings: list[ToolCall]
     earlier: list[ApprovalRequest]
@@ -239,6 +540,12 @@ class ApprovalContext:
     proposals: list[Proposal]
     changes: list[tuple[str, object, object]]
     who_may_decide: str
+    # What would run, argument by argument (None: the input is not an object).
+    arguments: list[tuple[str, object]] | None = None
+    # What the tool tells a reviewer about what would run, read from the world now
+    # (call_notes); only while it waits for a decision.
+    facts: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> ApprovalContext:
@@ -251,7 +558,7 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
     )
     # The assistant turn with this call comes right after what the model saw.
     reply_seq = step if step is not None else run.message_count - 1
-    transcript = transcript_messages(run, limit=reply_seq + 1)
+    messages = transcript_messages(run, limit=reply_seq + 1)
     siblings = list(
         ToolCall.objects.live().filter(run=run, step=call.step).exclude(pk=call.pk).order_by("position")
     )
@@ -270,18 +577,23 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
     proposal = next((p for p in proposals if p.pk == approval.proposal_id), None)
     shown = proposal.input if proposal else call.input
     spec = find_tool(call.tool_name)
+    transcript = transcript_entries(messages, call_input=shown, keep_unfolded=keep_unfolded)
+    facts, warnings = call_notes(approval) if approval.status == ApprovalRequest.Status.PENDING else ([], [])
     return ApprovalContext(
         approval=approval,
         tool_kind=spec.effect_kind if spec else "unknown",
         schema_fields=schema_fields(call.tool_name, shown),
         transcript=transcript,
-        folded=max(0, len(transcript) - keep_unfolded),
+        folded=sum(entry.folded for entry in transcript),
         siblings=siblings,
         earlier=earlier,
         proposal=proposal,
         proposals=proposals,
         changes=input_changes(proposals[0].input, shown) if proposal and proposal.number > 1 else [],
         who_may_decide=group_names(approval),
+        arguments=list(shown.items()) if isinstance(shown, dict) else None,
+        facts=facts,
+        warnings=warnings,
     )
 
 
@@ -317,13 +629,42 @@ def schema_fields(tool_name: str, shown) -> list[dict]:
 
 
 def neighbours(approval: ApprovalRequest, *, user) -> tuple[int | None, int | None]:
-    """The previous and next pending approvals ``user`` may see, in queue order (j/k)."""
-    pending = approvals_visible_to(user).filter(status=ApprovalRequest.Status.PENDING)
-    before = Q(created_at__lt=approval.created_at) | Q(created_at=approval.created_at, id__lt=approval.pk)
-    after = Q(created_at__gt=approval.created_at) | Q(created_at=approval.created_at, id__gt=approval.pk)
-    prev_id = pending.filter(before).order_by("-created_at", "-id").values_list("pk", flat=True).first()
-    next_id = pending.filter(after).order_by("created_at", "id").values_list("pk", flat=True).first()
+    """The previous and next pending approvals ``user`` may see, in the queue's order
+    (``QUEUE_ORDER``: most urgent first), around ``approval`` (j/k)."""
+    here = with_urgency(ApprovalRequest.objects.filter(pk=approval.pk)).values("urgency", "sort_at").first()
+    if here is None:
+        return None, None
+    urgency, sort_at = here["urgency"], here["sort_at"]
+    pending = with_urgency(approvals_visible_to(user).filter(status=ApprovalRequest.Status.PENDING))
+    before = (
+        Q(urgency__lt=urgency)
+        | Q(urgency=urgency, sort_at__lt=sort_at)
+        | Q(urgency=urgency, sort_at=sort_at, id__lt=approval.pk)
+    )
+    after = (
+        Q(urgency__gt=urgency)
+        | Q(urgency=urgency, sort_at__gt=sort_at)
+        | Q(urgency=urgency, sort_at=sort_at, id__gt=approval.pk)
+    )
+    backwards = [f"-{key}" for key in QUEUE_ORDER]
+    prev_id = pending.filter(before).order_by(*backwards).values_list("pk", flat=True).first()
+    next_id = pending.filter(after).order_by(*QUEUE_ORDER).values_list("pk", flat=True).first()
     return prev_id, next_id
+
+
+def next_decidable(approval: ApprovalRequest, *, user) -> ApprovalRequest | None:
+    """The approval ``user`` should decide next, once ``approval`` is off their hands
+    (what the page offers, ``n``): the most urgent (QUEUE_ORDER) other than ``approval``
+    that they may decide. Not merely one they may see: the eligibility of
+    approvals_decidable_by (not their own run, every required group, not claimed by
+    someone else, not a proposal they approved). The most urgent, not the one after
+    ``approval``: an item escalated meanwhile comes first."""
+    return (
+        with_urgency(approvals_decidable_by(user).exclude(pk=approval.pk))
+        .select_related("tool_call", "outcome_call", "run", "proposal")
+        .order_by(*QUEUE_ORDER)
+        .first()
+    )
 
 
 # --- guards: what a guard found, for people ----------------------------------------
@@ -493,7 +834,7 @@ class GuardContext:
 
     approval: ApprovalRequest
     headline: str
-    transcript: list[Message]
+    transcript: list[TranscriptEntry]
     folded: int
     earlier: list[ApprovalRequest]
     who_may_decide: str
@@ -515,7 +856,7 @@ class GuardContext:
 def guard_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> GuardContext:
     detail = approval.detail if isinstance(approval.detail, dict) else {}
     run = approval.run
-    transcript = transcript_messages(run)
+    transcript = transcript_entries(transcript_messages(run), keep_unfolded=keep_unfolded)
     earlier = list(
         ApprovalRequest.objects.filter(run=run)
         .exclude(pk=approval.pk)
@@ -527,7 +868,7 @@ def guard_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Guard
         approval=approval,
         headline=guard_headline(approval),
         transcript=transcript,
-        folded=max(0, len(transcript) - keep_unfolded),
+        folded=sum(entry.folded for entry in transcript),
         earlier=earlier,
         who_may_decide=group_names(approval),
         actions=GUARD_ACTIONS[approval.kind],

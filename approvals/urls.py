@@ -6,8 +6,8 @@ from . import views, views_analytics, views_mail, views_queue
 
 # <id:...> is desk.converters.IdConverter (at most 18 digits), registered in desk/urls.py.
 urlpatterns = [
-    path("", views.queue, name="queue"),
-    path("nav", views.nav_counts, name="nav-counts"),
+    path("", views_queue.queue, name="queue"),
+    path("nav", views_queue.nav_counts, name="nav-counts"),
     path("bulk", views_queue.bulk_decide, name="approvals-bulk"),
     path("outbox/", views_mail.outbox, name="outbox"),
     path("outbox/<id:email_id>/", views_mail.outbox_email, name="outbox-email"),

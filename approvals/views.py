@@ -1,11 +1,9 @@
 from __future__ import annotations
 
-from urllib.parse import urlencode
-
 from django.contrib import messages
-from django.core.paginator import Paginator
-from django.http import Http404
+from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import trigger_client_event
@@ -15,8 +13,7 @@ from tools.inputs import UnsafeJSON, finite_decimal, parse_json
 from tools.registry import input_hash
 
 from .audit import verify_run
-from .forms import QueueFilterForm
-from .models import ApprovalRequest, GateRule
+from .models import ApprovalRequest
 from .selectors import (
     DECIDE_PERMISSION,
     approval_context,
@@ -27,7 +24,7 @@ from .selectors import (
     has_approved_current,
     may_break_claims,
     neighbours,
-    queue_pending,
+    next_decidable,
     schema_fields,
 )
 from .services import (
@@ -42,55 +39,12 @@ from .services import (
 )
 from .standing import standing_terms_from_form
 
-PAGE_SIZE = 50
-
 
 @require_GET
 def home(request):
     if request.user.has_perm(DECIDE_PERMISSION):
         return redirect("queue")
     return redirect("run-list")
-
-
-@require_GET
-def nav_counts(request):
-    return render(request, "base.html#nav", {})
-
-
-@require_GET
-def queue(request):
-    form = QueueFilterForm(request.GET)
-    rows_only = bool(request.htmx) and request.htmx.target == "queue-rows"
-    if not rows_only:
-        # The rows alone have nowhere to show it; the whole page shows it at the top.
-        for problem in form.problems():
-            messages.error(request, problem)
-    pending = queue_pending(user=request.user, **form.filters())
-    page = Paginator(pending, PAGE_SIZE).get_page(request.GET.get("page"))
-    applied = form.applied()
-    context = {
-        "page": page,
-        "applied": applied,
-        "query": urlencode(applied),
-        "tools": _choices(request.user, "tool_call__tool_name"),
-        "agents": _choices(request.user, "run__agent"),
-        "kinds": ApprovalRequest.Kind.choices,
-        "rules": GateRule.objects.filter(effect=GateRule.Effect.NEEDS_APPROVAL).order_by("name"),
-        "nav_section": "queue",
-        "now": timezone.now(),
-    }
-    template = "approvals/queue.html#rows" if rows_only else "approvals/queue.html"
-    return render(request, template, context)
-
-
-def _choices(user, field: str) -> list[str]:
-    return list(
-        approvals_visible_to(user)
-        .filter(status=ApprovalRequest.Status.PENDING, **{f"{field}__isnull": False})
-        .values_list(field, flat=True)
-        .order_by(field)
-        .distinct()
-    )
 
 
 def _approval(request, approval_id: int) -> ApprovalRequest:
@@ -120,14 +74,22 @@ def _page_context(request, approval: ApprovalRequest) -> dict:
     refusal = decide_refusal(user=request.user, approval=approval)
     if refusal is None and has_approved_current(request.user, approval):
         refusal = "You approved these arguments; they need another reviewer's approval."
+    pending = approval.status == ApprovalRequest.Status.PENDING
     return {
         # A guard shows what it found and its own actions; a call, what would run.
         "ctx": guard_context(approval) if approval.is_guard else approval_context(approval),
         "approval": approval,
+        # Every fragment (the decision after a refused approve, the status) needs these,
+        # not only the full page.
+        "call": approval.tool_call,
+        "run": approval.run,
         "refusal": refusal,
         "may_break_claim": claimed_by_someone_else(approval, request.user) and may_break_claims(request.user),
         "prev_id": prev_id,
         "next_id": next_id,
+        # Once this one is off the reviewer's hands (decided, or theirs no more to
+        # decide): the next one they may decide (n).
+        "next_decidable": next_decidable(approval, user=request.user) if refusal or not pending else None,
         "nav_section": "queue",
         "now": timezone.now(),
         # An htmx fragment shows its own flash messages; a full page shows them at the top.
@@ -135,11 +97,27 @@ def _page_context(request, approval: ApprovalRequest) -> dict:
     }
 
 
+def _decided_fragments(request, context: dict, *, main: str = "decision") -> HttpResponse:
+    """The ``main`` region htmx asked for and, swapped out of band, the others that
+    would still say "Pending" (the decision, the status panel, the header's age): the
+    page shows the final state at once. Flash messages go in the main region only."""
+    html = render_to_string(f"approvals/approval_detail.html#{main}", context, request=request)
+    for region in ("decision", "status", "age"):
+        if region != main:
+            oob = {**context, "oob": True, "inline_messages": False}
+            html += render_to_string(f"approvals/approval_detail.html#{region}", oob, request=request)
+    return HttpResponse(html)
+
+
 @require_GET
 def approval_detail(request, approval_id: int):
     approval = _approval(request, approval_id)
     context = _page_context(request, approval)
     if request.htmx and request.htmx.target == "approval-status":
+        if approval.status != ApprovalRequest.Status.PENDING:
+            # Decided elsewhere while this page was open: the decision form goes too
+            # (what was typed in it can no longer decide anything).
+            return _decided_fragments(request, context, main="status")
         return render(request, "approvals/approval_detail.html#status", context)
     return render(request, "approvals/approval_detail.html", context)
 
@@ -230,17 +208,18 @@ def approval_decide_view(request, approval_id: int):
         messages.error(request, str(exc))
         status = 400
     approval = _approval(request, approval.pk)
+    context = _page_context(request, approval)
+    if status != 200:
+        # What was typed is not lost to an error: the comment comes back in the form.
+        context["posted_comment"] = request.POST.get("comment", "")
     if request.htmx:
-        context = _page_context(request, approval)
         # htmx swaps only 2xx responses: the outcome, error or not, is in the fragment.
-        response = render(request, "approvals/approval_detail.html#decision", context)
+        response = _decided_fragments(request, context)
         return trigger_client_event(response, "approvalDecided", {"id": approval.pk})
-    if status == 200 and approval.status != ApprovalRequest.Status.PENDING:
-        _, next_id = neighbours(approval, user=request.user)
-        return redirect("approval-detail", approval_id=next_id) if next_id else redirect("queue")
     if status == 200:
+        # The page shows the final state and offers the next item to decide.
         return redirect("approval-detail", approval_id=approval.pk)
-    return render(request, "approvals/approval_detail.html", _page_context(request, approval), status=status)
+    return render(request, "approvals/approval_detail.html", context, status=status)
 
 
 @require_POST

@@ -3,28 +3,146 @@
 from __future__ import annotations
 
 import json
+import re
+from datetime import datetime
 from decimal import Decimal, InvalidOperation
 
 from django import template
+from django.utils import timezone
+from django.utils.text import Truncator
 
 from approvals import selectors
+from tools.registry import COMPENSABLE, IRREVERSIBLE, READ, REVERSIBLE
 
 register = template.Library()
 
 
 @register.filter
 def rupees(value) -> str:
-    """2900 -> ₹2,900.00; anything that is not a number is shown as it is."""
+    """2900 -> ₹2,900.00; anything that is not a number is shown as it is. Paise are
+    never rounded away: 2900.005 is ₹2,900.005, not a ₹2,900.00 that hides it."""
+    if isinstance(value, bool):
+        return str(value)
     try:
-        amount = Decimal(str(value)).quantize(Decimal("0.01"))
+        exact = Decimal(str(value))
+        amount = exact.quantize(Decimal("0.01"))
     except (InvalidOperation, ValueError):
         return str(value)
-    return f"₹{amount:,.2f}"
+    if not exact.is_finite():
+        return str(value)
+    sign = "-" if exact < 0 else ""
+    if amount != exact:
+        return f"{sign}₹{abs(exact).normalize():,f}"
+    return f"{sign}₹{abs(amount):,.2f}"
+
+
+def is_amount(name) -> bool:
+    """Whether an argument (or a rule's field) holds money: "amount", "refund_amount"."""
+    return str(name) == "amount" or str(name).endswith("_amount")
 
 
 @register.filter
 def fact(value, name: str) -> str:
-    return rupees(value) if name == "amount" else str(value)
+    return rupees(value) if is_amount(name) else str(value)
+
+
+# "amount 2900.0 > 500", "amount > 500", "total amount per order_id over 24 h >= 2000":
+# a rule's condition or a verdict's reason whose field is an amount.
+_MONEY_SUBJECT = re.compile(r"^(?:total )?(\w+)\b")
+_NUMBER = r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
+
+
+@register.filter
+def money_reason(text) -> str:
+    """A rule's condition or a verdict's reason with its amounts as rupees:
+    "amount 2900.0 > 500" -> "amount ₹2,900.00 > ₹500.00". Text whose field is not an
+    amount ("to contains @example.com", "number of calls per run > 3") is shown as it is."""
+    text = "" if text is None else str(text)
+    subject = _MONEY_SUBJECT.match(text)
+    if subject is None or not is_amount(subject.group(1)):
+        return text
+    # The actual value right after the field, and the threshold after the operator.
+    figures = re.compile(rf"(?<=^{re.escape(subject.group(0))} ){_NUMBER}(?= )|(?<=[<>=] ){_NUMBER}$")
+    return figures.sub(lambda m: rupees(m.group(0)), text)
+
+
+@register.filter
+def arg_text(value) -> str:
+    """An argument's value as a person reads it: text as text (its newlines kept, no
+    quotes or escapes), numbers and booleans as written, anything else as pretty JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, (int, float, Decimal)):
+        return str(value)
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+@register.filter
+def arg_value(value, name: str) -> str:
+    """A scalar argument for people: an amount as rupees, anything else as ``arg_text``."""
+    if is_amount(name) and isinstance(value, (int, float, Decimal)) and not isinstance(value, bool):
+        return rupees(value)
+    return arg_text(value)
+
+
+@register.filter
+def args_brief(value, limit: int = 40) -> str:
+    """A call's arguments on one line: "order_id: A-1001, amount: 900"."""
+
+    def short(v) -> str:
+        return Truncator(" ".join(arg_text(v).split())).chars(limit)
+
+    if not isinstance(value, dict):
+        return "" if value is None else short(value)
+    return ", ".join(f"{name}: {short(v)}" for name, v in value.items())
+
+
+@register.filter
+def is_structured(value) -> bool:
+    """Whether an argument is an object or a list (shown as JSON, not as text)."""
+    return isinstance(value, (dict, list))
+
+
+@register.filter
+def elapsed(start: datetime | None, end: datetime | None = None) -> str:
+    """How long from ``start`` to ``end`` (or now), for people: "40 s", "12 min",
+    "2 h 5 min", "3 days"."""
+    if start is None:
+        return ""
+    seconds = max(0, int(((end or timezone.now()) - start).total_seconds()))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = seconds // 60
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    return f"{hours // 24} days"
+
+
+# What a rollback does with a call of each kind: one sentence each, for the legend.
+UNDO_KIND_HELP = {
+    READ: "Reads only: it changes nothing, so there is nothing to roll back.",
+    REVERSIBLE: "A rollback undoes it exactly (deletes what it created, puts back what it changed).",
+    COMPENSABLE: "A rollback cannot unmake it but runs a corrective follow-up (a refund for a charge); "
+    "both stay on record.",
+    IRREVERSIBLE: "A rollback can neither undo nor compensate it: once it runs, it stands.",
+}
+
+
+@register.filter
+def undo_kind_help(kind: str) -> str:
+    """What a rollback does with a call of this kind, in one sentence."""
+    return UNDO_KIND_HELP.get(kind, "")
+
+
+@register.simple_tag
+def undo_kinds() -> list[tuple[str, str]]:
+    """The legend: (kind, what a rollback does with it) for every kind of write."""
+    return [(kind, UNDO_KIND_HELP[kind]) for kind in (REVERSIBLE, COMPENSABLE, IRREVERSIBLE)]
 
 
 @register.filter

@@ -1,7 +1,9 @@
 // Keyboard shortcuts for the desk. Plain DOM, no build step.
 //   queue:         j / k move the selection, Enter or o opens it
-//   approval page: j / k next / previous waiting item, a approve, d decline
-//                  (d puts the cursor in the comment first: a decline needs a reason)
+//   approval page: j / k next / previous waiting item, n the next one yours to decide,
+//                  c claim, a approve, d decline, r respond instead (d and r put the
+//                  cursor in the comment first: both need text; then Ctrl+Enter does it).
+//                  Ctrl+Enter never approves: approving is a, or the button.
 (function () {
   "use strict";
 
@@ -47,15 +49,30 @@
     }
     if (event.key === "j" && click('[data-key="j"]')) { event.preventDefault(); return; }
     if (event.key === "k" && click('[data-key="k"]')) { event.preventDefault(); return; }
+    // The offer in the decision region is the freshest (it came with the decision).
+    if (event.key === "n" && (click('#decision [data-key="n"]') || click('[data-key="n"]'))) {
+      event.preventDefault(); return;
+    }
+    if (event.key === "c" && click('button[data-key="c"]')) { event.preventDefault(); return; }
     if (event.key === "a" && click('button[data-key="a"]')) { event.preventDefault(); return; }
-    if (event.key === "d") {
+    if (event.key === "d" || event.key === "r") {
       var comment = document.getElementById("comment");
       if (!comment) { return; }
       event.preventDefault();
-      if (comment.value.trim()) { click('button[data-key="d"]'); }
-      else { comment.focus(); comment.placeholder = "Why decline? The model is told. Then press Ctrl+Enter."; }
+      var intent = event.key === "d" ? "decline" : "respond";
+      if (comment.value.trim()) { click('button[data-key="' + event.key + '"]'); return; }
+      comment.dataset.intent = intent;
+      comment.focus();
+      hint(intent === "decline"
+        ? "Why decline? The model is told. Then Ctrl+Enter declines."
+        : "What should the model be told instead? Nothing runs. Then Ctrl+Enter responds.");
     }
   });
+
+  function hint(text) {
+    var el = document.getElementById("comment-hint");
+    if (el) { el.textContent = text; el.classList.add("asking"); }
+  }
 
   // A click anywhere on a queue row opens it (the first cell keeps a real link).
   document.addEventListener("click", function (event) {
@@ -65,11 +82,23 @@
     }
   });
 
-  // Ctrl/Cmd+Enter in the comment declines (or approves if nothing is typed).
+  // Ctrl/Cmd+Enter in the comment declines or responds, as d or r said; it never
+  // approves. With nothing typed it does nothing but say what to do; with text and no
+  // d or r before it, it asks which.
   document.addEventListener("keydown", function (event) {
-    if (event.target && event.target.id === "comment" && event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
-      event.preventDefault();
-      click(event.target.value.trim() ? 'button[data-key="d"]' : 'button[data-key="a"]');
+    var comment = event.target;
+    if (!comment || comment.id !== "comment" || event.key !== "Enter" || !(event.ctrlKey || event.metaKey)) {
+      return;
     }
+    event.preventDefault();
+    if (!comment.value.trim()) {
+      hint("Nothing typed, so nothing was sent. Type a reason, then Ctrl+Enter declines (after d) "
+        + "or responds (after r). To approve, press Esc then a, or click Approve.");
+      return;
+    }
+    if (comment.dataset.intent === "decline") { click('button[data-key="d"]'); return; }
+    if (comment.dataset.intent === "respond") { click('button[data-key="r"]'); return; }
+    hint("Decline or respond with this comment? Press Esc, then d to decline or r to respond "
+      + "(or click the button).");
   });
 })();

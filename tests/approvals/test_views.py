@@ -145,7 +145,7 @@ def test_the_queue_lists_pending_oldest_first_with_the_facts(users):
     )
     text = get_html(client_for(users["reviewer"]), "/desk/")
     assert text.index("₹2,900.00") < text.index("to grace@example.com")
-    assert "Refunds over ₹500" in text and "amount 2900.0 &gt; 500" in text
+    assert "Refunds over ₹500" in text and "amount ₹2,900.00 &gt; ₹500.00" in text
     assert f"#{first.pk}" in text
     assert 'data-testid="nav-pending">2<' in text
 
@@ -194,7 +194,8 @@ def test_the_approval_page_shows_context_rule_and_siblings(users):
     text = get_html(client_for(users["reviewer"]), f"/desk/approvals/{approval.pk}/")
     assert "Looking it up." in text and "Refunding now." in text  # what the model said
     assert "Ceramic teapot" in text  # what it saw (the get_order result)
-    assert "amount &gt; 500" in text and "amount 900 &gt; 500" in text  # threshold and actual value
+    # threshold and actual value, amounts as rupees
+    assert "amount &gt; ₹500.00" in text and "amount ₹900.00 &gt; ₹500.00" in text
     assert "add_note" in text and "Committed" in text  # the sibling call and its state
     assert ">compensable<" in text  # what undoing a refund means
 

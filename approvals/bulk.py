@@ -1,0 +1,130 @@
+"""Bulk decisions: decline or approve several queue items with one comment.
+
+Each item is decided on its own through the one service, ``approval_decide``, with
+the hash of the arguments its row showed: a bulk decision is a shortcut for deciding
+them one after the other, never a second path with rules of its own. An item that
+cannot be decided (already decided, not yours to decide, edited since it was shown)
+is reported and the others go on; each decision is its own transaction, so one that
+fails leaves the others decided.
+
+Bulk approve is for the plain cases only. It leaves out, and says why, what a person
+should look at on its own page: an edited proposal, a call that cannot be undone, an
+item that needs more than one approver, and a guard (which takes its own actions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tools.registry import find_tool
+
+from .models import ApprovalRequest
+from .selectors import approvals_visible_to
+from .services import AlreadyDecided, Decision, DecisionError, StaleDecision, approval_decide
+
+APPROVE, DECLINE = "approve", "decline"
+ON_ITS_PAGE = "decide it on its page"
+
+
+@dataclass(frozen=True)
+class BulkOutcome:
+    """What became of one item: ``done`` if it was decided as asked; ``text`` says so
+    ("#12 declined", "#13 not approved: refund_item cannot be undone, decide it on its
+    page", "#14 already declined by bob")."""
+
+    approval_id: int
+    done: bool
+    text: str
+    # What the item is, for people: "refund_item, run #7" (blank for an unknown id).
+    what: str = ""
+
+
+def bulk_approve_refusal(approval: ApprovalRequest) -> str | None:
+    """Why ``approval`` is left out of a bulk approve (it is decided on its own page),
+    or None."""
+    if approval.is_guard:
+        return f"a {approval.get_kind_display()} request takes its own actions"
+    if approval.is_edited:
+        return "its arguments are a person's edit"
+    spec = find_tool(approval.tool_call.tool_name)
+    if spec is not None and spec.is_irreversible:
+        return f"{spec.name} cannot be undone"
+    if approval.approvers_required > 1:
+        return f"it needs {approval.approvers_required} approvers"
+    return None
+
+
+def _decided(approval: ApprovalRequest) -> str:
+    who = approval.decided_by.get_username() if approval.decided_by else "the system"
+    return f"#{approval.pk} already {approval.status} by {who}"
+
+
+def approvals_bulk_decide(
+    *, reviewer, decision: str, comment: str, items: list[tuple[int, str]], enqueue: bool = True
+) -> list[BulkOutcome]:
+    """``reviewer`` approves or declines (``decision``) each of ``items`` (approval id,
+    the args hash its row showed) with ``comment``; what became of each, in order.
+
+    An id ``reviewer`` may not see is reported exactly like one that does not exist.
+    """
+    if decision not in (APPROVE, DECLINE):
+        raise DecisionError("Choose approve or decline.")
+    verb = "approved" if decision == APPROVE else "declined"
+    ids = [approval_id for approval_id, _ in items]
+    visible = {
+        a.pk: a
+        for a in approvals_visible_to(reviewer)
+        .filter(pk__in=ids)
+        .select_related("tool_call", "run", "decided_by", "proposal")
+    }
+    outcomes = []
+    for approval_id, args_hash in items:
+        approval = visible.get(approval_id)
+        if approval is None:
+            outcomes.append(BulkOutcome(approval_id, False, f"#{approval_id} not {verb}: no such approval"))
+            continue
+        outcomes.append(_decide_one(approval, reviewer, decision, comment, args_hash, verb, enqueue=enqueue))
+    return outcomes
+
+
+def _decide_one(approval, reviewer, decision, comment, args_hash, verb, *, enqueue) -> BulkOutcome:
+    what = (
+        f"{approval.tool_call.tool_name}, run #{approval.run_id}"
+        if approval.tool_call_id
+        else f"{approval.get_kind_display()}, run #{approval.run_id}"
+    )
+
+    def outcome(done: bool, text: str) -> BulkOutcome:
+        return BulkOutcome(approval.pk, done, text, what)
+
+    def refused(why: str) -> BulkOutcome:
+        return outcome(False, f"#{approval.pk} not {verb}: {why}")
+
+    if approval.status != ApprovalRequest.Status.PENDING:
+        return outcome(False, _decided(approval))
+    if approval.is_guard:
+        # Approve and decline do not apply to a guard: it takes its own actions.
+        return refused(f"{bulk_approve_refusal(approval)}, {ON_ITS_PAGE}")
+    if decision == APPROVE and (why := bulk_approve_refusal(approval)):
+        return refused(f"{why}, {ON_ITS_PAGE}")
+    if decision == APPROVE:
+        made = Decision.approve(comment=comment, args_hash=args_hash)
+    else:
+        made = Decision.decline(comment, args_hash=args_hash)
+    try:
+        result = approval_decide(approval_id=approval.pk, reviewer=reviewer, decision=made, enqueue=enqueue)
+    except StaleDecision:
+        return refused(f"its arguments changed since the queue was shown, {ON_ITS_PAGE}")
+    except AlreadyDecided as exc:
+        if exc.approval.status == ApprovalRequest.Status.PENDING:
+            return refused(str(exc))  # still open, but its run moved on
+        return outcome(False, _decided(exc.approval))
+    except DecisionError as exc:  # NotAllowed among them: the service says why
+        return refused(str(exc))
+    decided = result.approval
+    if decided.status == ApprovalRequest.Status.PENDING:
+        # Approvers were counted again under the lock: still more needed.
+        return outcome(
+            True, f"#{approval.pk}: your approval is recorded; {result.approvals_missing} more needed"
+        )
+    return outcome(True, f"#{approval.pk} {decided.status}")

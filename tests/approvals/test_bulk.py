@@ -1,0 +1,340 @@
+"""Bulk decisions from the queue: tick several items, decline or approve them with one
+comment. Each is decided through the one service with the hash its row showed; what
+cannot be decided is reported, not fatal; bulk approve leaves out what a person should
+look at on its own page. Every rule beside the attack that tries to get around it.
+
+Personas: ``requester`` starts runs and decides nothing; ``reviewer`` decides refunds
+over ₹500; ``senior`` (also a reviewer) those over ₹5,000; ``admin`` is a superuser.
+"""
+
+from __future__ import annotations
+
+import html
+
+import pytest
+from django.contrib.auth.models import Permission
+
+from approvals.bulk import approvals_bulk_decide
+from approvals.forms import BULK_LIMIT
+from approvals.models import ApprovalRequest, AuditEvent, GateRule
+from approvals.services import Decision, approval_open_guard
+from runs.engine import run_advance_until_settled
+from runs.models import GuardKind, Run
+from runs.services import run_create
+from tests.helpers import client_for, decide, get_html, pending, script, start, tool_results, turn
+from tools.models import Payment
+
+pytestmark = [
+    pytest.mark.django_db(databases=["default", "world"]),
+    pytest.mark.usefixtures("plain_refund_desk"),
+]
+
+
+def refund(amount=600, order="A-1001") -> dict:
+    return script(
+        turn(("refund_item", {"order_id": order, "amount": amount, "reason": "Scratched case"})),
+        {"text": "Done."},
+    )
+
+
+def waiting(requester, the_script=None, **kwargs) -> ApprovalRequest:
+    return pending(start(the_script or refund(), requester=requester, **kwargs))
+
+
+def item(approval: ApprovalRequest, args_hash: str | None = None) -> str:
+    """What a row's checkbox posts: the id and the hash of the arguments it showed."""
+    return f"{approval.pk}:{approval.args_hash if args_hash is None else args_hash}"
+
+
+def post_bulk(client, decision: str, approvals, *, comment: str = "", htmx: bool = False, **extra):
+    data = {
+        "decision": decision,
+        "comment": comment,
+        "item": [a if isinstance(a, str) else item(a) for a in approvals],
+    }
+    headers = {"HX-Request": "true", "HX-Target": "bulk-summary"} if htmx else {}
+    return client.post("/desk/bulk", data, headers=headers, **extra)
+
+
+def outcomes(response) -> list[str]:
+    """The summary's lines, from an htmx response (the fragment)."""
+    lines = response.content.decode().split('data-testid="bulk-outcome">')[1:]
+    text = []
+    for line in lines:
+        line = line.split("</li>", 1)[0]
+        # The line's text without its tags: "#12 declined refund_item, run #7".
+        while "<" in line:
+            before, _, rest = line.partition("<")
+            line = before + rest.partition(">")[2]
+        text.append(" ".join(html.unescape(line).split()))
+    return text
+
+
+def status(approval: ApprovalRequest) -> str:
+    approval.refresh_from_db()
+    return approval.status
+
+
+# --- bulk decline ---------------------------------------------------------------------
+def test_three_items_are_declined_with_one_comment_and_each_run_is_told(users):
+    approvals = [waiting(users["requester"], refund(600 + i)) for i in range(3)]
+    response = post_bulk(
+        client_for(users["reviewer"]), "decline", approvals, comment="Duplicate tickets", htmx=True
+    )
+    assert response.status_code == 200
+    assert "approvalDecided" in response.headers["HX-Trigger"]
+    assert "3 declined." in response.content.decode()
+    assert [line.split(" refund_item")[0] for line in outcomes(response)] == [
+        f"#{a.pk} declined" for a in approvals
+    ]
+    for approval in approvals:
+        approval.refresh_from_db()
+        assert approval.status == "declined" and approval.decided_by == users["reviewer"]
+        assert approval.comment == "Duplicate tickets"
+        assert AuditEvent.objects.filter(approval=approval, action="approval.declined").count() == 1
+        run_advance_until_settled(approval.run_id)
+        told = tool_results(Run.objects.get(pk=approval.run_id))[-1]["content"]
+        assert told == "Declined by Reviewer: Duplicate tickets. Do not retry."
+    assert not Payment.objects.exists()
+
+
+def test_a_bulk_decline_needs_a_comment_and_loses_nothing(users):
+    approvals = [waiting(users["requester"], refund(600 + i)) for i in range(2)]
+    client = client_for(users["reviewer"])
+    response = post_bulk(client, "decline", approvals, comment="   ")
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert "A decline needs a reason: the model is told it. Nothing was decided." in html
+    # The page comes back with the rows still ticked.
+    assert html.count('data-testid="row-pick" checked') == 2
+    # The page it came back on keeps refreshing itself from the queue, not from /bulk.
+    assert '<div id="queue-rows" hx-get="/desk/"' in html
+    assert [status(a) for a in approvals] == ["pending", "pending"]
+    htmx = post_bulk(client, "decline", approvals, htmx=True)
+    assert htmx.status_code == 200 and "A decline needs a reason" in htmx.content.decode()
+    assert "HX-Trigger" not in htmx.headers
+
+
+def test_without_htmx_the_summary_is_shown_once_on_the_queue(users):
+    approval = waiting(users["requester"])
+    client = client_for(users["reviewer"])
+    response = client.post(
+        "/desk/bulk?tab=all&q=A-1001", {"decision": "decline", "comment": "No", "item": [item(approval)]}
+    )
+    assert response.status_code == 302 and response.url == "/desk/?tab=all&q=A-1001"
+    page = get_html(client, response.url)
+    assert "1 declined." in page and f"#{approval.pk} declined" in page
+    assert "1 declined." not in get_html(client, response.url)
+
+
+def test_nothing_ticked_decides_nothing(users):
+    waiting(users["requester"])
+    response = post_bulk(client_for(users["reviewer"]), "decline", [], comment="x", htmx=True)
+    assert "Select at least one item." in response.content.decode()
+
+
+# --- bulk approve: only the plain cases -----------------------------------------------
+def test_bulk_approve_leaves_out_what_needs_its_own_page_and_says_why(users, settings):
+    plain = waiting(users["requester"])
+    edited = waiting(users["requester"], refund(900))
+    # The reviewer edits it onto ₹6,000: a proposal only a senior may approve.
+    decide(edited, users["reviewer"], Decision.approve(edit={**edited.proposal.input, "amount": 6000}))
+    edited.refresh_from_db()
+    GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2)
+    two_person = waiting(users["requester"], refund(700))
+    GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=1)
+    irreversible = waiting(
+        users["requester"],
+        script(turn(("delete_file_permanently", {"path": "tmp/old.txt"})), {"text": "Done."}),
+        agent="onboarding",
+        task="Clean up",
+    )
+    run = run_create(
+        agent_name="refund-desk", task="Refund A-1002", requester=users["requester"], enqueue=False
+    )
+    guard = approval_open_guard(
+        run=run, kind=GuardKind.BUDGET, reason="spent", detail={"budget": "tokens", "used": 2, "limit": 1}
+    )
+    approvals = [plain, edited, two_person, irreversible, guard]
+    response = post_bulk(client_for(users["senior"]), "approve", approvals, comment="Looks right", htmx=True)
+    lines = outcomes(response)
+    assert lines[0].startswith(f"#{plain.pk} approved")
+    assert lines[1].startswith(
+        f"#{edited.pk} not approved: its arguments are a person's edit, decide it on its page"
+    )
+    assert lines[2].startswith(f"#{two_person.pk} not approved: it needs 2 approvers, decide it on its page")
+    assert lines[3].startswith(
+        f"#{irreversible.pk} not approved: delete_file_permanently cannot be undone, decide it on its page"
+    )
+    assert lines[4].startswith(f"#{guard.pk} not approved: a budget spent request takes its own actions")
+    assert "1 approved, 4 not approved." in response.content.decode()
+    assert [status(a) for a in approvals] == ["approved", "pending", "pending", "pending", "pending"]
+    assert not ApprovalRequest.objects.get(pk=two_person.pk).votes.exists()
+
+
+def test_a_guard_is_not_declined_in_bulk_either(users):
+    run = run_create(
+        agent_name="refund-desk", task="Refund A-1002", requester=users["requester"], enqueue=False
+    )
+    guard = approval_open_guard(
+        run=run, kind=GuardKind.STUCK, reason="stuck", detail={"stalled_steps": 4, "patience": 4}
+    )
+    response = post_bulk(client_for(users["reviewer"]), "decline", [item(guard)], comment="Stop", htmx=True)
+    assert outcomes(response)[0].startswith(f"#{guard.pk} not declined: a no progress request takes its own")
+    assert status(guard) == "pending"
+
+
+# --- the attacks ------------------------------------------------------------------------
+def test_a_requester_cannot_bulk_approve_their_own_run(users):
+    approval = waiting(users["requester"])
+    response = post_bulk(client_for(users["requester"]), "approve", [approval])
+    assert response.status_code == 403
+    assert status(approval) == "pending"
+
+
+def test_a_reviewer_cannot_bulk_approve_the_run_they_requested(users):
+    own = waiting(users["reviewer"])
+    other = waiting(users["requester"])
+    response = post_bulk(client_for(users["reviewer"]), "approve", [own, other], htmx=True)
+    assert outcomes(response)[0].startswith(
+        f"#{own.pk} not approved: You requested this run; someone else must decide it."
+    )
+    assert outcomes(response)[1].startswith(f"#{other.pk} approved")
+    assert status(own) == "pending" and status(other) == "approved"
+
+
+def test_a_senior_only_item_posted_by_a_plain_reviewer_is_refused(users):
+    senior_only = waiting(users["requester"], refund(6000, "A-1003"))
+    response = post_bulk(client_for(users["reviewer"]), "approve", [senior_only], htmx=True)
+    assert outcomes(response)[0].startswith(
+        f"#{senior_only.pk} not approved: Only members of senior-reviewers may decide this approval."
+    )
+    assert status(senior_only) == "pending"
+
+
+@pytest.fixture
+def carol(django_user_model):
+    """A decider who may not see every run: the decide permission, not view_all."""
+    carol = django_user_model.objects.create_user("carol", email="carol@example.com")
+    carol.user_permissions.add(Permission.objects.get(codename="decide_approvalrequest"))
+    return carol
+
+
+def test_ids_a_reviewer_may_not_see_are_answered_like_ids_that_do_not_exist(users, carol):
+    hidden = waiting(users["requester"])  # for reviewers: carol may not see it
+    response = post_bulk(
+        client_for(carol), "decline", [hidden, "999999999:" + "0" * 64], comment="x", htmx=True
+    )
+    assert response.status_code == 200
+    assert outcomes(response) == [
+        f"#{hidden.pk} not declined: no such approval",
+        "#999999999 not declined: no such approval",
+    ]
+    html = response.content.decode()
+    assert "refund_item" not in html and "A-1001" not in html and f"/desk/approvals/{hidden.pk}/" not in html
+    assert status(hidden) == "pending"
+
+
+def test_a_double_posted_form_decides_once_and_says_who_did(users):
+    approvals = [waiting(users["requester"], refund(600 + i)) for i in range(2)]
+    client = client_for(users["reviewer"])
+    post_bulk(client, "decline", approvals, comment="First", htmx=True)
+    again = post_bulk(client_for(users["senior"]), "approve", approvals, comment="Second", htmx=True)
+    assert [line.split(" refund_item")[0] for line in outcomes(again)] == [
+        f"#{a.pk} already declined by reviewer" for a in approvals
+    ]
+    assert "0 approved, 2 not approved." in again.content.decode()
+    for approval in approvals:
+        approval.refresh_from_db()
+        assert approval.status == "declined" and approval.comment == "First"
+        assert (
+            AuditEvent.objects.filter(approval=approval, action__startswith="approval.")
+            .exclude(action="approval.opened")
+            .count()
+            == 1
+        )
+
+
+def test_the_same_row_ticked_twice_is_decided_once(users):
+    approval = waiting(users["requester"])
+    response = post_bulk(
+        client_for(users["reviewer"]), "decline", [approval, approval], comment="x", htmx=True
+    )
+    assert len(outcomes(response)) == 1 and status(approval) == "declined"
+
+
+def test_an_item_edited_after_the_queue_was_shown_is_refused_as_stale(users):
+    approval = waiting(users["requester"], refund(900))
+    shown = approval.args_hash  # what the senior's queue row showed
+    decide(approval, users["reviewer"], Decision.approve(edit={**approval.proposal.input, "amount": 6000}))
+    approval.refresh_from_db()
+    assert approval.args_hash != shown
+    response = post_bulk(
+        client_for(users["senior"]), "decline", [item(approval, shown)], comment="Not this", htmx=True
+    )
+    assert outcomes(response)[0].startswith(
+        f"#{approval.pk} not declined: its arguments changed since the queue was shown, decide it on its page"
+    )
+    assert status(approval) == "pending"
+
+
+def test_a_row_that_says_nothing_of_what_it_showed_decides_nothing(users):
+    approval = waiting(users["requester"])
+    response = post_bulk(
+        client_for(users["reviewer"]), "decline", [f"{approval.pk}:"], comment="x", htmx=True
+    )
+    assert "its arguments changed since the queue was shown" in outcomes(response)[0]
+    assert status(approval) == "pending"
+
+
+@pytest.mark.parametrize("bad", ["abc", "12", "1:XYZ", "-1:ab", "1" * 19 + ":ab"])
+def test_an_item_the_queue_never_posts_is_a_bad_request(users, bad):
+    approval = waiting(users["requester"])
+    response = post_bulk(
+        client_for(users["reviewer"]), "decline", [item(approval), bad], comment="Wrong order"
+    )
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert "A selected item is not one the queue shows; reload the queue." in html
+    assert 'value="Wrong order"' in html  # what was typed is not lost
+    assert status(approval) == "pending"
+
+
+def test_more_than_the_cap_decides_nothing(users):
+    approval = waiting(users["requester"])
+    fake = [f"{n}:ab" for n in range(10**9, 10**9 + BULK_LIMIT)]
+    response = post_bulk(client_for(users["reviewer"]), "decline", [approval, *fake], comment="x", htmx=True)
+    assert f"At most {BULK_LIMIT} items at a time ({BULK_LIMIT + 1} were selected); nothing was decided." in (
+        response.content.decode()
+    )
+    assert status(approval) == "pending"
+
+
+def test_bulk_needs_a_post_with_its_csrf_token(users):
+    approval = waiting(users["requester"])
+    client = client_for(users["reviewer"], enforce_csrf_checks=True)
+    assert post_bulk(client, "decline", [approval], comment="x").status_code == 403
+    assert client_for(users["reviewer"]).get("/desk/bulk").status_code == 405
+    assert status(approval) == "pending"
+
+
+def test_an_unknown_decision_decides_nothing(users):
+    approval = waiting(users["requester"])
+    response = post_bulk(client_for(users["reviewer"]), "respond", [approval], comment="x", htmx=True)
+    assert "Choose approve or decline." in response.content.decode()
+    assert status(approval) == "pending"
+
+
+def test_the_service_reports_each_item_and_goes_on(users):
+    """What the view calls, called directly: one refusal does not stop the others."""
+    own = waiting(users["reviewer"])
+    other = waiting(users["requester"])
+    result = approvals_bulk_decide(
+        reviewer=users["reviewer"],
+        decision="decline",
+        comment="No",
+        items=[(own.pk, own.args_hash), (other.pk, other.args_hash)],
+        enqueue=False,
+    )
+    assert [o.done for o in result] == [False, True]
+    assert result[1].text == f"#{other.pk} declined" and result[1].what == f"refund_item, run #{other.run_id}"

@@ -1,0 +1,393 @@
+"""The queue is the reviewer's own: "yours to decide" (what they may decide now) by
+default, "all waiting" beside it with why each other row is not theirs; due time and
+SLA state per row, most urgent first, sorted and paged in the database; free-text
+search; the warnings stored with each proposal.
+
+Personas: ``requester`` starts runs and decides nothing; ``reviewer`` decides refunds
+over ₹500; ``senior`` (also a reviewer) those over ₹5,000; ``admin`` is a superuser.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.utils import timezone
+
+from approvals import views_queue
+from approvals.models import ApprovalRequest, GateRule, Proposal
+from approvals.selectors import (
+    approvals_visible_to,
+    decide_refusal,
+    has_approved_current,
+    neighbours,
+    queue_pending,
+    queue_rows,
+)
+from approvals.services import approval_claim, approval_open_guard
+from runs.models import GuardKind
+from runs.services import run_create
+from tests.helpers import client_for, decide, get_html, pending, script, start, turn
+
+pytestmark = [
+    pytest.mark.django_db(databases=["default", "world"]),
+    pytest.mark.usefixtures("plain_refund_desk"),
+]
+
+
+def refund(amount=600, order="A-1001", reason="Scratched case") -> dict:
+    return script(
+        turn(("refund_item", {"order_id": order, "amount": amount, "reason": reason})), {"text": "Done."}
+    )
+
+
+def email(to="grace@example.com", subject="Hi", body="Hello") -> dict:
+    return script(turn(("send_email", {"to": to, "subject": subject, "body": body})), {"text": "Done."})
+
+
+def waiting(requester, the_script=None, *, task="Refund order A-1001") -> ApprovalRequest:
+    """A run of ``requester`` that waits on one gated call: its approval."""
+    return pending(start(the_script or refund(), requester=requester, task=task))
+
+
+def a_guard(requester) -> ApprovalRequest:
+    run = run_create(agent_name="refund-desk", task="Refund order A-1002", requester=requester, enqueue=False)
+    detail = {"budget": "tokens", "used": 201345, "limit": 200000}
+    return approval_open_guard(run=run, kind=GuardKind.BUDGET, reason="token budget spent", detail=detail)
+
+
+def ids(queryset) -> list[int]:
+    return list(queryset.values_list("pk", flat=True))
+
+
+def rows_of(html: str) -> int:
+    return html.count('data-testid="queue-row"')
+
+
+def count_in(html: str, testid: str) -> str:
+    """The text of the element with ``testid`` (the first)."""
+    return re.search(rf'data-testid="{testid}"[^>]*>([^<]*)<', html)[1]
+
+
+@pytest.fixture
+def mixed(users):
+    """One of each: a plain refund, the reviewer's own run, a senior-only refund, a
+    two-person refund the reviewer already approved, one claimed by the senior, a
+    guard, an email whose rule allows self-approval (requested by the reviewer), and
+    one the senior escalated to themselves."""
+    plain = waiting(users["requester"])
+    own = waiting(users["reviewer"])
+    senior_only = waiting(users["requester"], refund(6000, "A-1003"))
+    GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2)
+    two_person = waiting(users["requester"], refund(700))
+    decide(two_person, users["reviewer"])
+    GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=1)
+    claimed = waiting(users["requester"], refund(800))
+    approval_claim(approval_id=claimed.pk, reviewer=users["senior"])
+    guard = a_guard(users["requester"])
+    GateRule.objects.filter(name="Emails to customers").update(allow_self_approval=True)
+    self_ok = waiting(users["reviewer"], email())
+    return {
+        "plain": plain,
+        "own": own,
+        "senior_only": senior_only,
+        "two_person": two_person,
+        "claimed": claimed,
+        "guard": guard,
+        "self_ok": self_ok,
+    }
+
+
+# --- yours to decide ------------------------------------------------------------
+def test_yours_to_decide_is_the_query_twin_of_the_decide_check_for_every_person(users, mixed, bob):
+    now = timezone.now()
+    for user in [*users.values(), bob]:
+        yours = set(ids(queue_pending(user=user, yours=True)))
+        visible = queue_pending(user=user)
+        for approval in ApprovalRequest.objects.filter(status="pending"):
+            approval = ApprovalRequest.objects.get(pk=approval.pk)
+            may = (
+                decide_refusal(user=user, approval=approval) is None
+                and not has_approved_current(user, approval)
+                and not (approval.claimed_by_id not in (None, user.pk) and approval.claimed_until > now)
+            )
+            assert (approval.pk in yours) == may, (user.username, approval.pk)
+        # Each row of "all waiting" says why exactly when it is not in "yours to decide".
+        for row in queue_rows(visible, user=user, now=timezone.now()):
+            assert (row.refusal is None) == (row.approval.pk in yours), (
+                user.username,
+                row.approval.pk,
+                row.refusal,
+            )
+    reviewer_yours = set(ids(queue_pending(user=users["reviewer"], yours=True)))
+    assert reviewer_yours == {mixed["plain"].pk, mixed["guard"].pk, mixed["self_ok"].pk}
+
+
+def test_a_reviewer_sees_what_is_theirs_and_the_counts_match_the_rows(users, mixed):
+    client = client_for(users["reviewer"])
+    page = get_html(client, "/desk/")
+    assert rows_of(page) == 3
+    assert count_in(page, "tab-yours-count") == "3"
+    assert count_in(page, "nav-pending") == "3"
+    assert count_in(get_html(client, "/desk/nav"), "nav-pending") == "3"
+    assert count_in(page, "tab-all-count") == "7"
+    for hidden in ("own", "senior_only", "two_person", "claimed"):
+        assert f'data-approval="{mixed[hidden].pk}"' not in page, hidden
+    # Only the rows they may decide can be ticked (a guard takes its own actions).
+    assert page.count('data-testid="row-pick"') == 2
+
+
+def test_all_waiting_says_why_each_other_row_is_not_yours(users, mixed):
+    page = get_html(client_for(users["reviewer"]), "/desk/", {"tab": "all"})
+    assert rows_of(page) == 7
+    assert count_in(page, "tab-all-count") == "7" and count_in(page, "tab-yours-count") == "3"
+
+    def why(name):
+        row = page.split(f'data-approval="{mixed[name].pk}"', 1)[1].split("</tr>", 1)[0]
+        return count_in(row, "row-refusal") if 'data-testid="row-refusal"' in row else None
+
+    assert why("own") == "your own run"
+    assert why("senior_only") == "needs senior-reviewers"
+    assert why("two_person") == "you approved it"
+    assert why("claimed") == "claimed by senior"
+    assert why("plain") is None and why("self_ok") is None and why("guard") is None
+    assert page.count('data-testid="row-pick"') == 2
+
+
+def test_a_requester_has_nothing_to_decide_and_sees_their_runs_under_all_waiting(users, mixed):
+    client = client_for(users["requester"])
+    page = get_html(client, "/desk/")
+    assert rows_of(page) == 0 and count_in(page, "tab-yours-count") == "0"
+    assert count_in(page, "nav-pending") == "0"
+    assert 'data-testid="bulk-bar"' not in page
+    theirs = get_html(client, "/desk/", {"tab": "all"})
+    assert rows_of(theirs) == 5  # their own runs only
+    assert theirs.count(">your own run<") == 5
+    assert 'name="item"' not in theirs
+
+
+def test_a_person_with_no_role_sees_an_empty_queue(bob, mixed):
+    client = client_for(bob)
+    assert rows_of(get_html(client, "/desk/")) == 0
+    assert rows_of(get_html(client, "/desk/", {"tab": "all"})) == 0
+
+
+def test_an_unknown_tab_is_named_and_yours_is_shown(users, mixed):
+    page = get_html(client_for(users["reviewer"]), "/desk/", {"tab": "everything"})
+    assert "Tab filter ignored: there is no tab everything: yours or all." in page
+    assert rows_of(page) == 3
+
+
+# --- due time, SLA state, urgency ---------------------------------------------------
+def age(approval: ApprovalRequest, minutes: float) -> None:
+    ApprovalRequest.objects.filter(pk=approval.pk).update(
+        created_at=timezone.now() - timedelta(minutes=minutes)
+    )
+
+
+def sla_of(page: str, approval: ApprovalRequest) -> str | None:
+    row = page.split(f'data-approval="{approval.pk}"', 1)[1].split("</tr>", 1)[0]
+    return count_in(row, "row-sla") if 'data-testid="row-sla"' in row else None
+
+
+def test_each_row_says_when_it_is_due_and_the_most_urgent_come_first(users, settings):
+    settings.DESK_GUARD_SLA_MINUTES = 0  # guards aside: calls only
+    GateRule.objects.filter(name="Refunds over ₹500").update(sla_minutes=30)
+    no_sla_old = waiting(users["requester"], email("old@example.com"))
+    no_sla_new = waiting(users["requester"], email("new@example.com"))
+    due = waiting(users["requester"], refund(610))
+    overdue = waiting(users["requester"], refund(620))
+    escalated = waiting(users["requester"], refund(630))
+    age(no_sla_old, 300)
+    age(no_sla_new, 200)
+    age(due, 18)
+    age(overdue, 35)
+    age(escalated, 5)
+    ApprovalRequest.objects.filter(pk=escalated.pk).update(escalated_at=timezone.now())
+
+    page = get_html(client_for(users["senior"]), "/desk/")
+    assert sla_of(page, due) == "due in 12 min"
+    assert sla_of(page, overdue) == "overdue 5 min"
+    assert sla_of(page, escalated) == "escalated"
+    assert sla_of(page, no_sla_old) is None
+    order = [escalated, overdue, due, no_sla_old, no_sla_new]
+    positions = [page.index(f'data-approval="{a.pk}"') for a in order]
+    assert positions == sorted(positions)
+
+
+def test_the_due_time_follows_the_rules_sla_as_it_stands_now(users):
+    approval = waiting(users["requester"])
+    age(approval, 10)
+    client = client_for(users["reviewer"])
+    assert sla_of(get_html(client, "/desk/"), approval) is None
+    GateRule.objects.filter(name="Refunds over ₹500").update(sla_minutes=60)
+    assert sla_of(get_html(client, "/desk/"), approval) == "due in 50 min"
+    GateRule.objects.filter(name="Refunds over ₹500").update(sla_minutes=5)
+    assert sla_of(get_html(client, "/desk/"), approval) == "overdue 5 min"
+
+
+def test_a_guard_is_due_after_the_desks_guard_sla(users, settings):
+    settings.DESK_GUARD_SLA_MINUTES = 30
+    guard = a_guard(users["requester"])
+    age(guard, 20)
+    assert sla_of(get_html(client_for(users["reviewer"]), "/desk/"), guard) == "due in 10 min"
+
+
+def test_the_order_is_the_databases_so_pages_continue_it(users, monkeypatch):
+    monkeypatch.setattr(views_queue, "PAGE_SIZE", 2)
+    GateRule.objects.filter(name="Refunds over ₹500").update(sla_minutes=60)
+    plain = waiting(users["requester"], email())  # no SLA: last
+    later = waiting(users["requester"], refund(610))
+    sooner = waiting(users["requester"], refund(620))
+    first = waiting(users["requester"], refund(630))
+    age(later, 10)  # due in 50 min
+    age(sooner, 40)  # due in 20 min
+    age(first, 70)  # overdue
+    age(plain, 600)  # the oldest, but without an SLA
+    client = client_for(users["reviewer"])
+    one = get_html(client, "/desk/")
+    two = get_html(client, "/desk/", {"page": 2})
+    assert one.index(f'data-approval="{first.pk}"') < one.index(f'data-approval="{sooner.pk}"')
+    assert two.index(f'data-approval="{later.pk}"') < two.index(f'data-approval="{plain.pk}"')
+    assert rows_of(one) == rows_of(two) == 2
+
+
+def test_j_and_k_on_the_approval_page_follow_the_queues_order(users):
+    GateRule.objects.filter(name="Refunds over ₹500").update(sla_minutes=60)
+    plain = waiting(users["requester"], email())
+    due = waiting(users["requester"], refund(610))
+    overdue = waiting(users["requester"], refund(620))
+    age(plain, 600)
+    age(due, 10)
+    age(overdue, 90)
+    reviewer = users["reviewer"]
+    assert neighbours(overdue, user=reviewer) == (None, due.pk)
+    assert neighbours(due, user=reviewer) == (overdue.pk, plain.pk)
+    assert neighbours(plain, user=reviewer) == (due.pk, None)
+
+
+# --- search ---------------------------------------------------------------------------
+def test_search_finds_by_task_customer_arguments_and_run_id(users):
+    ada = waiting(
+        users["requester"],
+        email("ada@example.com", "Your refund"),
+        task="Customer Ada Lovelace: broken teapot",
+    )
+    order = waiting(users["requester"], refund(900, "A-1002"), task="Refund the second order")
+    other = waiting(users["requester"], refund(800, "A-1001"), task="Something else")
+    client = client_for(users["reviewer"])
+
+    def found(q):
+        page = get_html(client, "/desk/", {"q": q})
+        return {a.pk for a in (ada, order, other) if f'data-approval="{a.pk}"' in page}
+
+    assert found("lovelace") == {ada.pk}  # the task, any case
+    assert found("ADA@EXAMPLE") == {ada.pk}  # a customer in the arguments
+    assert found("a-1002") == {order.pk}  # an order id
+    assert found("your REFUND") == {ada.pk}  # any argument
+    assert found(f"#{other.run_id}") == {other.pk}  # a run id
+    assert other.pk in found(str(other.run_id))
+    assert found("send_email") == {ada.pk}  # the tool
+    assert found("%") == set()  # a LIKE wildcard is just a character
+    assert found("nobody") == set()
+
+
+def test_search_reads_the_proposal_that_would_run_and_text_in_any_script(users):
+    plain = waiting(users["requester"], email("zoe@example.com", "Café crème für Zoë"))
+    quoted = waiting(users["requester"], email("x@example.com", 'He said "hi"'))
+    client = client_for(users["reviewer"])
+    assert f'data-approval="{plain.pk}"' in get_html(client, "/desk/", {"q": "Café"})
+    assert f'data-approval="{plain.pk}"' in get_html(client, "/desk/", {"q": "für Zoë"})
+    assert f'data-approval="{quoted.pk}"' in get_html(client, "/desk/", {"q": 'said "hi'})
+    # An edit is a new proposal: its arguments are searched too.
+    approval = waiting(users["requester"], refund(900, "A-1001"))
+    decide(approval, users["reviewer"], _edit_to_senior(approval))
+    page = get_html(client_for(users["senior"]), "/desk/", {"q": "Edited by reviewer"})
+    assert f'data-approval="{approval.pk}"' in page
+
+
+def _edit_to_senior(approval):
+    from approvals.services import Decision
+
+    return Decision.approve(edit={**approval.proposal.input, "amount": 6000, "reason": "Edited by reviewer"})
+
+
+def test_search_keeps_the_tab_and_the_filters_in_its_links(users):
+    waiting(users["requester"])
+    page = get_html(
+        client_for(users["reviewer"]), "/desk/", {"tab": "all", "q": "A-1001 & co", "tool": "refund_item"}
+    )
+    assert "?tab=all&amp;q=A-1001+%26+co&amp;tool=refund_item" in page
+    assert 'value="A-1001 &amp; co"' in page
+
+
+def test_a_search_too_long_is_named_and_ignored(users):
+    waiting(users["requester"])
+    page = get_html(client_for(users["reviewer"]), "/desk/", {"q": "x" * 201})
+    assert "Search filter ignored: Ensure this value has at most 200 characters (it has 201)." in page
+    assert rows_of(page) == 1
+
+
+# --- warnings and facts in the row ----------------------------------------------------
+def test_a_row_shows_the_warnings_stored_with_its_proposal_escaped(users):
+    approval = waiting(users["requester"], refund(2900))
+    evil = "<script>alert(1)</script>"
+    Proposal.objects.filter(pk=approval.proposal_id).update(
+        warnings=["Repeats an earlier refund: ₹2,900.00 to order A-1001", evil]
+    )
+    quiet = waiting(users["requester"], refund(700))
+    page = get_html(client_for(users["reviewer"]), "/desk/")
+    row = page.split(f'data-approval="{approval.pk}"', 1)[1].split("</tr>", 1)[0]
+    assert 'data-testid="row-warnings"' in row
+    assert "Repeats an earlier refund: ₹2,900.00 to order A-1001" in row
+    assert evil not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in row
+    assert "<strong>₹2,900.00</strong>" in row
+    quiet_row = page.split(f'data-approval="{quiet.pk}"', 1)[1].split("</tr>", 1)[0]
+    assert 'data-testid="row-warnings"' not in quiet_row
+
+
+def test_warnings_that_are_not_a_list_show_nothing(users):
+    approval = waiting(users["requester"])
+    Proposal.objects.filter(pk=approval.proposal_id).update(warnings="not a list")
+    page = get_html(client_for(users["reviewer"]), "/desk/")
+    assert 'data-testid="row-warnings"' not in page and rows_of(page) == 1
+
+
+# --- cost ---------------------------------------------------------------------------
+@pytest.mark.parametrize("params", [{}, {"tab": "all"}, {"q": "A-1001"}, {"tab": "all", "q": "refund"}])
+def test_the_queue_costs_the_same_for_five_items_or_sixty(users, params, django_assert_max_num_queries):
+    from tests.approvals.test_views import many_pending
+
+    many_pending(5, users["requester"])
+    client = client_for(users["reviewer"])
+    client.get("/desk/")  # the session, warmed
+    with django_assert_max_num_queries(14) as few:
+        assert client.get("/desk/", params).status_code == 200
+    many_pending(55, users["requester"])
+    with django_assert_max_num_queries(len(few.captured_queries)):
+        assert client.get("/desk/", params).status_code == 200
+
+
+@pytest.fixture
+def bob(django_user_model):
+    """Someone with an account and no role."""
+    return django_user_model.objects.create_user("bob", email="bob@example.com")
+
+
+@pytest.fixture
+def carol(django_user_model):
+    """A decider who may not see every run (the decide permission, not view_all)."""
+    carol = django_user_model.objects.create_user("carol", email="carol@example.com")
+    carol.user_permissions.add(Permission.objects.get(codename="decide_approvalrequest"))
+    return carol
+
+
+def test_a_decider_without_view_all_sees_only_what_they_may_decide(users, carol):
+    plain = waiting(users["requester"])  # reviewers only: carol is not one
+    GateRule.objects.filter(name="Emails to customers").update(required_group=None)
+    free = waiting(users["requester"], email("ada@example.com"))
+    assert set(ids(approvals_visible_to(carol).filter(status="pending"))) == {free.pk}
+    page = get_html(client_for(carol), "/desk/", {"tab": "all"})
+    assert f'data-approval="{plain.pk}"' not in page and f'data-approval="{free.pk}"' in page

@@ -70,7 +70,7 @@ from .selectors import (
     guard_headline,
     input_changes,
 )
-from .templatetags.desk import rupees
+from .templatetags.desk import arg_value, money_reason, rupees
 
 log = logging.getLogger(__name__)
 
@@ -212,9 +212,9 @@ def approval_subject(approval: ApprovalRequest, kind: str) -> str:
         who = (editor.get_full_name() or editor.get_username()) if editor else "A reviewer"
         return (
             f"[Countersign] {who} proposes edited arguments for {call.tool_name} in {run}: "
-            f"approve? ({approval.proposal.reason})"
+            f"approve? ({money_reason(approval.proposal.reason)})"
         )
-    return f"[Countersign] Approve {call.tool_name} for {run}? ({approval.reason})"
+    return f"[Countersign] Approve {call.tool_name} for {run}? ({money_reason(approval.reason)})"
 
 
 def notify_reviewers(*, approval: ApprovalRequest, kind: str) -> list[Notification]:
@@ -642,9 +642,11 @@ def notification_context(note: Notification) -> dict:
             approval=approval,
             call=approval.tool_call,
             proposal=proposal,
-            arguments=[(k, _as_text(v)) for k, v in shown.items()] if isinstance(shown, dict) else [],
+            # Amounts as rupees ("₹2,900.00", not 2900.0); text as text.
+            arguments=[(k, arg_value(v, k)) for k, v in shown.items()] if isinstance(shown, dict) else [],
             changes=[
-                (k, _as_text(before), _as_text(after)) for k, before, after in input_changes(original, shown)
+                (k, arg_value(before, k), arg_value(after, k))
+                for k, before, after in input_changes(original, shown)
             ]
             if original is not None
             else [],

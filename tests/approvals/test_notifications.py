@@ -79,7 +79,9 @@ def test_reviewers_allowed_to_decide_get_one_email_each_with_html_text_link_and_
         "senior@countersign.local",
     ]
     [email] = inbox("reviewer@countersign.local")
-    assert email.subject == f"[Countersign] Approve refund_item for run {run.pk}? (amount 2900.0 > 500)"
+    assert (
+        email.subject == f"[Countersign] Approve refund_item for run {run.pk}? (amount ₹2,900.00 > ₹500.00)"
+    )
     link = f"http://127.0.0.1:8000/desk/approvals/{approval.pk}/"
     for part in (email.body, html_of(email)):
         assert link in part
@@ -87,8 +89,8 @@ def test_reviewers_allowed_to_decide_get_one_email_each_with_html_text_link_and_
         assert "Refunds over ₹500 (v1)" in part
         assert "Requester" in part and "requester@countersign.local" in part
         assert run.task in part
-    assert "amount: 2900.0" in email.body and "Why: amount 2900.0 > 500" in email.body
-    assert "amount 2900.0 &gt; 500" in html_of(email)
+    assert "amount: ₹2,900.00" in email.body and "Why: amount ₹2,900.00 > ₹500.00" in email.body
+    assert "amount ₹2,900.00 &gt; ₹500.00" in html_of(email)
     assert f'href="{link}"' in html_of(email)
     assert email.extra_headers["X-Countersign-Event"] == f"approval:{approval.pk}:opened"
     sent = Notification.objects.filter(approval=approval)

@@ -67,7 +67,8 @@ def test_a_notification_sent_through_the_outbox_backend_is_stored_not_printed(us
     ]
     email = emails[1]
     assert (
-        email.subject == f"[Countersign] Approve refund_item for run {approval.run_id}? (amount 2900.0 > 500)"
+        email.subject
+        == f"[Countersign] Approve refund_item for run {approval.run_id}? (amount ₹2,900.00 > ₹500.00)"
     )
     assert f"/desk/approvals/{approval.pk}/" in email.body and "<html" in email.html
     assert email.headers["X-Countersign-Event"] == f"approval:{approval.pk}:opened"

@@ -97,10 +97,10 @@ def test_reviewers_get_the_email_over_smtp_once_and_an_outage_is_retried(desk, s
     text = message.get_body(("plain",)).get_content()
     html = message.get_body(("html",)).get_content()
     assert link in text and f'href="{link}"' in html
-    assert "amount: 2900.0" in text and "Why: amount 2900.0 > 500" in text
+    assert "amount: ₹2,900.00" in text and "Why: amount ₹2,900.00 > ₹500.00" in text
     # A long subject is folded on the wire; what a mail client shows is the words.
     subject = " ".join(str(message["Subject"]).split())
-    assert subject == f"[Countersign] Approve refund_item for run {run_id}? (amount 2900.0 > 500)"
+    assert subject == f"[Countersign] Approve refund_item for run {run_id}? (amount ₹2,900.00 > ₹500.00)"
     assert set(Notification.objects.filter(event=opened).values_list("status", flat=True)) == {"sent"}
 
     # The SMTP server goes away; the reviewer declines; the requester's email fails...

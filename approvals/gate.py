@@ -7,7 +7,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from django.db import connections, router
 from django.utils import timezone
@@ -16,7 +16,15 @@ from runs.failpoints import pausepoint
 from runs.gate import ALLOW, NEEDS_APPROVAL, Verdict
 from runs.models import Run, ToolCall
 
-from .models import ApprovalRequest, GateRule, RuleMode, as_comparable, rule_label
+from .models import (
+    ApprovalRequest,
+    GateRule,
+    RuleMode,
+    as_comparable,
+    finite_number,
+    plain_number,
+    rule_label,
+)
 from .notifications import notify_run_finished
 from .services import approval_open, approval_open_guard, approvals_cancel
 from .shadow import shadow_verdicts
@@ -185,7 +193,7 @@ def aggregate_matches(rule: RuleTerms, *, run, call, facts: dict) -> tuple[bool,
     """Whether the running total of the tool's calls in the rule's scope, this
     call included, meets the rule; why, in words; and the figures."""
     if rule.aggregate == GateRule.Aggregate.SUM:
-        this = _number(facts.get(rule.field))
+        this = finite_number(facts.get(rule.field))
         if this is None:
             return False, "", None  # the call has no such amount: the rule does not apply
     else:
@@ -211,15 +219,16 @@ def aggregate_matches(rule: RuleTerms, *, run, call, facts: dict) -> tuple[bool,
     hit = rule.compare(total)
     what = rule.field if rule.aggregate == GateRule.Aggregate.SUM else "calls"
     op = rule.operator_symbol
-    why = f"{what} {_plain(so_far)} so far on {scope} + {_plain(this)} = {_plain(total)} {op} {rule.value}"
+    so_far_text, this_text, total_text = plain_number(so_far), plain_number(this), plain_number(total)
+    why = f"{what} {so_far_text} so far on {scope} + {this_text} = {total_text} {op} {rule.value}"
     detail = {
         "aggregate": rule.aggregate,
         "field": rule.field,
         "scope": scope,
         "where": where,
-        "so_far": _plain(so_far),
-        "this": _plain(this),
-        "total": _plain(total),
+        "so_far": plain_number(so_far),
+        "this": plain_number(this),
+        "total": plain_number(total),
         "operator": op,
         "value": rule.value,
         "window_minutes": rule.window_minutes,
@@ -282,7 +291,7 @@ def _so_far(rule: RuleTerms, *, tool_name: str, scope_value, since, exclude: int
         (total,) = cursor.fetchone()
     if rule.aggregate != GateRule.Aggregate.SUM:
         return Decimal(total)
-    total = _number(total) or Decimal(0)
+    total = finite_number(total) or Decimal(0)
     return total if connection.vendor == "postgresql" else total / MICRO
 
 
@@ -324,21 +333,6 @@ def _json_value_param(connection, value):
     if connection.vendor == "postgresql":
         return json.dumps(value)
     return value
-
-
-def _number(value) -> Decimal | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        number = Decimal(str(value))
-    except (InvalidOperation, ValueError):
-        return None
-    return number if number.is_finite() else None
-
-
-def _plain(number: Decimal) -> str:
-    """2450, 2940.5: no exponent, no trailing zeros."""
-    return format(number.normalize(), "f")
 
 
 def lock_scope(name: str) -> None:

@@ -298,6 +298,22 @@ def _minutes(minutes: int) -> str:
     return f"{minutes} min"
 
 
+def finite_number(value) -> Decimal | None:
+    """A finite number as a Decimal; None for anything else (text, a bool, NaN, None)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        number = Decimal(str(value))
+    except (InvalidOperation, ValueError):
+        return None
+    return number if number.is_finite() else None
+
+
+def plain_number(number: Decimal) -> str:
+    """2450, 2940.5: no exponent, no trailing zeros."""
+    return format(number.normalize(), "f")
+
+
 def as_comparable(value):
     """A rule's value or a call's fact as it is compared: a finite number as a
     Decimal, anything else as text."""

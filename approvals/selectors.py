@@ -11,7 +11,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -38,7 +38,7 @@ from runs.models import GuardKind, Message, Step, ToolCall
 from runs.selectors import VIEW_ALL_PERMISSION
 from tools.registry import ReviewContext, canonical_json, find_tool
 
-from .models import ApprovalRequest, ApprovalVote, GateRule, GuardAction, Proposal
+from .models import ApprovalRequest, ApprovalVote, GateRule, GuardAction, Proposal, finite_number
 
 DECIDE_PERMISSION = "approvals.decide_approvalrequest"
 # Escalation hands an approval to this group; its members (and superusers) may
@@ -708,22 +708,12 @@ def action_verb(action: str) -> str:
 def budget_unit(budget: str, amount=None) -> str:
     """ "tokens", "step" (for 1), "USD": the unit of a budget, for people."""
     one, many = BUDGET_UNITS.get(budget, (budget, budget))
-    return one if amount is not None and _number(amount) == 1 else many
-
-
-def _number(value) -> Decimal | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        number = Decimal(str(value))
-    except (InvalidOperation, ValueError):
-        return None
-    return number if number.is_finite() else None
+    return one if amount is not None and finite_number(amount) == 1 else many
 
 
 def budget_figure(budget: str, value) -> str:
     """201345 -> "201,345" (steps, tokens); 2.1 -> "$2.10" (cost); text as it is."""
-    number = _number(value)
+    number = finite_number(value)
     if number is None:
         return "?" if value is None else str(value)
     if budget == "cost":
@@ -875,7 +865,7 @@ def guard_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Guard
     )
     if approval.kind == GuardKind.BUDGET:
         budget = str(detail.get("budget", ""))
-        limit, worst = _number(detail.get("limit")), _number(detail.get("next_worst_case"))
+        limit, worst = finite_number(detail.get("limit")), finite_number(detail.get("next_worst_case"))
         # A quarter of the limit, at least what the next call may take.
         suggested = max(x for x in (limit / 4 if limit else None, worst, Decimal(1)) if x is not None)
         if budget != "cost":

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from django.db import transaction
 from django.db.models import Prefetch
@@ -42,7 +42,7 @@ from runs.models import Run, ToolCall
 from tools.inputs import UnsafeJSON, finite_decimal
 from tools.registry import find_tool, input_hash
 
-from .models import ApprovalRequest, AuditEvent, GateRule, StandingApproval
+from .models import ApprovalRequest, AuditEvent, GateRule, StandingApproval, finite_number, plain_number
 from .templatetags.desk import rupees
 
 # This module must not import ``approvals.services`` at import time (services imports
@@ -89,7 +89,7 @@ class StandingTerms:
             parts.append(f"up to {self.max_count} call{'s' if self.max_count != 1 else ''}")
         if self.max_amount is not None:
             parts.append(f"{rupees(self.max_amount)} in total")
-        return f"{', '.join(parts)}, for {_plain(self.hours)} hour{'s' if self.hours != 1 else ''}"
+        return f"{', '.join(parts)}, for {plain_number(self.hours)} hour{'s' if self.hours != 1 else ''}"
 
 
 def _error(message: str):
@@ -130,7 +130,7 @@ def standing_terms(*, amount: str = "", count: str = "", hours: str = "") -> Sta
         raise _error("The hours must be more than 0.")
     if span > StandingApproval.MAX_HOURS:
         raise _error(
-            f"A standing approval lasts at most {StandingApproval.MAX_HOURS} hours, not {_plain(span)}."
+            f"A standing approval lasts at most {StandingApproval.MAX_HOURS} hours, not {plain_number(span)}."
         )
     return StandingTerms(max_amount=max_amount, max_count=max_count, hours=span)
 
@@ -183,7 +183,7 @@ def standing_grant_refusal(*, approval: ApprovalRequest, reviewer, terms: Standi
         )
     if approval.run.requester_id == reviewer.pk:
         return "You requested this run: you may not allow its further calls in advance."
-    if terms.max_amount is not None and _number(_facts(spec, call.input).get(AMOUNT_FACT)) is None:
+    if terms.max_amount is not None and finite_number(_facts(spec, call.input).get(AMOUNT_FACT)) is None:
         return f"{call.tool_name} has no amount: cap the number of calls instead."
     return None
 
@@ -231,7 +231,7 @@ def standing_allows(*, run, call, spec, facts: dict, verdict: Verdict) -> Verdic
     if not grants or _is_reviewers_edit(run, call, spec):
         return None
     rule = GateRule.objects.filter(pk=verdict.rule_id).first() if verdict.rule_id else None
-    amount = _number(facts.get(AMOUNT_FACT))
+    amount = finite_number(facts.get(AMOUNT_FACT))
     for grant in grants:
         if not _could_approve(grant.granted_by, run=run, rule=rule):
             continue
@@ -283,7 +283,7 @@ def standing_used(grant: StandingApproval) -> Used:
     count, amount = 0, Decimal(0)
     for tool_input in calls.values_list("input", flat=True):
         count += 1
-        amount += _number(_facts(spec, tool_input).get(AMOUNT_FACT)) or Decimal(0)
+        amount += finite_number(_facts(spec, tool_input).get(AMOUNT_FACT)) or Decimal(0)
     return Used(count=count, amount=amount)
 
 
@@ -391,20 +391,6 @@ def _facts(spec, tool_input) -> dict:
     return facts if isinstance(facts, dict) else {}
 
 
-def _number(value) -> Decimal | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        number = Decimal(str(value))
-    except (InvalidOperation, ValueError):
-        return None
-    return number if number.is_finite() else None
-
-
-def _plain(number: Decimal) -> str:
-    return format(number.normalize(), "f")
-
-
 @dataclass(frozen=True)
 class StandingOffer:
     """Whether the decide form offers a standing approval to ``user`` (``refusal``:
@@ -419,7 +405,7 @@ class StandingOffer:
 def standing_offer(*, approval: ApprovalRequest, user) -> StandingOffer:
     call = approval.tool_call
     spec = find_tool(call.tool_name) if call is not None else None
-    has_amount = spec is not None and _number(_facts(spec, call.input).get(AMOUNT_FACT)) is not None
+    has_amount = spec is not None and finite_number(_facts(spec, call.input).get(AMOUNT_FACT)) is not None
     terms = StandingTerms(max_count=1)  # what is checked here does not depend on the limits
     refusal = standing_grant_refusal(approval=approval, reviewer=user, terms=terms, edit=None)
     return StandingOffer(

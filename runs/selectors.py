@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from copy import copy
 from dataclasses import dataclass, field
@@ -425,6 +426,25 @@ def format_rupees(value) -> str:
     if amount != exact:
         return f"{sign}₹{abs(exact).normalize():,f}"
     return sign + rupees(abs(amount))
+
+
+# "amount 2900.0 > 500", "amount > 500", "total amount per order_id over 24 h >= 2000":
+# a rule's condition or a verdict's reason whose field is an amount.
+_MONEY_SUBJECT = re.compile(r"^(?:total )?(\w+)\b")
+_NUMBER = r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
+
+
+def money_reason(text) -> str:
+    """A rule's condition or a verdict's reason with its amounts as rupees:
+    "amount 2900.0 > 500" -> "amount ₹2,900.00 > ₹500.00". Text whose field is not an
+    amount ("to contains @example.com", "number of calls per run > 3") is shown as it is."""
+    text = "" if text is None else str(text)
+    subject = _MONEY_SUBJECT.match(text)
+    if subject is None or not is_amount(subject.group(1)):
+        return text
+    # The actual value right after the field, and the threshold after the operator.
+    figures = re.compile(rf"(?<=^{re.escape(subject.group(0))} ){_NUMBER}(?= )|(?<=[<>=] ){_NUMBER}$")
+    return figures.sub(lambda m: format_rupees(m.group(0)), text)
 
 
 def args_summary(value, *, limit: int = 160, each: int = 60) -> str:

@@ -26,6 +26,16 @@ REVERSIBLE = "reversible"  # a true inverse: delete the created row, rename back
 COMPENSABLE = "compensable"  # a corrective follow-up: refund a charge; the original stays on record
 IRREVERSIBLE = "irreversible"  # no compensation: always gated, rollback refuses to cross it
 UNDO_KINDS = (REVERSIBLE, COMPENSABLE, IRREVERSIBLE)
+# What a rollback does with a call of each kind, for people: one sentence each (the
+# desk's legend and the kind badges' titles).
+UNDO_KIND_HELP = {
+    READ: "Only reads: it changed nothing, so a rollback has nothing to undo.",
+    REVERSIBLE: "A rollback undoes it exactly: what it created is removed, what it changed is put back.",
+    COMPENSABLE: "A rollback cannot unmake it but runs a corrective follow-up (a reversal for a refund, "
+    "a correction email); both stay on record.",
+    IRREVERSIBLE: "A rollback can neither undo nor compensate it: once it ran, it stands, "
+    "and a rollback stops before it.",
+}
 
 
 class ToolError(Exception):

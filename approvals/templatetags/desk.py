@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
-import re
 from datetime import datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from django import template
 from django.utils import timezone
 from django.utils.text import Truncator
 
 from approvals import selectors
-from tools.registry import COMPENSABLE, IRREVERSIBLE, READ, REVERSIBLE
+from runs import selectors as runs_selectors
+from runs.selectors import format_rupees, is_amount
+from tools.registry import UNDO_KIND_HELP, UNDO_KINDS
 
 register = template.Library()
 
@@ -21,24 +22,7 @@ register = template.Library()
 def rupees(value) -> str:
     """2900 -> ₹2,900.00; anything that is not a number is shown as it is. Paise are
     never rounded away: 2900.005 is ₹2,900.005, not a ₹2,900.00 that hides it."""
-    if isinstance(value, bool):
-        return str(value)
-    try:
-        exact = Decimal(str(value))
-        amount = exact.quantize(Decimal("0.01"))
-    except (InvalidOperation, ValueError):
-        return str(value)
-    if not exact.is_finite():
-        return str(value)
-    sign = "-" if exact < 0 else ""
-    if amount != exact:
-        return f"{sign}₹{abs(exact).normalize():,f}"
-    return f"{sign}₹{abs(amount):,.2f}"
-
-
-def is_amount(name) -> bool:
-    """Whether an argument (or a rule's field) holds money: "amount", "refund_amount"."""
-    return str(name) == "amount" or str(name).endswith("_amount")
+    return str(value) if value is None else format_rupees(value)
 
 
 @register.filter
@@ -46,24 +30,7 @@ def fact(value, name: str) -> str:
     return rupees(value) if is_amount(name) else str(value)
 
 
-# "amount 2900.0 > 500", "amount > 500", "total amount per order_id over 24 h >= 2000":
-# a rule's condition or a verdict's reason whose field is an amount.
-_MONEY_SUBJECT = re.compile(r"^(?:total )?(\w+)\b")
-_NUMBER = r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
-
-
-@register.filter
-def money_reason(text) -> str:
-    """A rule's condition or a verdict's reason with its amounts as rupees:
-    "amount 2900.0 > 500" -> "amount ₹2,900.00 > ₹500.00". Text whose field is not an
-    amount ("to contains @example.com", "number of calls per run > 3") is shown as it is."""
-    text = "" if text is None else str(text)
-    subject = _MONEY_SUBJECT.match(text)
-    if subject is None or not is_amount(subject.group(1)):
-        return text
-    # The actual value right after the field, and the threshold after the operator.
-    figures = re.compile(rf"(?<=^{re.escape(subject.group(0))} ){_NUMBER}(?= )|(?<=[<>=] ){_NUMBER}$")
-    return figures.sub(lambda m: rupees(m.group(0)), text)
+money_reason = register.filter("money_reason", runs_selectors.money_reason)
 
 
 @register.filter
@@ -123,16 +90,6 @@ def elapsed(start: datetime | None, end: datetime | None = None) -> str:
     return f"{hours // 24} days"
 
 
-# What a rollback does with a call of each kind: one sentence each, for the legend.
-UNDO_KIND_HELP = {
-    READ: "Reads only: it changes nothing, so there is nothing to roll back.",
-    REVERSIBLE: "A rollback undoes it exactly (deletes what it created, puts back what it changed).",
-    COMPENSABLE: "A rollback cannot unmake it but runs a corrective follow-up (a refund for a charge); "
-    "both stay on record.",
-    IRREVERSIBLE: "A rollback can neither undo nor compensate it: once it runs, it stands.",
-}
-
-
 @register.filter
 def undo_kind_help(kind: str) -> str:
     """What a rollback does with a call of this kind, in one sentence."""
@@ -142,7 +99,7 @@ def undo_kind_help(kind: str) -> str:
 @register.simple_tag
 def undo_kinds() -> list[tuple[str, str]]:
     """The legend: (kind, what a rollback does with it) for every kind of write."""
-    return [(kind, UNDO_KIND_HELP[kind]) for kind in (REVERSIBLE, COMPENSABLE, IRREVERSIBLE)]
+    return [(kind, UNDO_KIND_HELP[kind]) for kind in UNDO_KINDS]
 
 
 @register.filter

@@ -311,6 +311,9 @@ def configure_guards(mode: str, n: int) -> dict:
     from tools import registry
 
     agent = registry.get_agent("refund-desk")
+    if mode == "shadow":
+        add_shadow_rules()
+        mode = "on"
     if mode == "on":
         registry._AGENTS[agent.name] = dataclasses.replace(agent, patience=n + 10)
         return {"max_tokens": 10**12, "max_cost": 100_000}
@@ -324,13 +327,40 @@ def configure_guards(mode: str, n: int) -> dict:
     return {}
 
 
+def add_shadow_rules() -> None:
+    """Two shadow rules on every tool: one that matches every call of the scenario and
+    one that matches none, so each call is judged by both and records what they said."""
+    from approvals.models import GateRule
+
+    GateRule.objects.create(
+        name="Bench: every order (shadow)",
+        tool="*",
+        field="order_id",
+        operator="contains",
+        value="A",
+        effect="needs_approval",
+        mode="shadow",
+        priority=500,
+    )
+    GateRule.objects.create(
+        name="Bench: no order (shadow)",
+        tool="*",
+        field="order_id",
+        operator="eq",
+        value="none",
+        effect="deny",
+        mode="shadow",
+        priority=400,
+    )
+
+
 def worker(args) -> dict:
     db_dir = Path(args.dir)
     setup_django(db_dir, debug=args.debug)
     from django.db import connection, connections
 
     from runs.engine import run_advance
-    from runs.models import Step
+    from runs.models import Step, ToolCall
     from runs.services import run_create
 
     counters = Counters()
@@ -415,6 +445,8 @@ def worker(args) -> dict:
         "outcome": str(result.outcome),
         "status": run.status,
         "error": run.error,
+        # Calls on which the gate recorded what shadow rules would have decided.
+        "shadowed": ToolCall.objects.filter(run=run, shadow__isnull=False).count(),
         "elapsed": elapsed,
         "deltas": deltas,
         "llm": list(counters.llm),
@@ -812,15 +844,19 @@ def report(
         report_profile(prof, fsyncs, cprof)
 
 
-def report_guards(pairs: list[dict]) -> None:
-    """The guards' cost per step: the same run with them on and off, side by side."""
+def report_guards(pairs: list[dict], *, title: str = "", on: str = "on", off: str = "off") -> None:
+    """The guards' cost per step: the same run with them on and off, side by side (or, with
+    ``on``/``off`` named otherwise, any two modes: shadow rules against none)."""
+    pairs = [{"on": pair[on], "off": pair[off]} for pair in pairs]
     n = pairs[0]["on"]["n"]
+    title = title or "Guards' cost per step"
+    what = "budgets, progress, stages" if on == "on" else "two shadow rules judged and recorded on every call"
+    print(f"\n{title} (N={n}, {len(pairs)} {on}/{off} pairs, alternated; {what})")
+    # "on" / "off" for the guards; "shadow" / "none" for shadow rules against none.
+    first, second = (on, off) if on == "on" else ("shadow", "none")
     print(
-        f"\nGuards' cost per step (N={n}, {len(pairs)} on/off pairs, alternated; budgets, progress, stages)"
-    )
-    print(
-        f"  {'pair':>4} | {'on ms/step':>10} {'off ms/step':>11} {'ratio':>6} | "
-        f"{'on engine':>9} {'off engine':>10} {'ratio':>6}"
+        f"  {'pair':>4} | {first + ' ms/step':>10} {second + ' ms/step':>11} {'ratio':>6} | "
+        f"{first + ' engine':>9} {second + ' engine':>10} {'ratio':>6}"
     )
     ons, offs, e_ons, e_offs = [], [], [], []
     for i, pair in enumerate(pairs, 1):
@@ -828,6 +864,8 @@ def report_guards(pairs: list[dict]) -> None:
         for r in (pair["on"], pair["off"]):
             if r["status"] != "done":
                 print(f"  !! a {r['mode']} run ended {r['status']}: {r['error']}")
+        if on == "shadow" and pair["on"]["shadowed"] < pair["on"]["n"]:
+            print(f"  !! shadow verdicts recorded on {pair['on']['shadowed']} calls of {pair['on']['n']}")
         ons.append(on["ms_step"])
         offs.append(off["ms_step"])
         e_ons.append(on["eng_ms_step"])
@@ -948,11 +986,14 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--marker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--guards", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
+    parser.add_argument("--guards", choices=["on", "off", "shadow"], default="on", help=argparse.SUPPRESS)
     parser.add_argument(
         "--guard-steps", type=int, default=800, help="N for the guards on/off comparison (0: none)"
     )
     parser.add_argument("--guard-pairs", type=int, default=3, help="on/off pairs, alternated")
+    parser.add_argument(
+        "--shadow-pairs", type=int, default=3, help="shadow rules / none pairs at --guard-steps (0: none)"
+    )
     args = parser.parse_args()
 
     if args.worker:
@@ -994,10 +1035,21 @@ def main() -> None:
                     )
                     pair[mode] = spawn("time", tmp / f"guards-{mode}-{n}-{i}", n=n, args=args, guards=mode)
                 pairs.append(pair)
+        shadow_pairs = []
+        for i in range(args.shadow_pairs if args.guard_steps else 0):
+            n = args.guard_steps
+            order = ("shadow", "on") if i % 2 == 0 else ("on", "shadow")
+            pair = {}
+            for mode in order:
+                print(f"  ... {mode} N={n} ({i + 1}/{args.shadow_pairs})", file=sys.stderr, flush=True)
+                pair[mode] = spawn("time", tmp / f"shadow-{mode}-{n}-{i}", n=n, args=args, guards=mode)
+            shadow_pairs.append(pair)
         print()
         report(args, results, probe, prof, fsyncs, cprof, tmp)
         if pairs:
             report_guards(pairs)
+        if shadow_pairs:
+            report_guards(shadow_pairs, title="Shadow rules' cost per step", on="shadow", off="on")
     finally:
         if args.keep:
             print(f"kept {tmp}")

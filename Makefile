@@ -68,6 +68,7 @@ bench: install
 	$(BIN)/python bench/gate_aggregates.py
 	$(BIN)/python bench/rawsql.py
 	$(BIN)/python bench/stuck.py
+	$(BIN)/python bench/analytics.py
 
 clean:
 	rm -rf var/ .pytest_cache

@@ -368,13 +368,17 @@ ANTHROPIC_API_KEY = env_str("ANTHROPIC_API_KEY")
 ANTHROPIC_BASE_URL = env_str("ANTHROPIC_BASE_URL") or None
 ANTHROPIC_MODEL = env_str("ANTHROPIC_MODEL", "claude-sonnet-4-6")
 
+# The desk's loggers print through the root's handler, once: a Celery worker replaces
+# the root's handlers with its own (a handler on each logger as well printed every line
+# twice in the worker).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
-        "desk": {"handlers": ["console"], "level": env_str("DESK_LOG_LEVEL", "INFO")},
-        "runs": {"handlers": ["console"], "level": env_str("DESK_LOG_LEVEL", "INFO")},
-        "approvals": {"handlers": ["console"], "level": env_str("DESK_LOG_LEVEL", "INFO")},
+        "desk": {"level": env_str("DESK_LOG_LEVEL", "INFO")},
+        "runs": {"level": env_str("DESK_LOG_LEVEL", "INFO")},
+        "approvals": {"level": env_str("DESK_LOG_LEVEL", "INFO")},
     },
 }

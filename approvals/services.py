@@ -69,7 +69,15 @@ from runs.services import (
 from tools.inputs import UnsafeJSON, check_json, finite_decimal
 from tools.registry import ReviewContext, find_tool, idempotency_keys_so_far, input_hash
 
-from .models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule, GuardAction, Proposal
+from .models import (
+    ApprovalRequest,
+    ApprovalVote,
+    AuditEvent,
+    GateRule,
+    GuardAction,
+    Proposal,
+    StandingApproval,
+)
 from .notifications import Kind, notify_call_declined, notify_proposal, notify_reviewers
 from .selectors import (
     ESCALATION_GROUP,
@@ -446,6 +454,8 @@ class DecisionResult:
     waits_for: str = ""
     # A guard's action (or a hand-over): what became of the run, in words.
     outcome: str = ""
+    # The standing approval granted with this approval, if one was asked for.
+    granted: StandingApproval | None = None
 
     @property
     def summary(self) -> str:
@@ -456,7 +466,13 @@ class DecisionResult:
         tool = approval.tool_call.tool_name
         if approval.status != ApprovalRequest.Status.PENDING:
             edited = " with the edited arguments" if approval.is_edited else ""
-            return f"{tool} {approval.status}{edited}."
+            granted = (
+                f" Further {tool} calls in this run are allowed by {self.granted.label} until "
+                f"{self.granted.expires_at:%H:%M} UTC."
+                if self.granted
+                else ""
+            )
+            return f"{tool} {approval.status}{edited}.{granted}"
         if self.waits_for:
             return (
                 f"Your edit is proposal {self.proposal.number}; it needs {self.waits_for} to approve "
@@ -539,10 +555,11 @@ def approval_decide(
                 approval=approval, run_woken=False, approvals_missing=missing, proposal=proposal
             )
         woken = _close(approval, reviewer, ApprovalRequest.Status.APPROVED, decision.comment, now)
+        granted = None
         if decision.standing is not None:
             # Only now that it closed approved, in the same transaction.
-            standing_grant(approval=approval, reviewer=reviewer, terms=decision.standing, now=now)
-        return _result(approval, woken, enqueue, proposal=proposal)
+            granted = standing_grant(approval=approval, reviewer=reviewer, terms=decision.standing, now=now)
+        return _result(approval, woken, enqueue, proposal=proposal, granted=granted)
 
 
 def _check_may_decide(approval: ApprovalRequest, reviewer, decision: Decision, *, now) -> None:

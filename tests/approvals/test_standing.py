@@ -380,6 +380,9 @@ def test_a_reviewer_grants_from_the_decide_form(users):
     assert response.status_code == 302
     grant = the_grant(run)
     assert (grant.max_amount, grant.max_count, grant.granted_by) == (Decimal(2000), None, users["reviewer"])
+    # The flash says what the reviewer just allowed, not only "refund_item approved."
+    after = get_html(client, response["Location"])
+    assert f"Further refund_item calls in this run are allowed by {grant.label} until" in after
 
 
 def test_the_form_offers_no_grant_on_an_irreversible_call(users):

@@ -59,7 +59,8 @@ from django.utils import timezone
 
 from runs.history import live_at
 from runs.models import CallStatus, Message, Run, ToolCall
-from runs.selectors import OUTCOME_NOTES, run_outcome
+from runs.selectors import OUTCOME_NOTES, args_summary, run_outcome
+from tools.registry import arguments_in_order
 
 from .models import ApprovalRequest, Notification, NotificationPreference
 from .selectors import (
@@ -70,7 +71,7 @@ from .selectors import (
     guard_headline,
     input_changes,
 )
-from .templatetags.desk import arg_value, money_reason, rupees
+from .templatetags.desk import arg_value, money_reason
 
 log = logging.getLogger(__name__)
 
@@ -591,9 +592,7 @@ def _call_summary(call: ToolCall) -> str:
     """One line of a call's arguments, for an email (amounts in rupees)."""
     if not isinstance(call.input, dict):
         return _as_text(call.input)[:200]
-    return ", ".join(f"{k}: {rupees(v) if k == 'amount' else _as_text(v)}" for k, v in call.input.items())[
-        :200
-    ]
+    return args_summary(call.input, tool=call.tool_name, limit=200)
 
 
 def _why_unhonoured(call: ToolCall, decisions: dict[int, ApprovalRequest]) -> str:
@@ -643,7 +642,9 @@ def notification_context(note: Notification) -> dict:
             call=approval.tool_call,
             proposal=proposal,
             # Amounts as rupees ("₹2,900.00", not 2900.0); text as text.
-            arguments=[(k, arg_value(v, k)) for k, v in shown.items()] if isinstance(shown, dict) else [],
+            arguments=[
+                (k, arg_value(v, k)) for k, v in arguments_in_order(approval.tool_call.tool_name, shown)
+            ],
             changes=[
                 (k, arg_value(before, k), arg_value(after, k))
                 for k, before, after in input_changes(original, shown)

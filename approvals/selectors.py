@@ -36,7 +36,7 @@ from runs.gate import GUARD_ACTIONS
 from runs.history import transcript_messages
 from runs.models import GuardKind, Message, Step, ToolCall
 from runs.selectors import VIEW_ALL_PERMISSION
-from tools.registry import ReviewContext, canonical_json, find_tool
+from tools.registry import ReviewContext, arguments_in_order, canonical_json, find_tool
 
 from .models import ApprovalRequest, ApprovalVote, GateRule, GuardAction, Proposal, finite_number
 
@@ -591,7 +591,7 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
         proposals=proposals,
         changes=input_changes(proposals[0].input, shown) if proposal and proposal.number > 1 else [],
         who_may_decide=group_names(approval),
-        arguments=list(shown.items()) if isinstance(shown, dict) else None,
+        arguments=arguments_in_order(call.tool_name, shown) if isinstance(shown, dict) else None,
         facts=facts,
         warnings=warnings,
     )

@@ -15,7 +15,7 @@ from django.db.models import Count, F
 from django.utils import timezone
 
 from tools.payments import rupees
-from tools.registry import all_agents, find_tool
+from tools.registry import all_agents, arguments_in_order, find_tool
 
 from .history import transcript_messages
 from .models import CallStatus, Message, Run, RunGuard, RunStatus, Step, ToolCall
@@ -447,8 +447,9 @@ def money_reason(text) -> str:
     return figures.sub(lambda m: format_rupees(m.group(0)), text)
 
 
-def args_summary(value, *, limit: int = 160, each: int = 60) -> str:
-    """A tool call's arguments on one line, amounts as rupees: ``order_id: A-1001, amount: ₹2,900.00``."""
+def args_summary(value, *, tool: str = "", limit: int = 160, each: int = 60) -> str:
+    """A tool call's arguments on one line, amounts as rupees: ``order_id: A-1001, amount: ₹2,900.00``
+    (in the order of ``tool``'s schema: ``arguments_in_order``)."""
 
     def short(item) -> str:
         text = item if isinstance(item, str) else json.dumps(item, ensure_ascii=False, default=str)
@@ -457,7 +458,8 @@ def args_summary(value, *, limit: int = 160, each: int = 60) -> str:
 
     if isinstance(value, dict):
         text = ", ".join(
-            f"{key}: {format_rupees(item) if is_amount(key) else short(item)}" for key, item in value.items()
+            f"{key}: {format_rupees(item) if is_amount(key) else short(item)}"
+            for key, item in arguments_in_order(tool, value)
         )
     else:
         text = short(value)

@@ -445,7 +445,9 @@ def _undo_rows(calls: list[ToolCall]) -> list[UndoRow]:
         spec = find_tool(call.tool_name)
         rows.append(
             UndoRow(
-                call=call, arguments=args_summary(call.input), kind=spec.effect_kind if spec else "unknown"
+                call=call,
+                arguments=args_summary(call.input, tool=call.tool_name),
+                kind=spec.effect_kind if spec else "unknown",
             )
         )
     return rows

@@ -362,6 +362,18 @@ def all_agents() -> list[AgentSpec]:
     return [_AGENTS[name] for name in sorted(_AGENTS)]
 
 
+def arguments_in_order(tool_name: str, tool_input: Any) -> list[tuple[str, Any]]:
+    """A call's arguments as people read them: in the order of the tool's schema, then
+    any others by name. Never the stored order: PostgreSQL's jsonb keeps none."""
+    if not isinstance(tool_input, dict):
+        return []
+    spec = find_tool(tool_name)
+    schema = list(spec.input_schema.get("properties", {})) if spec else []
+    known = [key for key in schema if key in tool_input]
+    rest = sorted(key for key in tool_input if key not in schema)
+    return [(key, tool_input[key]) for key in known + rest]
+
+
 def _canonical(value: Any) -> Any:
     # 2900, 2900.0 and Decimal("2900.00") are the same amount: one key.
     if isinstance(value, bool) or value is None or isinstance(value, str):

@@ -213,7 +213,10 @@ def test_reasons_show_amounts_as_rupees_and_other_figures_as_they_are():
 
 
 def test_the_undo_page_lists_amounts_as_rupees():
-    assert args_summary({"order_id": "A-1001", "amount": 2900.0}) == "order_id: A-1001, amount: ₹2,900.00"
+    assert (
+        args_summary({"amount": 2900.0, "order_id": "A-1001"}, tool="refund_item")
+        == "order_id: A-1001, amount: ₹2,900.00"
+    )
 
 
 def test_the_timeline_shows_amounts_and_verdict_reasons_formatted(users):

@@ -1,4 +1,4 @@
-"""Gate analytics for admins: load, decisions, reviewers, what-if, shadow rules (issue 10 part 7).
+"""Gate analytics for admins: load, decisions, reviewers, what-if, shadow rules.
 
 Admins are staff (``is_staff``: the people who tune rules in the admin); everyone
 else gets 403. Everything is a GET: the page only reads, so a what-if has a link

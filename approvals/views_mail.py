@@ -1,5 +1,5 @@
 """The development outbox, a person's inbox of what was sent to them, and their
-notification preferences (issue 10 part 6)."""
+notification preferences."""
 
 from __future__ import annotations
 

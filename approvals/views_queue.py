@@ -1,4 +1,4 @@
-"""The queue, its tabs, search and bulk decisions (issue 10 parts 2-3)."""
+"""The queue, its tabs, search and bulk decisions."""
 
 from __future__ import annotations
 

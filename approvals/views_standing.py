@@ -1,4 +1,4 @@
-"""Standing approvals on a run page: list and revoke (issue 10 part 8). The rules
+"""Standing approvals on a run page: list and revoke. The rules
 are in ``approvals.standing``; these views only find what the user may see."""
 
 from __future__ import annotations

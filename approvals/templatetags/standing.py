@@ -1,4 +1,4 @@
-"""The decide form's standing-approval offer (issue 10 part 8)."""
+"""The decide form's standing-approval offer."""
 
 from __future__ import annotations
 

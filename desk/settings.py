@@ -115,6 +115,8 @@ INSTALLED_APPS = [
     "tools",
     "runs",
     "approvals",
+    "ninja",  # serves the API docs' Swagger UI from our static files, no CDN
+    "api",
 ]
 
 MIDDLEWARE = [

@@ -28,7 +28,7 @@ import logging
 import os
 import socket
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from enum import StrEnum
 
@@ -58,6 +58,8 @@ from .integrity import call_record, chain_head, step_digest
 from .llm import (
     LLM,
     AnthropicLLM,
+    AwaitingCaller,
+    CallerTurns,
     PermanentLLMError,
     Reply,
     ScenarioError,
@@ -96,6 +98,7 @@ class Outcome(StrEnum):
     BUSY = "busy"  # someone else holds the lease, or the run is not runnable
     RETRY = "retry"  # a transient LLM error: try again after retry_after seconds
     LOST = "lost"  # the lease was taken from us mid-way
+    IDLE = "idle"  # an external session did all it was sent; it waits for its caller
 
 
 @dataclass
@@ -137,6 +140,8 @@ def lease_claim(run_id: int, owner: str) -> bool:
 
 
 def llm_for_run(run: Run) -> LLM:
+    if run.takes_caller_turns:
+        return CallerTurns()  # a worker finishes what was decided, then waits for the caller
     if run.llm == Run.LLMKind.ANTHROPIC:
         if not settings.ANTHROPIC_API_KEY:
             raise PermanentLLMError("this run uses Anthropic but ANTHROPIC_API_KEY is not set")
@@ -172,6 +177,11 @@ def run_advance(run_id: int, *, owner: str | None = None, llm: LLM | None = None
     except LeaseLost:
         log.warning("run %s: lease lost by %s; stopping", run_id, owner)
         return AdvanceResult(Outcome.LOST)
+    except AwaitingCaller:
+        # Idle between a caller's calls: running, with no lease, so the sweeper
+        # leaves it alone until the next call (or a decision) brings work.
+        Run.objects.filter(pk=run_id, lease_owner=owner).update(lease_owner="", lease_until=None)
+        return AdvanceResult(Outcome.IDLE)
     except TransientLLMError as exc:
         return _hold_for_retry(run, owner, exc)
     except PermanentLLMError as exc:
@@ -353,9 +363,10 @@ class _Loop:
                 _fail(run, self.owner, "transcript ends with a final reply but the run was not closed")
                 return AdvanceResult(Outcome.FINISHED)
             return self._work(calls)
-        guarded = self._budget_spent() or self._stuck()  # guards, before the model is asked
-        if guarded is not None:
-            return guarded
+        if not run.takes_caller_turns:  # a caller elsewhere runs its own loop and budget
+            guarded = self._budget_spent() or self._stuck()  # guards, before the model is asked
+            if guarded is not None:
+                return guarded
         reply = self._ask_model()  # 2. outside any transaction
         proposals = self._propose(reply)
         if not proposals.calls:  # 7. a reply with no tool call ends the run, once verified
@@ -388,8 +399,8 @@ class _Loop:
         proposals = Proposals(calls=[])
         for position, block in enumerate(reply.tool_uses):
             call = self._new_call(position, block, proposals.calls, unsafe.get(block["id"]))
-            if call.status == CallStatus.PROPOSED and find_tool(call.tool_name).is_read:
-                proposals.verdicts[position] = self._review(call, find_tool(call.tool_name))
+            if call.status == CallStatus.PROPOSED and self._tool(call.tool_name).is_read:
+                proposals.verdicts[position] = self._review(call, self._tool(call.tool_name))
             proposals.calls.append(call)
         return proposals
 
@@ -417,7 +428,7 @@ class _Loop:
             )
             for call in proposals.calls:
                 if call.status == CallStatus.PROPOSED:
-                    proposals.verdicts[call.position] = self._review(call, find_tool(call.tool_name))
+                    proposals.verdicts[call.position] = self._review(call, self._tool(call.tool_name))
                 call.save(force_insert=True)
             self._announce(proposals.calls, proposals.verdicts)
         self._remember([{"role": Message.Role.ASSISTANT, "content": reply.content}])
@@ -427,7 +438,7 @@ class _Loop:
     def _work(self, calls: list[ToolCall]) -> AdvanceResult | None:
         """4. Execute what may run, 5. pause while anything waits, 6. close the step."""
         for call in calls:
-            spec = find_tool(call.tool_name)
+            spec = self._tool(call.tool_name)
             outcome = None
             if call.status == CallStatus.APPROVED:
                 outcome = self._execute(call, spec)
@@ -685,7 +696,7 @@ class _Loop:
             .order_by("step", "position")
         )
         for call in writes:
-            spec = find_tool(call.tool_name)
+            spec = self._tool(call.tool_name)
             if spec is None or spec.verify is None:
                 continue
             try:
@@ -754,7 +765,7 @@ class _Loop:
     def _run_reads(self, calls: list[ToolCall]) -> None:
         for call in calls:
             if call.status == CallStatus.APPROVED:
-                self._run_read(call, find_tool(call.tool_name))
+                self._run_read(call, self._tool(call.tool_name))
 
     def _run_read(self, call: ToolCall, spec: ToolSpec) -> None:
         result, is_error = _invoke(spec, self._ctx(call), call.input)
@@ -767,7 +778,7 @@ class _Loop:
         the same reply, a repeat of an earlier write. Otherwise ``proposed``."""
         run = self.run
         tool_input = block.get("input")
-        spec = find_tool(block["name"]) if block["name"] in self.agent.tool_names else None
+        spec = self._tool(block["name"]) if block["name"] in self.agent.tool_names else None
         call = ToolCall(
             run=run,
             step=run.step,
@@ -942,6 +953,21 @@ class _Loop:
             )
         call.verdict = gate_module.ALLOW
         return call
+
+    def _tool(self, name: str) -> ToolSpec | None:
+        """The tool a call runs. An external agent runs its own tools: here its
+        allowed call only records the permission (``_caller_runs_it``)."""
+        spec = find_tool(name)
+        if spec is None or self.run.kind != Run.Kind.EXTERNAL:
+            return spec
+        return replace(
+            spec,
+            function=_caller_runs_it,
+            reconcile=_caller_runs_it,
+            honours_key=True,
+            capture=None,
+            verify=None,
+        )
 
     def _ctx(self, call: ToolCall) -> ToolContext:
         return ToolContext(run_id=self.run.pk, step=call.step, idempotency_key=call.idempotency_key)
@@ -1123,6 +1149,13 @@ class _Loop:
                 return AdvanceResult(Outcome.PAUSED)
         # Decided while we were working: carry on with the fresh rows.
         return None
+
+
+CALLER_RUNS_IT = "Allowed. The caller runs this tool itself; Countersign recorded the permission."
+
+
+def _caller_runs_it(ctx: ToolContext, tool_input: dict) -> str:
+    return CALLER_RUNS_IT
 
 
 def _announced(call: ToolCall) -> bool:

@@ -135,6 +135,35 @@ def estimate_tokens(value: Any) -> int:
     return max(1, len(json.dumps(value, ensure_ascii=False)) // 4)
 
 
+class AwaitingCaller(Exception):
+    """An external or gateway session has no turn to take until its caller sends a call."""
+
+
+class CallerTurns:
+    """The "model" of an external or gateway session (``Run.kind``): its turns are the
+    calls its caller sends, handed in one at a time by ``runs.external``. Between
+    calls there is nothing to ask, and the loop stops (``AwaitingCaller``).
+
+    ``still_new`` is asked, with the run's lease held, whether the turn has not been
+    taken already (the same call sent twice at once): no, and it is not taken again.
+    """
+
+    max_output_tokens = 0
+
+    def __init__(self, turn: Reply | None = None, *, still_new=None) -> None:
+        self.turn = turn
+        self.still_new = still_new
+
+    def reply(self, *, system: str, messages: list[dict], tools: list[dict]) -> Reply:
+        turn, self.turn = self.turn, None
+        if turn is None or (self.still_new is not None and not self.still_new()):
+            raise AwaitingCaller()
+        return turn
+
+    def cost_of(self, input_tokens: int, output_tokens: int) -> Decimal:
+        return Decimal(0)
+
+
 class ScriptedLLM:
     """Replays a scenario; the turn is the number of assistant turns so far."""
 

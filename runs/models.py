@@ -55,8 +55,20 @@ class RunGuard(models.TextChoices):
     VERSION = "version", "a repin: its agent changed"
 
 
+class RunKind(models.TextChoices):
+    """Who takes the turns: Countersign's own loop asks a model; an external agent
+    (its own loop, elsewhere) sends its calls through the API or the MCP gateway."""
+
+    AGENT = "agent", "agent run"
+    # The caller runs its own tools: the desk reviews each call and says allow / deny.
+    EXTERNAL = "external", "external agent"
+    # The desk runs the tools the caller asks for (the MCP gateway), exactly once.
+    GATEWAY = "gateway", "MCP gateway session"
+
+
 class Run(models.Model):
     Status = RunStatus
+    Kind = RunKind
 
     class LLMKind(models.TextChoices):
         SCRIPTED = "scripted"
@@ -66,6 +78,9 @@ class Run(models.Model):
     # Hash of the system prompt and tool schemas the run started with.
     agent_version = models.CharField(max_length=16)
     task = models.TextField()
+    kind = models.CharField(max_length=20, choices=RunKind.choices, default=RunKind.AGENT)
+    # External and gateway runs: the caller's name for its session (one run each).
+    session = models.CharField(max_length=100, blank=True)
     requester = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
     )
@@ -131,6 +146,13 @@ class Run(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_status_valid"),
             models.CheckConstraint(condition=Q(guard__in=RunGuard.values), name="run_guard_valid"),
+            models.CheckConstraint(condition=Q(kind__in=RunKind.values), name="run_kind_valid"),
+            # One run per caller session: a repeated "open" finds it instead of forking it.
+            models.UniqueConstraint(
+                fields=["requester", "agent", "kind", "session"],
+                name="run_session_unique",
+                condition=~Q(session=""),
+            ),
         ]
         permissions = [
             ("repin_run", "Can move a run to its agent's current version"),
@@ -145,6 +167,11 @@ class Run(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.status in FINISHED_RUN_STATUSES
+
+    @property
+    def takes_caller_turns(self) -> bool:
+        """An external or gateway session: its "model" is a caller somewhere else."""
+        return self.kind != RunKind.AGENT
 
 
 FINISHED_RUN_STATUSES = frozenset(

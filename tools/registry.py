@@ -350,10 +350,24 @@ def find_tool(name: str) -> ToolSpec | None:
     return _TOOLS.get(name)
 
 
+# Agents made on first use (the MCP gateway's proxies: their tools are an upstream
+# server's): loader(name) registers the agent's tools and returns it, or None.
+_AGENT_LOADERS: list[Callable[[str], AgentSpec | None]] = []
+
+
+def register_agent_loader(loader: Callable[[str], AgentSpec | None]) -> None:
+    if loader not in _AGENT_LOADERS:
+        _AGENT_LOADERS.append(loader)
+
+
 def get_agent(name: str) -> AgentSpec:
     try:
         return _AGENTS[name]
     except KeyError:
+        for loader in _AGENT_LOADERS:
+            spec = loader(name)
+            if spec is not None:
+                return register_agent(spec)
         known = ", ".join(sorted(_AGENTS)) or "none"
         raise LookupError(f"unknown agent {name!r} (known: {known})") from None
 

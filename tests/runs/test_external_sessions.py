@@ -1,0 +1,108 @@
+"""External sessions: an agent that runs elsewhere sends its calls one by one; each
+goes through the same loop and gate as a model's, and a repeated key never runs twice."""
+
+from __future__ import annotations
+
+import pytest
+
+from runs.engine import CALLER_RUNS_IT
+from runs.external import (
+    InvalidInput,
+    KeyReused,
+    SessionWaiting,
+    UnknownTool,
+    external_call_submit,
+    external_session_open,
+)
+from runs.models import Run, ToolCall
+from tests.helpers import decide_and_advance
+from tools.models import Payment
+
+pytestmark = pytest.mark.django_db(databases=["default", "world"])
+
+
+@pytest.fixture
+def session(users, plain_refund_desk):
+    return external_session_open(user=users["requester"], agent_name="refund-desk", session="s-1")
+
+
+@pytest.fixture
+def gateway(users, plain_refund_desk):
+    return external_session_open(
+        user=users["requester"], agent_name="refund-desk", session="g-1", kind=Run.Kind.GATEWAY
+    )
+
+
+def test_a_session_is_one_run_however_often_it_is_opened(users, session):
+    again = external_session_open(user=users["requester"], agent_name="refund-desk", session="s-1")
+    assert again.pk == session.pk
+    assert session.kind == Run.Kind.EXTERNAL and session.status == Run.Status.RUNNING
+
+
+def test_an_allowed_read_is_recorded_as_permitted_and_the_step_closes(session):
+    call = external_call_submit(
+        run=session, tool_name="get_order", tool_input={"order_id": "A-1001"}, key="k1"
+    )
+    assert call.status == ToolCall.Status.COMMITTED
+    assert call.result == CALLER_RUNS_IT
+    session.refresh_from_db()
+    assert session.step == 1 and session.status == Run.Status.RUNNING and not session.lease_owner
+
+
+def test_a_gated_call_waits_and_its_approval_lets_it_run(users, session):
+    call = external_call_submit(
+        run=session,
+        tool_name="refund_item",
+        tool_input={"order_id": "A-1001", "amount": 2900, "reason": "x"},
+        key="r1",
+    )
+    assert call.status == ToolCall.Status.AWAITING_APPROVAL
+    session.refresh_from_db()
+    assert session.status == Run.Status.WAITING_APPROVAL
+    with pytest.raises(SessionWaiting):
+        external_call_submit(run=session, tool_name="get_policy", tool_input={}, key="p1")
+    decide_and_advance(session, users["reviewer"])
+    call.refresh_from_db()
+    assert call.status == ToolCall.Status.COMMITTED
+    assert Payment.objects.count() == 0  # the caller runs its own tools
+    again = external_call_submit(
+        run=session,
+        tool_name="refund_item",
+        tool_input={"order_id": "A-1001", "amount": 2900, "reason": "x"},
+        key="r1",
+    )
+    assert again.pk == call.pk
+
+
+def test_a_gateway_session_runs_the_tool_once(users, gateway):
+    args = {"order_id": "A-1001", "amount": 2900, "reason": "x"}
+    call = external_call_submit(run=gateway, tool_name="refund_item", tool_input=args, key="r1")
+    decide_and_advance(gateway, users["reviewer"])
+    call.refresh_from_db()
+    assert call.status == ToolCall.Status.COMMITTED
+    assert Payment.objects.count() == 1
+    assert external_call_submit(run=gateway, tool_name="refund_item", tool_input=args, key="r1").pk == call.pk
+    assert Payment.objects.count() == 1
+
+
+def test_bad_calls_are_refused_and_nothing_is_recorded(session):
+    with pytest.raises(UnknownTool):
+        external_call_submit(run=session, tool_name="rm_rf", tool_input={}, key="a")
+    with pytest.raises(InvalidInput):
+        external_call_submit(run=session, tool_name="get_order", tool_input={"order": 1}, key="a")
+    assert not ToolCall.objects.filter(run=session).exists()
+    external_call_submit(run=session, tool_name="get_order", tool_input={"order_id": "A-1001"}, key="a")
+    with pytest.raises(KeyReused):
+        external_call_submit(run=session, tool_name="get_order", tool_input={"order_id": "A-1002"}, key="a")
+
+
+def test_the_agents_stages_hold_for_an_external_agent_too(users):
+    shipped = external_session_open(user=users["requester"], agent_name="refund-desk", session="staged")
+    call = external_call_submit(
+        run=shipped,
+        tool_name="refund_item",
+        tool_input={"order_id": "A-1001", "amount": 90, "reason": "x"},
+        key="r",
+    )
+    assert call.status == ToolCall.Status.FAILED
+    assert "not allowed in stage" in call.result

@@ -14,6 +14,7 @@ ALLOWED_HOSTS, so a known key is never used in production.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -366,6 +367,15 @@ DESK_LLM_MAX_ATTEMPTS = env_int("DESK_LLM_MAX_ATTEMPTS", 6)
 DESK_DEMO_PASSWORD = env_str("DESK_DEMO_PASSWORD", "correct-horse-battery" if TESTING else "")
 # The onboarding agent's files: real files, but never outside this folder.
 DESK_SANDBOX_DIR = Path(env_str("DESK_SANDBOX_DIR", str(VAR_DIR / "sandbox")))
+# External agents. The MCP gateway: how long a gated tools/call waits for its decision
+# before answering "pending approval N", and upstream MCP servers to proxy (JSON:
+# {"agent-name": {"command": ["python", "server.py"]} or {"url": "http://..."}}).
+DESK_MCP_WAIT_SECONDS = env_int("DESK_MCP_WAIT_SECONDS", 60)
+DESK_MCP_UPSTREAMS = json.loads(env_str("DESK_MCP_UPSTREAMS", "{}") or "{}")
+# The longest a GET /api/v1/calls/{id}?wait=N long poll may hold a request.
+DESK_API_MAX_WAIT_SECONDS = env_int("DESK_API_MAX_WAIT_SECONDS", 60)
+# Webhooks are delivered only to http(s) URLs on these hosts (comma-separated).
+DESK_WEBHOOK_ALLOWED_HOSTS = [host.lower() for host in env_list("DESK_WEBHOOK_ALLOWED_HOSTS")]
 ANTHROPIC_API_KEY = env_str("ANTHROPIC_API_KEY")
 ANTHROPIC_BASE_URL = env_str("ANTHROPIC_BASE_URL") or None
 ANTHROPIC_MODEL = env_str("ANTHROPIC_MODEL", "claude-sonnet-4-6")

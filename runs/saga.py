@@ -102,6 +102,9 @@ def _refusal(
 ) -> str:
     """Why undoing the effects after ``to_step`` is refused outright, or ""."""
     where = "" if to_step is None else f" to step {to_step}"
+    caller = _caller_refusal(run, verb)
+    if caller:
+        return f"{caller} {outcome}"
     unknown = _unknown_outcomes(run, to_step)
     if unknown:
         return (
@@ -110,6 +113,25 @@ def _refusal(
         )
     if plan.irreversible:
         return f"Cannot {verb} run {run.pk}{where}: {_names(plan.irreversible)} cannot be undone. {outcome}"
+    return ""
+
+
+def _caller_refusal(run: Run, verb: str) -> str:
+    """Why a session driven by a caller elsewhere cannot be undone this way, or "".
+
+    An external agent's effects were made by its own tools: the desk only recorded
+    permissions, and running the tool's compensation would undo what it never did
+    (a refund of a payment it never made). A session has no model to ask again, so
+    a rewind or a fork has nothing to replay; a gateway session (the desk ran its
+    tools) may be rolled back.
+    """
+    if run.kind == Run.Kind.EXTERNAL:
+        return (
+            f"Cannot {verb} run {run.pk}: it is an external agent's session, whose calls ran "
+            "in the agent's own systems; undo them there."
+        )
+    if run.takes_caller_turns and verb != "roll back":
+        return f"Cannot {verb} run {run.pk}: an MCP gateway session has no model to replay; roll it back."
     return ""
 
 
@@ -523,6 +545,9 @@ def run_fork(*, run: Run, step: int, by=None, enqueue: bool = True) -> Run:
     the model saw at that step, shared, not copied. While the fork repeats its
     parent's calls it reuses their recorded results; nothing runs twice."""
     _check_permission(by)
+    refusal = _caller_refusal(run, "fork")
+    if refusal:
+        raise RollbackRefused(refusal)
     checkpoint = Step.objects.live().filter(run=run, number=step).first()
     if checkpoint is None:
         raise SagaError(f"Run {run.pk} has no checkpoint for step {step}.")

@@ -15,6 +15,7 @@ from runs.external import (
     external_session_open,
 )
 from runs.models import Run, ToolCall
+from runs.saga import RollbackRefused, run_fork, run_rewind, run_rollback
 from tests.helpers import decide_and_advance
 from tools.models import Payment
 
@@ -106,3 +107,35 @@ def test_the_agents_stages_hold_for_an_external_agent_too(users):
     )
     assert call.status == ToolCall.Status.FAILED
     assert "not allowed in stage" in call.result
+
+
+def test_an_external_session_cannot_be_rolled_back_rewound_or_forked(users, session):
+    external_call_submit(
+        run=session,
+        tool_name="refund_item",
+        tool_input={"order_id": "A-1002", "amount": 100, "reason": "x"},
+        key="r",
+    )
+    session.refresh_from_db()
+    with pytest.raises(RollbackRefused, match="external agent's session"):
+        run_rollback(run=session, by=users["admin"])
+    with pytest.raises(RollbackRefused, match="external agent's session"):
+        run_rewind(run=session, to_step=0, by=users["admin"])
+    with pytest.raises(RollbackRefused, match="external agent's session"):
+        run_fork(run=session, step=0, by=users["admin"])
+    assert Payment.objects.count() == 0
+
+
+def test_a_gateway_session_rolls_back_what_the_desk_ran_but_has_nothing_to_replay(users, gateway):
+    external_call_submit(
+        run=gateway,
+        tool_name="refund_item",
+        tool_input={"order_id": "A-1002", "amount": 100, "reason": "x"},
+        key="r",
+    )
+    gateway.refresh_from_db()
+    with pytest.raises(RollbackRefused, match="no model to replay"):
+        run_fork(run=gateway, step=0, by=users["admin"])
+    run_rollback(run=gateway, by=users["admin"])
+    kinds = sorted(Payment.objects.values_list("kind", flat=True))
+    assert len(kinds) == 2  # the refund and its compensation

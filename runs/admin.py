@@ -57,6 +57,8 @@ class RunAdmin(ReadOnlyAdmin):
         "id",
         "agent",
         "agent_version",
+        "kind",
+        "session",
         "status",
         "guard",
         "stage",
@@ -68,9 +70,9 @@ class RunAdmin(ReadOnlyAdmin):
         "cost",
         "created_at",
     ]
-    list_filter = ["status", "guard", "dry_run", "agent", "llm", "model"]
+    list_filter = ["status", "kind", "guard", "dry_run", "agent", "llm", "model"]
     list_select_related = ["requester"]
-    search_fields = ["task", "error"]
+    search_fields = ["task", "error", "session"]
     date_hierarchy = "created_at"
     inlines = [StepInline, ToolCallInline]
 

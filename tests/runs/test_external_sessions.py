@@ -3,6 +3,8 @@ goes through the same loop and gate as a model's, and a repeated key never runs 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from runs.engine import CALLER_RUNS_IT
@@ -16,7 +18,7 @@ from runs.external import (
 )
 from runs.models import Run, ToolCall
 from runs.saga import RollbackRefused, run_fork, run_rewind, run_rollback
-from tests.helpers import decide_and_advance
+from tests.helpers import decide_and_advance, run_command
 from tools.models import Payment
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
@@ -139,3 +141,9 @@ def test_a_gateway_session_rolls_back_what_the_desk_ran_but_has_nothing_to_repla
     run_rollback(run=gateway, by=users["admin"])
     kinds = sorted(Payment.objects.values_list("kind", flat=True))
     assert len(kinds) == 2  # the refund and its compensation
+
+
+def test_runstatus_says_whose_session_it_is(session):
+    data = json.loads(run_command("runstatus", str(session.pk), "--json"))
+    assert (data["kind"], data["session"]) == ("external", "s-1")
+    assert "external agent, session s-1" in run_command("runstatus", str(session.pk))

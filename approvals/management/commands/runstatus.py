@@ -30,6 +30,9 @@ class Command(BaseCommand):
             "agent": run.agent,
             "agent_version": run.agent_version,
             "task": run.task,
+            # Who takes the turns: agent (a model), external or gateway (a caller's session).
+            "kind": run.kind,
+            "session": run.session,
             "requester": run.requester.get_username() if run.requester else None,
             "status": run.status,
             "step": run.step,
@@ -66,6 +69,8 @@ class Command(BaseCommand):
             return
         self.stdout.write(f"Run {run.pk} [{run.agent}] {run.status} at step {run.step}")
         self.stdout.write(f"  task: {run.task}")
+        if run.takes_caller_turns:
+            self.stdout.write(f"  {run.get_kind_display()}, session {run.session}")
         self.stdout.write(f"  usage: {run.input_tokens} in / {run.output_tokens} out tokens, ${run.cost}")
         if run.error:
             self.stdout.write(f"  error: {run.error}")

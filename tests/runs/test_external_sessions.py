@@ -4,8 +4,10 @@ goes through the same loop and gate as a model's, and a repeated key never runs 
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
+from django.db import connections
 
 from runs.engine import CALLER_RUNS_IT
 from runs.external import (
@@ -147,3 +149,36 @@ def test_runstatus_says_whose_session_it_is(session):
     data = json.loads(run_command("runstatus", str(session.pk), "--json"))
     assert (data["kind"], data["session"]) == ("external", "s-1")
     assert "external agent, session s-1" in run_command("runstatus", str(session.pk))
+
+
+@pytest.mark.django_db(databases=["default", "world"], transaction=True)
+def test_the_same_call_sent_twice_at_once_is_one_call_and_one_effect(desk, users, plain_refund_desk):
+    """A client retrying on a timeout while its first request still runs: both get
+    the one call, and the refund is made once."""
+    run = external_session_open(
+        user=users["requester"], agent_name="refund-desk", session="race", kind="gateway"
+    )
+    args = {"order_id": "A-1002", "amount": 100, "reason": "x"}
+    barrier = threading.Barrier(2)
+    calls, errors = [], []
+
+    def send() -> None:
+        try:
+            barrier.wait()
+            calls.append(external_call_submit(run=run, tool_name="refund_item", tool_input=args, key="same"))
+        except Exception as exc:  # reported below, not lost in the thread
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=send) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    # The second may get it still executing: the caller polls it until it settles.
+    [call_id] = {c.pk for c in calls}
+    assert ToolCall.objects.get(pk=call_id).status == "committed"
+    assert Payment.objects.count() == 1
+    assert ToolCall.objects.filter(run=run).count() == 1

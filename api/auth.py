@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ninja.errors import AuthenticationError
 from ninja.security import HttpBearer, SessionAuth
 
 from .tokens import apitoken_user
@@ -12,8 +13,11 @@ class TokenAuth(HttpBearer):
 
     def authenticate(self, request, token):
         user = apitoken_user(token)
-        if user is not None:
-            request.user = user
+        if user is None:
+            # A bad token is refused outright: it must not fall through to a session
+            # cookie the same client happens to carry.
+            raise AuthenticationError()
+        request.user = user
         return user
 
 

@@ -31,9 +31,12 @@ def apitoken_create(*, user, name: str = "") -> tuple[ApiToken, str]:
 
 
 def apitoken_revoke(*, token_id: int, by) -> bool:
-    """Revoke a token (its owner's, or anyone's for staff). False if it was already."""
+    """Revoke a token: its owner's, or anyone's for staff; ``by=None`` is the operator
+    at the command line (`apitoken revoke`), who may revoke any token and is recorded
+    as nobody. False if there was no such active token (already revoked, unknown, or
+    another person's)."""
     tokens = ApiToken.objects.filter(pk=token_id, revoked_at__isnull=True)
-    if not by.is_staff:
+    if by is not None and not by.is_staff:
         tokens = tokens.filter(user=by)
     return tokens.update(revoked_at=timezone.now(), revoked_by=by) == 1
 

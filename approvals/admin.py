@@ -1,12 +1,24 @@
 from __future__ import annotations
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db import transaction
 from django.forms.models import model_to_dict
+from django.utils.html import format_html, format_html_join
 
 from runs.admin import ReadOnlyAdmin
 
-from .models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule, Notification, RuleEffect
+from .models import (
+    ApprovalRequest,
+    ApprovalVote,
+    AuditEvent,
+    GateRule,
+    Notification,
+    RuleEffect,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
+from .webhooks import webhook_retry, webhook_send_test
 
 RULE_FIELDS = [
     "name",
@@ -178,3 +190,95 @@ class NotificationAdmin(ReadOnlyAdmin):
     list_display = ["id", "event", "recipient", "status", "attempts", "sent_at", "created_at"]
     list_filter = ["status", "kind"]
     search_fields = ["event", "recipient", "subject"]
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(admin.ModelAdmin):
+    list_display = ["id", "url", "description", "subscribed", "enabled", "created_at"]
+    list_filter = ["enabled"]
+    search_fields = ["url", "description"]
+    actions = ["send_test_event"]
+
+    def get_fields(self, request, obj=None):
+        fields = ["url", "events", "enabled", "description"]
+        # The secret exists once the endpoint is saved: shown then, never edited.
+        return [*fields, "secret", "created_at"] if obj else fields
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["secret", "created_at"] if obj else []
+
+    @admin.display(description="events")
+    def subscribed(self, endpoint: WebhookEndpoint) -> str:
+        return ", ".join(endpoint.events) if endpoint.events else "all"
+
+    @admin.action(description="Send a test event (ping) to the selected endpoints")
+    def send_test_event(self, request, queryset):
+        with transaction.atomic():
+            sent = [webhook_send_test(endpoint=endpoint) for endpoint in queryset]
+        self.message_user(request, f"{len(sent)} test event(s) queued; see Webhook deliveries.")
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(ReadOnlyAdmin):
+    list_display = [
+        "id",
+        "event",
+        "endpoint",
+        "status",
+        "attempts",
+        "last_status_code",
+        "next_attempt_at",
+        "created_at",
+        "delivered_at",
+    ]
+    list_filter = ["status", "event", "endpoint"]
+    list_select_related = ["endpoint"]
+    search_fields = ["event_id", "last_error"]
+    date_hierarchy = "created_at"
+    actions = ["retry_now"]
+    fields = [
+        "endpoint",
+        "event",
+        "event_id",
+        "status",
+        "attempts",
+        "next_attempt_at",
+        "last_status_code",
+        "last_error",
+        "created_at",
+        "delivered_at",
+        "attempt_history",
+        "payload",
+    ]
+    readonly_fields = fields
+
+    @admin.display(description="attempts, oldest first")
+    def attempt_history(self, delivery: WebhookDelivery) -> str:
+        if not delivery.attempts_log:
+            return "No attempt yet."
+        rows = format_html_join(
+            "",
+            "<tr class='webhook-attempt'><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    entry.get("attempt", ""),
+                    entry.get("at", ""),
+                    entry.get("status_code") or entry.get("error") or "",
+                    f"{entry['duration_ms']} ms" if entry.get("duration_ms") is not None else "—",
+                )
+                for entry in delivery.attempts_log
+            ),
+        )
+        return format_html(
+            "<table><thead><tr><th>#</th><th>when</th><th>status code or error</th>"
+            "<th>duration</th></tr></thead><tbody>{}</tbody></table>",
+            rows,
+        )
+
+    @admin.action(description="Retry the selected failed deliveries now")
+    def retry_now(self, request, queryset):
+        retried = sum(webhook_retry(delivery_id=pk) for pk in queryset.values_list("pk", flat=True))
+        skipped = queryset.count() - retried
+        self.message_user(request, f"{retried} delivery(ies) queued again.")
+        if skipped:
+            self.message_user(request, f"{skipped} were not failed: left alone.", messages.WARNING)

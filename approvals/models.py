@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import secrets
 from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
 from django.contrib.auth.models import Group
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -708,3 +710,93 @@ class AuditChain(models.Model):
 
     def __str__(self) -> str:
         return f"{self.subject} #{self.seq}"
+
+
+# --- webhooks (approvals.webhooks) ------------------------------------------------
+def webhook_secret() -> str:
+    """A new endpoint's signing key: 32 random bytes, prefixed so that a key pasted in
+    the wrong place is recognisable."""
+    return "whsec_" + secrets.token_urlsafe(32)
+
+
+class WebhookDeliveryStatus(models.TextChoices):
+    PENDING = "pending"
+    # Claimed by a worker that is talking to the receiver. A row left here past its
+    # ``next_attempt_at`` (the deadline) by a dead worker is sent again: a webhook is
+    # at least once on the wire, and receivers dedupe on Countersign-Delivery.
+    SENDING = "sending"
+    DELIVERED = "delivered"
+    FAILED = "failed", "failed (given up)"
+
+
+class WebhookEndpoint(models.Model):
+    """A URL that is told about the desk's events, signed with its own secret."""
+
+    url = models.URLField(
+        max_length=500,
+        help_text="http(s) only, on a host listed in DESK_WEBHOOK_ALLOWED_HOSTS; no user or password.",
+    )
+    # Event names (approvals.webhooks.EVENTS); empty: every event.
+    events = models.JSONField(
+        default=list, blank=True, help_text='Event names to send, e.g. ["approval.opened"]; empty: all.'
+    )
+    secret = models.CharField(max_length=100, default=webhook_secret, editable=False)
+    enabled = models.BooleanField(default=True)
+    description = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.description or self.url
+
+    def clean(self) -> None:
+        # approvals.webhooks imports this module: the rules are read when they apply.
+        from .webhooks import webhook_endpoint_refusals
+
+        errors = webhook_endpoint_refusals(url=self.url, events=self.events)
+        if errors:
+            raise ValidationError(errors)
+
+    def wants(self, event: str) -> bool:
+        return self.enabled and (not self.events or event in self.events)
+
+
+class WebhookDelivery(models.Model):
+    """One event for one endpoint: the outbox row that stops a second delivery.
+
+    ``attempts_log`` keeps every attempt, oldest first: ``{"at": ISO time,
+    "status_code": int or null, "error": text, "duration_ms": int}``."""
+
+    Status = WebhookDeliveryStatus
+
+    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries")
+    event = models.CharField(max_length=50)
+    # Stable per event (e.g. "approval:12:opened"): the Countersign-Delivery header.
+    event_id = models.CharField(max_length=120)
+    payload = models.JSONField()
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    # Pending: when the next attempt is due. Sending: the deadline after which the
+    # attempt counts as interrupted (its worker died) and is made again.
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    attempts_log = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name_plural = "webhook deliveries"
+        indexes = [models.Index(fields=["status", "next_attempt_at"], name="webhookdelivery_due")]
+        constraints = [
+            models.UniqueConstraint(fields=["endpoint", "event_id"], name="webhookdelivery_once_per_event"),
+            models.CheckConstraint(
+                condition=Q(status__in=WebhookDeliveryStatus.values), name="webhookdelivery_status_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event} {self.event_id} to {self.endpoint_id} ({self.status})"

@@ -72,6 +72,7 @@ from .selectors import (
     input_changes,
 )
 from .templatetags.desk import arg_value, money_reason
+from .webhooks import webhook_run_ended
 
 log = logging.getLogger(__name__)
 
@@ -271,6 +272,8 @@ def notify_run_finished(*, run: Run) -> list[Notification]:
     if not honest.clean:
         # "Run 7 finished (Done, 1 declined)": the model's last reply may claim otherwise.
         outcome += f" ({honest.label})"
+    # Receivers hear it in the same transaction (approvals.webhooks).
+    webhook_run_ended(run=run)
     return notifications_record(
         event=f"run:{run.pk}:g{run.generation}:{run.status}",
         kind=Kind.RUN_FINISHED,

@@ -93,6 +93,7 @@ from .selectors import (
     timeout_may_approve,
 )
 from .standing import StandingTerms, standing_grant, standing_grant_refusal
+from .webhooks import webhook_approval_closed, webhook_approval_opened
 
 
 class DecisionError(Exception):
@@ -340,6 +341,7 @@ def approval_open(*, run, call: ToolCall, verdict: Verdict) -> ApprovalRequest:
     )
     ApprovalRequest.objects.filter(pk=approval.pk).update(proposal=approval.proposal)
     notify_reviewers(approval=approval, kind=Kind.APPROVAL_OPENED)
+    webhook_approval_opened(approval=approval)
     return approval
 
 
@@ -394,6 +396,7 @@ def approval_open_guard(
         detail=f"{kind}: {reason}"[:2000],
     )
     notify_reviewers(approval=approval, kind=Kind.APPROVAL_OPENED)
+    webhook_approval_opened(approval=approval)
     return approval
 
 
@@ -638,6 +641,7 @@ def _act(approval: ApprovalRequest, actor, decision: Decision, now, *, enqueue: 
         after=status,
         detail=comment,
     )
+    webhook_approval_closed(approval=approval, status=status, actor=actor, comment=comment, action=action)
     run = Run.objects.only("status").get(pk=approval.run_id)
     woken = run.status == RunStatus.QUEUED
     if woken and enqueue and approval.kind == GuardKind.OUTCOME:
@@ -922,6 +926,9 @@ def _close(
     if status in (ApprovalRequest.Status.DECLINED, ApprovalRequest.Status.EXPIRED):
         # The requester hears that their run goes on without the call.
         notify_call_declined(approval=approval, timed_out=status == ApprovalRequest.Status.EXPIRED)
+    webhook_approval_closed(
+        approval=approval, status=status, actor=actor, comment=comment, by_policy=by_policy
+    )
     return run_wake_if_ready(run_id=approval.run_id, actor=actor)
 
 

@@ -10,6 +10,7 @@ from django.conf import settings
 
 from .notifications import MAX_ATTEMPTS, digests_record, notification_send
 from .sla import approvals_sweep_sla
+from .webhooks import webhook_deliver, webhooks_sweep
 
 
 # Enqueued on commit of the event that recorded the notification (and re-enqueued
@@ -39,3 +40,18 @@ def sweep_sla() -> dict:
 def send_digests() -> int:
     """Beat, hourly: one digest email per person with held notifications."""
     return digests_record()
+
+
+# Enqueued on commit of the event that recorded the delivery, and again (with a
+# countdown) after each failed attempt, by webhook_deliver itself: the row says when
+# the next attempt is due, so the retry schedule survives a lost message (the sweep
+# re-nudges it). webhook_deliver claims the row, so a repeated message sends nothing.
+@shared_task(acks_late=True, ignore_result=True)
+def deliver_webhook(delivery_id: int) -> str:
+    return webhook_deliver(delivery_id=delivery_id).status
+
+
+@shared_task(ignore_result=True)
+def sweep_webhooks() -> dict:
+    """Beat, every DESK_WEBHOOK_SWEEP_SECONDS: lost nudges and interrupted sends."""
+    return webhooks_sweep()

@@ -308,6 +308,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "approvals.tasks.send_digests",
         "schedule": crontab(minute=env_int("DESK_DIGEST_MINUTE", 0)),
     },
+    # Webhook deliveries whose nudge was lost or whose worker died mid-send.
+    "sweep-webhooks": {
+        "task": "approvals.tasks.sweep_webhooks",
+        "schedule": float(env_int("DESK_WEBHOOK_SWEEP_SECONDS", 30)),
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
@@ -376,6 +381,8 @@ DESK_MCP_UPSTREAMS = json.loads(env_str("DESK_MCP_UPSTREAMS", "{}") or "{}")
 DESK_API_MAX_WAIT_SECONDS = env_int("DESK_API_MAX_WAIT_SECONDS", 60)
 # Webhooks are delivered only to http(s) URLs on these hosts (comma-separated).
 DESK_WEBHOOK_ALLOWED_HOSTS = [host.lower() for host in env_list("DESK_WEBHOOK_ALLOWED_HOSTS")]
+# First retry of a failed webhook delivery after up to this many seconds, doubling (jittered).
+DESK_WEBHOOK_RETRY_SECONDS = env_int("DESK_WEBHOOK_RETRY_SECONDS", 10)
 ANTHROPIC_API_KEY = env_str("ANTHROPIC_API_KEY")
 ANTHROPIC_BASE_URL = env_str("ANTHROPIC_BASE_URL") or None
 ANTHROPIC_MODEL = env_str("ANTHROPIC_MODEL", "claude-sonnet-4-6")

@@ -81,6 +81,9 @@ class Run(models.Model):
     kind = models.CharField(max_length=20, choices=RunKind.choices, default=RunKind.AGENT)
     # External and gateway runs: the caller's name for its session (one run each).
     session = models.CharField(max_length=100, blank=True)
+    # Set by importrun: where the run happened ("https://desk.example.com run 7"). Its
+    # effects are in that desk's world, not this one's: nothing here may undo them.
+    imported_from = models.CharField(max_length=300, blank=True)
     requester = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
     )

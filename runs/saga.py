@@ -102,7 +102,7 @@ def _refusal(
 ) -> str:
     """Why undoing the effects after ``to_step`` is refused outright, or ""."""
     where = "" if to_step is None else f" to step {to_step}"
-    caller = _caller_refusal(run, verb)
+    caller = _elsewhere_refusal(run, verb)
     if caller:
         return f"{caller} {outcome}"
     unknown = _unknown_outcomes(run, to_step)
@@ -116,15 +116,21 @@ def _refusal(
     return ""
 
 
-def _caller_refusal(run: Run, verb: str) -> str:
-    """Why a session driven by a caller elsewhere cannot be undone this way, or "".
+def _elsewhere_refusal(run: Run, verb: str) -> str:
+    """Why a run whose effects are elsewhere cannot be undone this way, or "".
 
+    An imported run's effects happened in the world of the desk it came from.
     An external agent's effects were made by its own tools: the desk only recorded
     permissions, and running the tool's compensation would undo what it never did
     (a refund of a payment it never made). A session has no model to ask again, so
     a rewind or a fork has nothing to replay; a gateway session (the desk ran its
     tools) may be rolled back.
     """
+    if run.imported_from:
+        return (
+            f"Cannot {verb} run {run.pk}: it was imported from {run.imported_from}, and its effects "
+            "happened in that desk's world; undo them there."
+        )
     if run.kind == Run.Kind.EXTERNAL:
         return (
             f"Cannot {verb} run {run.pk}: it is an external agent's session, whose calls ran "
@@ -545,7 +551,7 @@ def run_fork(*, run: Run, step: int, by=None, enqueue: bool = True) -> Run:
     the model saw at that step, shared, not copied. While the fork repeats its
     parent's calls it reuses their recorded results; nothing runs twice."""
     _check_permission(by)
-    refusal = _caller_refusal(run, "fork")
+    refusal = _elsewhere_refusal(run, "fork")
     if refusal:
         raise RollbackRefused(refusal)
     checkpoint = Step.objects.live().filter(run=run, number=step).first()

@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from approvals.export import ExportRefused, run_export_lines
+from runs.management.commands._common import run_by_id
+
+
+class Command(BaseCommand):
+    help = (
+        "Write a finished run as JSON Lines to stdout (exportrun RUN_ID > run.jsonl): a header, "
+        "then the run, its whole transcript (superseded messages too), steps, tool calls, approvals, "
+        "proposals, votes and its audit chain. Every line is sealed under DESK_INTEGRITY_KEY: only a "
+        "desk with the same key can check and import it. The sandbox world (the run's effects) is "
+        "not in the file. A fork is exported with its parent named; it imports only next to it."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("run_id")
+
+    def handle(self, *args, run_id, **options):
+        run = run_by_id(run_id)
+        try:
+            lines = run_export_lines(run)
+        except ExportRefused as exc:
+            raise CommandError(str(exc)) from None
+        for line in lines:
+            self.stdout.write(line, ending="")

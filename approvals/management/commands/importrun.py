@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from approvals.export import ImportRefused, run_import
+
+
+class Command(BaseCommand):
+    help = (
+        "Import a run written by exportrun. Everything is checked before anything is written: the "
+        "format, every line's seal, every checkpoint digest and the audit chain up to the heads in "
+        "the header; any problem refuses the whole file, naming the line. The chains are keyed: a "
+        "file exported under another DESK_INTEGRITY_KEY cannot be checked here and is refused. "
+        "Without --as-new the run keeps its ids and its chains as they were (refused if its id, or "
+        "a row's, is taken here, or a person has another id here). With --as-new everything gets a "
+        "new id and the checkpoints and audit events are re-sealed under this desk's key, after the "
+        "file verified. People missing here become inactive placeholders (no password, no rights). "
+        "Only the desk's database is written: the sandbox world is not in the file."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("file", help="a file written by exportrun")
+        parser.add_argument(
+            "--as-new", action="store_true", help="import as a new run: new ids, chains re-sealed here"
+        )
+
+    def handle(self, *args, file, as_new, **options):
+        try:
+            with open(file, encoding="utf-8") as lines:
+                result = run_import(lines=lines, as_new=as_new)
+        except OSError as exc:
+            raise CommandError(f"Cannot read {file}: {exc.strerror}.") from None
+        except UnicodeDecodeError:
+            raise CommandError(f"{file} is not UTF-8 text: not a file exportrun wrote.") from None
+        except ImportRefused as exc:
+            problems = "\n".join(f"  {p}" for p in exc.problems)
+            raise CommandError(f"Refused; nothing was imported.\n{problems}") from None
+        for line in result.lines():
+            self.stdout.write(line)

@@ -24,5 +24,11 @@ class TokenAuth(HttpBearer):
 class DeskSession(SessionAuth):
     """The desk's own pages: a logged-in session; unsafe methods need the CSRF token."""
 
+    def _get_key(self, request):
+        if not request.user.is_authenticated:
+            # No session: nothing to forge, so the answer is 401, not a CSRF failure.
+            return None
+        return super()._get_key(request)
+
 
 AUTH = [TokenAuth(), DeskSession()]

@@ -15,15 +15,7 @@ from runs.external import ExternalCallError
 
 from . import routes_approvals, routes_calls, routes_export, routes_runs
 from .auth import AUTH
-
-
-class ApiError(Exception):
-    """An answer other than success, with a stable ``code``: raise it from a route."""
-
-    def __init__(self, status: int, code: str, message: str, **extra) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.extra = status, code, message, extra
-
+from .errors import ApiError
 
 api_v1 = NinjaAPI(
     title="Countersign",

@@ -12,6 +12,7 @@ from ninja import Path, Router
 from approvals.export import CONTENT_TYPE, ExportRefused, run_export_lines
 from runs.selectors import run_get
 
+from .errors import ApiError
 from .schemas import MAX_ID, ErrorOut
 
 router = Router(tags=["runs"])
@@ -41,8 +42,6 @@ EXPORT_OK = {
     openapi_extra={"responses": EXPORT_OK},
 )
 def run_export(request, run_id: int = Path(..., ge=1, le=MAX_ID, description="The run's id.")):
-    # api.endpoints imports this module to mount it: look ApiError up when raising.
-    from .endpoints import ApiError
 
     run = run_get(run_id, user=request.auth)
     if run is None:

@@ -29,9 +29,10 @@ from django.db import IntegrityError, transaction
 from tools.inputs import UnsafeJSON, check_json
 from tools.registry import get_agent, input_hash
 
-from .engine import CallerTurns, Outcome, new_lease_owner, run_advance
+from .engine import CallerTurns, Outcome, lease_claim, new_lease_owner, run_advance
 from .llm import Reply
-from .models import CallStatus, Message, Run, RunStatus, ToolCall
+from .models import RESOLVED_CALL_STATUSES, CallStatus, Message, Run, RunStatus, ToolCall
+from .services import TransitionConflict, run_transition
 from .signals import run_transitioned
 
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,80}$")
@@ -131,8 +132,13 @@ def external_session_open(*, user, agent_name: str, session: str, kind: str = Ru
     return run
 
 
-def _check_call(run: Run, tool_name: str, tool_input) -> None:
-    agent = get_agent(run.agent)
+def external_call_check(*, agent_name: str, tool_name: str, tool_input) -> None:
+    """Refuse a call the agent cannot take (unknown agent or tool, input off its
+    schema, not plain JSON) before anything is recorded, a session included."""
+    try:
+        agent = get_agent(agent_name)
+    except LookupError as exc:
+        raise UnknownAgent(str(exc)) from None
     if tool_name not in agent.tool_names:
         raise UnknownTool(
             f"{agent.name} has no tool {tool_name!r} (its tools: {', '.join(agent.tool_names)})"
@@ -173,7 +179,7 @@ def external_call_submit(*, run: Run, tool_name: str, tool_input, key: str) -> T
     earlier = call_for_key(run, key)
     if earlier is not None:
         return first_answer(earlier)
-    _check_call(run, tool_name, tool_input)
+    external_call_check(agent_name=run.agent, tool_name=tool_name, tool_input=tool_input)
     turn = Reply(content=[{"type": "tool_use", "id": tool_use_id, "name": tool_name, "input": tool_input}])
     deadline = time.monotonic() + LEASE_WAIT_SECONDS
     while True:
@@ -216,3 +222,57 @@ def external_call_wait(*, call: ToolCall, seconds: float, settled) -> ToolCall:
         if settled(call) or time.monotonic() >= deadline:
             return call
         time.sleep(0.2)
+
+
+def external_session_end(*, run: Run, actor) -> Run:
+    """The caller says its session is over: the run ends ``done`` (reloaded in place).
+
+    Anything a person already decided is finished first (as a worker would), so an
+    approved call is never left behind unrun. Refused while a call waits for a
+    decision (``SessionWaiting``) and once the session is closed. The end is taken
+    with the run's lease held, so it cannot slip between a worker's steps or a call
+    sent at the same moment.
+    """
+    owner = new_lease_owner()
+    deadline = time.monotonic() + LEASE_WAIT_SECONDS
+    while True:
+        run.refresh_from_db()
+        if run.is_finished:
+            raise SessionClosed(f"session {run.session} (run {run.pk}) is {run.get_status_display()}")
+        if run.status == RunStatus.WAITING_APPROVAL:
+            waiting = (
+                ToolCall.objects.live()
+                .filter(run=run, status__in=[CallStatus.AWAITING_APPROVAL, CallStatus.UNKNOWN])
+                .first()
+            )
+            raise SessionWaiting(
+                f"session {run.session} waits for a decision"
+                + (f" on {waiting.tool_name} (call {waiting.pk})" if waiting else "")
+                + "; it can end once that call is decided",
+                call=waiting,
+            )
+        # Finish what was decided (a worker may not have got to it yet); it then idles.
+        result = run_advance(run.pk, owner=owner, llm=CallerTurns())
+        if result.outcome == Outcome.IDLE and lease_claim(run.pk, owner):
+            unresolved = ToolCall.objects.live().filter(run=run).exclude(status__in=RESOLVED_CALL_STATUSES)
+            try:
+                if not unresolved.exists():  # a call sent meanwhile is taken first, then we end
+                    with transaction.atomic():
+                        run_transition(
+                            run_id=run.pk,
+                            old=RunStatus.RUNNING,
+                            new=RunStatus.DONE,
+                            owner=owner,
+                            actor=actor,
+                            reason="session ended by its caller",
+                        )
+                    run.refresh_from_db()
+                    return run
+            except TransitionConflict:
+                pass
+            Run.objects.filter(pk=run.pk, lease_owner=owner).update(lease_owner="", lease_until=None)
+        elif result.outcome in (Outcome.PAUSED, Outcome.FINISHED):
+            continue  # refused above, on the next turn of the loop
+        if time.monotonic() > deadline:
+            raise SessionBusy(f"session {run.session} (run {run.pk}) is busy; ask again to end it")
+        time.sleep(0.05)

@@ -19,10 +19,23 @@ from tools.registry import all_agents, arguments_in_order, find_tool
 
 from .history import transcript_messages
 from .models import CallStatus, Message, Run, RunGuard, RunStatus, Step, ToolCall
+from .saga import PERMISSION as UNDO_PERMISSION
 
 VIEW_ALL_PERMISSION = "runs.view_all_runs"
 # Named by string: runs never imports approvals (see docs/architecture.md).
 DECIDE_PERMISSION = "approvals.decide_approvalrequest"
+
+
+def may_cancel(user, run: Run) -> bool:
+    """The run's requester, staff and reviewers may cancel a run."""
+    return user.is_authenticated and (
+        run.requester_id == user.pk or user.is_staff or user.has_perm(DECIDE_PERMISSION)
+    )
+
+
+def may_undo(user) -> bool:
+    """Roll back, rewind and fork need their own permission."""
+    return user.is_authenticated and user.has_perm(UNDO_PERMISSION)
 
 
 def runs_visible_to(user):
@@ -140,6 +153,18 @@ def run_search(
 
 def _start_of_day(day: date) -> datetime:
     return timezone.make_aware(datetime.combine(day, time.min))
+
+
+# What the history calls a session's caller, by Run.kind.
+SESSION_CALLERS = {Run.Kind.EXTERNAL: "external agent", Run.Kind.GATEWAY: "MCP gateway"}
+
+
+def session_label(run: Run) -> str:
+    """How the history names a session driven by a caller elsewhere ("external
+    agent · session s-1"); empty for a run of the desk's own loop."""
+    if not run.takes_caller_turns:
+        return ""
+    return f"{SESSION_CALLERS.get(run.kind, run.get_kind_display())} · session {run.session}"
 
 
 def run_agent_names() -> list[str]:
@@ -303,6 +328,8 @@ class BudgetUsage:
 
 
 def run_budget_usage(run: Run) -> list[BudgetUsage]:
+    if run.takes_caller_turns:
+        return []  # a caller elsewhere runs its own loop, with its own budget
     return [
         BudgetUsage("steps", run.step, run.max_steps),
         BudgetUsage("tokens", run.input_tokens + run.output_tokens, run.max_tokens),

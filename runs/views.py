@@ -25,7 +25,6 @@ from tools.registry import find_tool
 
 from .forms import RunFilterForm, RunStartForm
 from .models import Run, Step, ToolCall
-from .saga import PERMISSION as UNDO_PERMISSION
 from .saga import (
     SagaError,
     run_fork,
@@ -37,13 +36,14 @@ from .saga import (
     worker_holds,
 )
 from .selectors import (
-    DECIDE_PERMISSION,
     HAND_OVER_STATUSES,
     args_summary,
     call_would,
     has_checkpoint,
     is_amount,
+    may_cancel,
     may_hand_over,
+    may_undo,
     outcome_lines_of_calls,
     outcome_of_calls,
     run_budget_usage,
@@ -98,12 +98,6 @@ def pretty(value) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 
-def may_cancel(user, run: Run) -> bool:
-    return user.is_authenticated and (
-        run.requester_id == user.pk or user.is_staff or user.has_perm(DECIDE_PERMISSION)
-    )
-
-
 # --- the history --------------------------------------------------------------
 @require_GET
 def run_list(request):
@@ -120,10 +114,6 @@ def run_list(request):
     # One URL, two representations: keep caches from handing the fragment to a full load.
     patch_vary_headers(response, ["HX-Request"])
     return response
-
-
-def may_undo(user) -> bool:
-    return user.is_authenticated and user.has_perm(UNDO_PERMISSION)
 
 
 # --- one run ------------------------------------------------------------------
@@ -232,7 +222,10 @@ def _timeline_for_display(run: Run) -> list:
             # A dry run's write: what it would have done ("would need reviewers (1)").
             call.would = call_would(call) if run.dry_run else ""
             spec = find_tool(call.tool_name)
-            call.kind = spec.effect_kind if spec is not None else ""
+            # What a rollback would do with it: nothing for an external agent's calls,
+            # which ran in its own systems (runs.saga), so no kind is shown.
+            undoable = spec is not None and run.kind != Run.Kind.EXTERNAL
+            call.kind = spec.effect_kind if undoable else ""
             inputs = call.input if isinstance(call.input, dict) else {}
             call.amount = next((v for k, v in inputs.items() if is_amount(k)), None)
     return timeline

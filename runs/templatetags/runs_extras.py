@@ -11,6 +11,7 @@ from django import template
 
 from runs.selectors import format_rupees
 from runs.selectors import money_reason as selectors_money_reason
+from runs.selectors import session_label as selectors_session_label
 from tools.registry import UNDO_KIND_HELP, UNDO_KINDS
 
 register = template.Library()
@@ -23,6 +24,8 @@ def rupees(value) -> str:
 
 
 money_reason = register.filter("money_reason", selectors_money_reason)
+# "external agent · session s-1" ("" for a run of the desk's own loop).
+session_label = register.filter("session_label", selectors_session_label)
 
 
 @register.filter

@@ -12,6 +12,7 @@ from django.contrib.auth import get_user_model
 
 from approvals.models import ApprovalRequest
 from approvals.selectors import (
+    APPROVAL_PAGE_RELATIONS,
     approvals_decidable_by,
     approvals_visible_to,
     call_notes,
@@ -22,17 +23,6 @@ from approvals.selectors import (
 from runs.history import transcript_messages
 from runs.models import Run, Step, ToolCall
 from runs.selectors import run_get, run_search, run_step_checkpoint
-
-_APPROVAL_RELATIONS = (
-    "tool_call",
-    "outcome_call",
-    "run",
-    "run__requester",
-    "rule",
-    "decided_by",
-    "claimed_by",
-    "proposal__proposed_by",
-)
 
 
 def _name(user) -> str | None:
@@ -150,7 +140,7 @@ def live_checkpoint(run: Run, number: int) -> Step | None:
 # --- approvals -----------------------------------------------------------------------
 def api_approval(user, approval_id: int) -> ApprovalRequest | None:
     """The approval, if ``user`` may see it (None otherwise, as for one that does not exist)."""
-    return approvals_visible_to(user).select_related(*_APPROVAL_RELATIONS).filter(pk=approval_id).first()
+    return approvals_visible_to(user).select_related(*APPROVAL_PAGE_RELATIONS).filter(pk=approval_id).first()
 
 
 def approval_page(user, *, scope: str, status: str, kind=None, run=None, limit: int, offset: int):
@@ -162,7 +152,7 @@ def approval_page(user, *, scope: str, status: str, kind=None, run=None, limit: 
         approvals = approvals.filter(kind=kind)
     if run is not None:
         approvals = approvals.filter(run_id=run)
-    approvals = approvals.select_related(*_APPROVAL_RELATIONS).order_by("created_at", "id")
+    approvals = approvals.select_related(*APPROVAL_PAGE_RELATIONS).order_by("created_at", "id")
     return approvals.count(), list(approvals[offset : offset + limit])
 
 

@@ -45,15 +45,11 @@ from django.utils import timezone
 
 from runs.history import transcript_messages
 from runs.integrity import (
-    _live_at,
-    _version_at,
-    _what_changed,
-    call_record,
     chain_head,
-    closed_until,
     genesis,
     keyed_hash,
-    step_digest,
+    recompute_steps,
+    what_changed,
 )
 from runs.models import Message, Run, Step, ToolCall
 from tools.registry import canonical_json
@@ -545,7 +541,7 @@ def _step_digests(
     digest (checking) or from its recomputed one (re-sealing for another run id).
     Keyed by the step's source id."""
     problems: list[Problem] = []
-    steps = sorted((r.obj for r in rows), key=lambda s: (s.created_at, s.number, s.pk))
+    steps = [r.obj for r in rows]
     line_of = {r.obj.pk: r.line for r in rows}
     versions: dict[int, list] = defaultdict(list)
     message_lines: dict[int, list[int]] = defaultdict(list)
@@ -558,53 +554,30 @@ def _step_digests(
         by_step[(row.obj.step, row.obj.superseded_at)].append(row.obj)
         call_lines[(row.obj.step, row.obj.superseded_at)].append(row.line)
     digests: dict[int, str] = {}
-    for step in steps:
-        at = step.created_at
-        previous = next(
-            (
-                s
-                for s in reversed(steps)
-                if s.number == step.number - 1 and s.created_at <= at and _live_at(s, at)
-            ),
-            None,
-        )
-        if previous is None:
-            prev_digest = genesis(run_id)
-        else:
-            prev_digest = digests.get(previous.pk, "") if reseal else previous.digest
-        start = closed_until(previous.message_count, previous.status) if previous else 0
-        end = closed_until(step.message_count, step.status)
-        closed = [
-            version
-            for seq in range(start, end)
-            if (version := shared.get(seq) or _version_at(versions[seq], at)) is not None
-        ]
+    for check in recompute_steps(
+        run_id=run_id, steps=steps, versions=versions, calls=by_step, shared=shared, reseal=reseal
+    ):
+        step = check.step
         where = f"(step {step.number}" + (", superseded)" if step.superseded_at else ")")
-        if len(closed) != end - start:
+        if check.digest is None:
             problems.append(
-                Problem(line_of[step.pk], f"{where} messages {start}–{end - 1} are not all in the file")
+                Problem(
+                    line_of[step.pk],
+                    f"{where} messages {check.start}–{check.end - 1} are not all in the file",
+                )
             )
             continue
-        step_calls = by_step[(step.number, step.superseded_at)]
-        digests[step.pk] = step_digest(
-            previous=prev_digest,
-            run_id=run_id,
-            number=step.number,
-            message_count=step.message_count,
-            status=step.status,
-            messages=[(m.seq, m.role, m.content) for m in closed],
-            calls=[call_record(c) for c in step_calls],
-        )
-        if not reseal and digests[step.pk] != step.digest:
+        digests[step.pk] = check.digest
+        if not reseal and check.digest != step.digest:
             lines = sorted(
-                {line for seq in range(start, end) for line in message_lines[seq]}
+                {line for seq in range(check.start, check.end) for line in message_lines[seq]}
                 | set(call_lines[(step.number, step.superseded_at)])
             )
             problems.append(
                 Problem(
                     line_of[step.pk],
                     f"{where} its digest does not match what it closed (lines "
-                    f"{', '.join(map(str, lines)) or 'none'}): {_what_changed(closed, step_calls)}",
+                    f"{', '.join(map(str, lines)) or 'none'}): {what_changed(check.messages, check.calls)}",
                 )
             )
     return digests, problems

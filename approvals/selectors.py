@@ -47,6 +47,19 @@ ESCALATION_GROUP = "senior-reviewers"
 
 
 # --- who may decide ---------------------------------------------------------------
+# What a page (or the API) showing one approval reads with it, in one query.
+APPROVAL_PAGE_RELATIONS = (
+    "tool_call",
+    "outcome_call",
+    "run",
+    "run__requester",
+    "rule",
+    "decided_by",
+    "claimed_by",
+    "proposal__proposed_by",
+)
+
+
 def _group_ids(user) -> set[int]:
     cached = getattr(user, "_desk_group_ids", None)
     if cached is None:

@@ -15,6 +15,7 @@ from tools.registry import input_hash
 from .audit import verify_run
 from .models import ApprovalRequest
 from .selectors import (
+    APPROVAL_PAGE_RELATIONS,
     DECIDE_PERMISSION,
     approval_context,
     approvals_visible_to,
@@ -51,16 +52,7 @@ def _approval(request, approval_id: int) -> ApprovalRequest:
     """The approval, if ``request.user`` may see it (404 otherwise: no hint it exists)."""
     approval = (
         approvals_visible_to(request.user)
-        .select_related(
-            "tool_call",
-            "outcome_call",
-            "run",
-            "run__requester",
-            "rule",
-            "decided_by",
-            "claimed_by",
-            "proposal__proposed_by",
-        )
+        .select_related(*APPROVAL_PAGE_RELATIONS)
         .filter(pk=approval_id)
         .first()
     )

@@ -154,6 +154,24 @@ def external_call_check(*, agent_name: str, tool_name: str, tool_input) -> None:
         raise InvalidInput(f"invalid input for {tool_name}: {'; '.join(errors)}")
 
 
+def _check_open(run: Run, *, then: str) -> None:
+    """Refuse a session that ended, or one that waits for a person's decision."""
+    if run.is_finished:
+        raise SessionClosed(f"session {run.session} (run {run.pk}) is {run.get_status_display()}")
+    if run.status == RunStatus.WAITING_APPROVAL:
+        waiting = (
+            ToolCall.objects.live()
+            .filter(run=run, status__in=[CallStatus.AWAITING_APPROVAL, CallStatus.UNKNOWN])
+            .first()
+        )
+        raise SessionWaiting(
+            f"session {run.session} waits for a decision"
+            + (f" on {waiting.tool_name} (call {waiting.pk})" if waiting else "")
+            + f"; {then}",
+            call=waiting,
+        )
+
+
 def call_for_key(run: Run, key: str) -> ToolCall | None:
     return ToolCall.objects.live().filter(run=run, tool_use_id=tool_use_id_for(key)).first()
 
@@ -184,20 +202,7 @@ def external_call_submit(*, run: Run, tool_name: str, tool_input, key: str) -> T
     deadline = time.monotonic() + LEASE_WAIT_SECONDS
     while True:
         run.refresh_from_db(fields=["status", "lease_until"])
-        if run.is_finished:
-            raise SessionClosed(f"session {run.session} (run {run.pk}) is {run.get_status_display()}")
-        if run.status == RunStatus.WAITING_APPROVAL:
-            waiting = (
-                ToolCall.objects.live()
-                .filter(run=run, status__in=[CallStatus.AWAITING_APPROVAL, CallStatus.UNKNOWN])
-                .first()
-            )
-            raise SessionWaiting(
-                f"session {run.session} waits for a decision"
-                + (f" on {waiting.tool_name} (call {waiting.pk})" if waiting else "")
-                + "; send that call again to collect its result before sending another",
-                call=waiting,
-            )
+        _check_open(run, then="send that call again to collect its result before sending another")
 
         # With the lease held, nobody else can have saved this key meanwhile.
         def still_new() -> bool:
@@ -237,20 +242,7 @@ def external_session_end(*, run: Run, actor) -> Run:
     deadline = time.monotonic() + LEASE_WAIT_SECONDS
     while True:
         run.refresh_from_db()
-        if run.is_finished:
-            raise SessionClosed(f"session {run.session} (run {run.pk}) is {run.get_status_display()}")
-        if run.status == RunStatus.WAITING_APPROVAL:
-            waiting = (
-                ToolCall.objects.live()
-                .filter(run=run, status__in=[CallStatus.AWAITING_APPROVAL, CallStatus.UNKNOWN])
-                .first()
-            )
-            raise SessionWaiting(
-                f"session {run.session} waits for a decision"
-                + (f" on {waiting.tool_name} (call {waiting.pk})" if waiting else "")
-                + "; it can end once that call is decided",
-                call=waiting,
-            )
+        _check_open(run, then="it can end once that call is decided")
         # Finish what was decided (a worker may not have got to it yet); it then idles.
         result = run_advance(run.pk, owner=owner, llm=CallerTurns())
         if result.outcome == Outcome.IDLE and lease_claim(run.pk, owner):

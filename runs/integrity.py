@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -109,12 +110,74 @@ def chain_head(run: Run) -> tuple[str, int]:
     return digest, closed_until(message_count, status)
 
 
+@dataclass
+class StepCheck:
+    """One step recomputed over what it closed (``recompute_steps``)."""
+
+    step: Step
+    start: int  # the messages it closed: start..end-1
+    end: int
+    messages: list  # those messages as they stood when it was written (fewer: some are missing)
+    calls: list
+    digest: str | None  # recomputed; None when messages are missing
+
+
+def recompute_steps(
+    *, run_id: int, steps: list, versions: dict, calls: dict, shared: dict, reseal: bool = False
+) -> Iterator[StepCheck]:
+    """Each step's digest recomputed, in the order the steps were written (superseded
+    ones against the transcript as it stood then), from rows given: the database's
+    (``verify_steps``) or a file's (``approvals.export``).
+
+    ``versions``: seq -> every message written at it, oldest first; ``calls``:
+    (step number, superseded_at) -> its calls by position; ``shared``: seq -> a fork's
+    message shared with its parent. Chained from the previous step's recorded digest
+    (checking), or with ``reseal`` from its recomputed one (the rows under a new run id).
+    """
+    steps = sorted(steps, key=lambda s: (s.created_at, s.number, s.pk))
+    recomputed: dict[int, str] = {}
+    for step in steps:
+        at = step.created_at
+        previous = next(
+            (
+                s
+                for s in reversed(steps)
+                if s.number == step.number - 1 and s.created_at <= at and _live_at(s, at)
+            ),
+            None,
+        )
+        if previous is None:
+            prev_digest = genesis(run_id)
+        else:
+            prev_digest = recomputed.get(previous.pk, "") if reseal else previous.digest
+        start = closed_until(previous.message_count, previous.status) if previous else 0
+        end = closed_until(step.message_count, step.status)
+        messages = [
+            version
+            for seq in range(start, end)
+            if (version := shared.get(seq) or _version_at(versions[seq], at)) is not None
+        ]
+        step_calls = calls[(step.number, step.superseded_at)]
+        digest = None
+        if len(messages) == end - start:
+            digest = recomputed[step.pk] = step_digest(
+                previous=prev_digest,
+                run_id=run_id,
+                number=step.number,
+                message_count=step.message_count,
+                status=step.status,
+                messages=[(m.seq, m.role, m.content) for m in messages],
+                calls=[call_record(c) for c in step_calls],
+            )
+        yield StepCheck(step, start, end, messages, step_calls, digest)
+
+
 def verify_steps(run: Run) -> tuple[int, list[Finding]]:
     """Recompute every checkpoint of ``run`` (superseded ones against the transcript
     as it was when they were written). Returns the number of steps checked and what
     is wrong, in the order the steps were written. A constant number of queries."""
     findings: list[Finding] = []
-    steps = list(Step.objects.filter(run=run).order_by("created_at", "number", "pk"))
+    steps = list(Step.objects.filter(run=run))
     # A fork shares its parent's first messages, as they were when it was made.
     shared = (
         {m.seq: m for m in transcript_messages(run.parent, at=run.created_at, limit=run.shared_messages)}
@@ -127,48 +190,21 @@ def verify_steps(run: Run) -> tuple[int, list[Finding]]:
     calls: dict[tuple, list[ToolCall]] = defaultdict(list)
     for call in ToolCall.objects.filter(run=run).order_by("position"):
         calls[(call.step, call.superseded_at)].append(call)
-    for step in steps:
+    for check in recompute_steps(run_id=run.pk, steps=steps, versions=versions, calls=calls, shared=shared):
+        step = check.step
         where = f"run {run.pk} step {step.number}" + (" (superseded)" if step.superseded_at else "")
         if not step.digest:
             findings.append(Finding(where, "has no digest (written before checkpoints were chained)"))
-            continue
-        at = step.created_at
-        previous = next(
-            (
-                s
-                for s in reversed(steps)
-                if s.number == step.number - 1 and s.created_at <= at and _live_at(s, at)
-            ),
-            None,
-        )
-        prev_digest = previous.digest if previous else genesis(run.pk)
-        start = closed_until(previous.message_count, previous.status) if previous else 0
-        end = closed_until(step.message_count, step.status)
-        messages = [
-            version
-            for seq in range(start, end)
-            if (version := shared.get(seq) or _version_at(versions[seq], at)) is not None
-        ]
-        if len(messages) != end - start:
+        elif check.digest is None:
+            found, wanted = len(check.messages), check.end - check.start
             findings.append(
                 Finding(
                     where,
-                    f"messages {start}–{end - 1} are not all there: {len(messages)} of {end - start} found",
+                    f"messages {check.start}–{check.end - 1} are not all there: {found} of {wanted} found",
                 )
             )
-            continue
-        step_calls = calls[(step.number, step.superseded_at)]
-        digest = step_digest(
-            previous=prev_digest,
-            run_id=run.pk,
-            number=step.number,
-            message_count=step.message_count,
-            status=step.status,
-            messages=[(m.seq, m.role, m.content) for m in messages],
-            calls=[call_record(c) for c in step_calls],
-        )
-        if digest != step.digest:
-            findings.append(Finding(where, _what_changed(messages, step_calls)))
+        elif check.digest != step.digest:
+            findings.append(Finding(where, what_changed(check.messages, check.calls)))
     return len(steps), findings
 
 
@@ -182,7 +218,7 @@ def _live_at(step: Step, at) -> bool:
     return step.superseded_at is None or step.superseded_at > at
 
 
-def _what_changed(messages, calls) -> str:
+def what_changed(messages, calls) -> str:
     """The digest says that something changed, not what: point at the call whose log
     and transcript disagree if there is one, else at what the step covers."""
     from .engine import tool_result_block

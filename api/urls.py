@@ -1,8 +1,9 @@
 """/api/v1/ (the JSON API, its schema and docs), /mcp/ (the MCP gateway over HTTP) and
 the desk's API token page.
 
-The desk needs a login for every page (LoginRequiredMiddleware); the API and /mcp/
-answer without one and authenticate each request themselves (a token or a session).
+The desk needs a login for every page (LoginRequiredMiddleware), the API's interactive
+docs included; the API (and its schema, for tools) and /mcp/ answer without one and
+authenticate each request themselves (a token or a session).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ def _own_auth(patterns):
     for pattern in patterns:
         if hasattr(pattern, "url_patterns"):
             _own_auth(pattern.url_patterns)
-        else:
+        elif pattern.name != "openapi-view":  # the interactive docs are a page: sign in first
             pattern.callback.login_required = False
     return patterns
 

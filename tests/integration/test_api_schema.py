@@ -20,7 +20,7 @@ from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from api.tokens import apitoken_create, apitoken_revoke
-from tests.helpers import script, start, turn
+from tests.helpers import client_for, script, start, turn
 
 pytestmark = [
     pytest.mark.integration,
@@ -122,11 +122,14 @@ def test_a_decision_round_trip_answers_as_declared(api_schema, live_api):
     call("POST", f"/runs/{run_id}/cancel", "/runs/{run_id}/cancel", 200)
 
 
-def test_the_interactive_docs_render_from_our_own_static_files(live_api):
+def test_the_interactive_docs_need_a_login_and_render_from_our_own_static_files(live_api, users):
     base = live_api.base
-    page = requests.get(f"{base}/api/v1/docs", timeout=10)
+    # A page like any other: a sign-in first (the schema itself is public, for tools).
+    anonymous = requests.get(f"{base}/api/v1/docs", timeout=10, allow_redirects=False)
+    assert anonymous.status_code == 302 and "/login/" in anonymous.headers["Location"]
+    page = client_for(users["requester"]).get("/api/v1/docs")
     assert page.status_code == 200
-    html = page.text
+    html = page.content.decode()
     assert "/static/ninja/swagger-ui-bundle.js" in html and "/static/ninja/swagger-ui-init.js" in html
     # The desk's CSP allows scripts from itself only: the page runs none inline (its
     # settings are a JSON data block the init script reads).

@@ -7,3 +7,12 @@ class ApiConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
     name = "api"
     verbose_name = "API and integrations"
+
+    def ready(self) -> None:
+        # Upstream MCP servers (DESK_MCP_UPSTREAMS) become agents on first use, in
+        # any process: the gateway lists their tools, a worker runs approved calls.
+        from tools.registry import register_agent_loader
+
+        from .mcp_proxy import proxy_agent_loader
+
+        register_agent_loader(proxy_agent_loader)

@@ -583,8 +583,11 @@ def _check_may_decide(approval: ApprovalRequest, reviewer, decision: Decision, *
     if decision.kind != DecisionKind.APPROVE or approval.is_guard:
         return
     spec = find_tool(approval.tool_call.tool_name)
-    if spec is not None and spec.is_irreversible and not decision.confirm_irreversible:
-        raise DecisionError(f"{spec.name} cannot be undone: confirm that you understand before approving it.")
+    # A tool this process does not know (gone, or an upstream's that cannot be reached)
+    # is treated as what cannot be undone: never approved without the confirmation.
+    if (spec is None or spec.is_irreversible) and not decision.confirm_irreversible:
+        name = spec.name if spec is not None else approval.tool_call.tool_name
+        raise DecisionError(f"{name} cannot be undone: confirm that you understand before approving it.")
 
 
 # --- guards: what a person decides on a run that stopped for them ------------------

@@ -347,7 +347,16 @@ def get_tool(name: str) -> ToolSpec:
 
 
 def find_tool(name: str) -> ToolSpec | None:
-    return _TOOLS.get(name)
+    spec = _TOOLS.get(name)
+    if spec is None and "." in name and _AGENT_LOADERS:
+        # An agent made on first use names its tools "<agent>.<tool>": load it here too
+        # (a desk page, a decision), not only where a run of it was advanced.
+        try:
+            get_agent(name.split(".", 1)[0])
+        except LookupError:
+            return None
+        spec = _TOOLS.get(name)
+    return spec
 
 
 # Agents made on first use (the MCP gateway's proxies: their tools are an upstream

@@ -177,6 +177,20 @@ def test_approving_an_irreversible_call_needs_an_explicit_confirmation(users):
     assert the_approval(run).status == ApprovalRequest.Status.APPROVED
 
 
+def test_a_call_of_a_tool_this_process_does_not_know_is_approved_only_with_the_confirmation(
+    users, plain_refund_desk, monkeypatch
+):
+    """A proxied tool whose upstream cannot be reached here, or a tool since removed:
+    what it does is unknown, so it is treated as what cannot be undone."""
+    run = start(script(turn(("refund_item", {"order_id": "A-1001", "amount": 900, "reason": "x"}))))
+    approval = the_approval(run)
+    monkeypatch.setattr("approvals.services.find_tool", lambda name: None)
+    with pytest.raises(DecisionError, match="refund_item cannot be undone: confirm"):
+        decide(approval, users["reviewer"])
+    decide(approval, users["reviewer"], Decision.approve(confirm_irreversible=True))
+    assert the_approval(run).status == ApprovalRequest.Status.APPROVED
+
+
 def test_a_deny_rule_still_denies_an_irreversible_call(users):
     GateRule.objects.create(name="Never delete", tool="delete_file_permanently", effect="deny", priority=5)
     run = start(IRREVERSIBLE, agent="onboarding", requester=users["requester"])

@@ -3,6 +3,10 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from kombu.transport import TRANSPORT_ALIASES
+
+# filesystem:// (the embedded broker) writes its messages atomically (desk/broker.py).
+TRANSPORT_ALIASES["filesystem"] = "desk.broker:Transport"
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "desk.settings")
 

@@ -1,0 +1,52 @@
+"""The embedded broker never hands a worker half a message."""
+
+from __future__ import annotations
+
+import threading
+
+from kombu import Connection
+
+from desk.broker import Channel
+
+
+def connection(tmp_path) -> Connection:
+    folder = tmp_path / "queue"
+    folder.mkdir(exist_ok=True)
+    return Connection(
+        "filesystem://",
+        transport_options={
+            "data_folder_in": str(folder),
+            "data_folder_out": str(folder),
+            "store_processed": False,
+            "polling_interval": 0.01,
+        },
+    )
+
+
+def test_filesystem_urls_use_the_atomic_channel(tmp_path):
+    with connection(tmp_path) as conn:
+        assert isinstance(conn.default_channel, Channel)
+
+
+def test_a_reader_polling_while_messages_are_written_gets_every_one_whole(tmp_path):
+    """kombu's own transport creates the file before writing it: a reader in between
+    got an empty message and the worker died (JSONDecodeError)."""
+    count = 400
+    body = {"nudge": "x" * 20_000}  # big enough that a write is not one instant
+
+    def write():
+        with connection(tmp_path) as conn, conn.SimpleQueue("advance") as queue:
+            for n in range(count):
+                queue.put({**body, "n": n})
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    seen = []
+    with connection(tmp_path) as conn, conn.SimpleQueue("advance") as queue:
+        while len(seen) < count:
+            message = queue.get(block=True, timeout=30)
+            seen.append(message.payload["n"])
+            message.ack()
+    writer.join()
+    assert sorted(seen) == list(range(count))
+    assert not list((tmp_path / "queue").glob(".*.part"))

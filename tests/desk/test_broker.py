@@ -17,6 +17,7 @@ def connection(tmp_path) -> Connection:
         transport_options={
             "data_folder_in": str(folder),
             "data_folder_out": str(folder),
+            "control_folder": str(tmp_path / "control"),
             "store_processed": False,
             "polling_interval": 0.01,
         },

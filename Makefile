@@ -69,6 +69,7 @@ bench: install
 	$(BIN)/python bench/rawsql.py
 	$(BIN)/python bench/stuck.py
 	$(BIN)/python bench/analytics.py
+	$(BIN)/python bench/external_calls.py
 
 clean:
 	rm -rf var/ .pytest_cache

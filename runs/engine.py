@@ -311,8 +311,20 @@ class _Loop:
         self.tools_for_model = [t.for_model() for t in self.agent.tools]
         self.llm = llm or llm_for_run(run)
         self.gate = gate_module.get_gate()
-        # Loaded once per claim; appended to as we write (we hold the lease).
-        self.transcript = [m.as_model_message() for m in transcript_messages(run)]
+        # The last checkpoint's digest and how many messages it had closed: the next
+        # step chains from it (runs.integrity).
+        self.chain: tuple[str, int] = chain_head(run)
+        # Loaded once per claim; appended to as we write (we hold the lease). A caller's
+        # session reads nothing back (its "model" is elsewhere): only what the next
+        # checkpoint covers is loaded, messages ``offset`` on (the last one at least),
+        # so a call costs the same at call 2,000 as at call 2.
+        self.offset = 0
+        if run.takes_caller_turns:
+            self.offset = max(0, min(self.chain[1], run.message_count - 1))
+            messages = Message.objects.live().filter(run=run, seq__gte=self.offset).order_by("seq")
+        else:
+            messages = transcript_messages(run)
+        self.transcript = [m.as_model_message() for m in messages]
         # A fork replays its parent's history: calls the parent already made at
         # the same place get the parent's recorded result, and nothing runs.
         self.parent_calls = {}
@@ -324,9 +336,6 @@ class _Loop:
         # Reads executed by _work whose results are written when the step closes
         # (or pauses): a crash before that just reads again.
         self.unsaved_reads: list[ToolCall] = []
-        # The last checkpoint's digest and how many messages it had closed: the next
-        # step chains from it (runs.integrity).
-        self.chain: tuple[str, int] = chain_head(run)
         # Guards, loaded once per claim and kept up to date in memory: the results the
         # run has seen (progress), its calls' (tool, status) pairs (stage transitions),
         # and about how many tokens the next model call's input will be (budgets).
@@ -334,13 +343,16 @@ class _Loop:
         self.call_facts: set[tuple[str, str]] = set()
         # Closed steps only: the open step's calls (reads saved at a pause) are
         # learned when it closes, or its new results would look already seen.
-        for tool_name, status, result, is_error, key, attempts in (
-            ToolCall.objects.live()
-            .filter(run=run, step__lt=run.step)
-            .values_list("tool_name", "status", "result", "is_error", "idempotency_key", "attempts")
-        ):
-            made = not (key and status == CallStatus.COMMITTED and not attempts)
-            self._learn(tool_name, status, result, is_error, made=made)
+        closed = ToolCall.objects.live().filter(run=run, step__lt=run.step)
+        if run.takes_caller_turns:
+            # No stuck detector for a session: only the stages' (tool, status) pairs.
+            self.call_facts.update(closed.values_list("tool_name", "status").distinct())
+        else:
+            for tool_name, status, result, is_error, key, attempts in closed.values_list(
+                "tool_name", "status", "result", "is_error", "idempotency_key", "attempts"
+            ):
+                made = not (key and status == CallStatus.COMMITTED and not attempts)
+                self._learn(tool_name, status, result, is_error, made=made)
         self.input_estimate = estimate_tokens(self.agent.system) + estimate_tokens(self.tools_for_model)
         self.input_growth = 0  # tokens added since the model's last reply (its reply included)
         for message in self.transcript:
@@ -413,7 +425,7 @@ class _Loop:
         runs cannot both slip under it.
         """
         run = self.run
-        seq = len(self.transcript)
+        seq = self.offset + len(self.transcript)
         with transaction.atomic():
             self._renew_lease(
                 message_count=seq + 1,
@@ -464,7 +476,7 @@ class _Loop:
         the world; None in a dry run) all hold, and otherwise waits for a person.
         """
         run = self.run
-        number, first = run.step, len(self.transcript)
+        number, first = run.step, self.offset + len(self.transcript)
         final = reply is not None and not calls
         closing = [{"role": Message.Role.ASSISTANT, "content": reply.content}] if reply is not None else []
         if not final:
@@ -726,7 +738,7 @@ class _Loop:
         """The digest of the step being closed: the messages since the last checkpoint
         (those in memory and ``closing``, about to be written) and the calls."""
         previous, start = self.chain
-        messages = [*self.transcript[start:], *closing]
+        messages = [*self.transcript[start - self.offset :], *closing]
         return step_digest(
             previous=previous,
             run_id=self.run.pk,
@@ -960,14 +972,7 @@ class _Loop:
         spec = find_tool(name)
         if spec is None or self.run.kind != Run.Kind.EXTERNAL:
             return spec
-        return replace(
-            spec,
-            function=_caller_runs_it,
-            reconcile=_caller_runs_it,
-            honours_key=True,
-            capture=None,
-            verify=None,
-        )
+        return _as_permission(spec)
 
     def _ctx(self, call: ToolCall) -> ToolContext:
         return ToolContext(run_id=self.run.pk, step=call.step, idempotency_key=call.idempotency_key)
@@ -1156,6 +1161,26 @@ CALLER_RUNS_IT = "Allowed. The caller runs this tool itself; Countersign recorde
 
 def _caller_runs_it(ctx: ToolContext, tool_input: dict) -> str:
     return CALLER_RUNS_IT
+
+
+# Made once per tool (a ToolSpec checks its schema when it is made: milliseconds).
+_PERMISSIONS: dict[str, tuple[ToolSpec, ToolSpec]] = {}
+
+
+def _as_permission(spec: ToolSpec) -> ToolSpec:
+    """The tool as an external agent's call runs here: it records the permission."""
+    made = _PERMISSIONS.get(spec.name)
+    if made is None or made[0] is not spec:
+        permission = replace(
+            spec,
+            function=_caller_runs_it,
+            reconcile=_caller_runs_it,
+            honours_key=True,
+            capture=None,
+            verify=None,
+        )
+        made = _PERMISSIONS[spec.name] = (spec, permission)
+    return made[1]
 
 
 def _announced(call: ToolCall) -> bool:

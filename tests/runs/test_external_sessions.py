@@ -9,6 +9,7 @@ import threading
 import pytest
 from django.db import connections
 
+from approvals.audit import verify_run
 from runs.engine import CALLER_RUNS_IT
 from runs.external import (
     InvalidInput,
@@ -182,3 +183,23 @@ def test_the_same_call_sent_twice_at_once_is_one_call_and_one_effect(desk, users
     assert ToolCall.objects.get(pk=call_id).status == "committed"
     assert Payment.objects.count() == 1
     assert ToolCall.objects.filter(run=run).count() == 1
+
+
+def test_a_sessions_checkpoints_chain_and_verify_call_after_call(users, session):
+    """Each call is loaded with only what its checkpoint covers, and the chain holds."""
+    for n in range(4):
+        external_call_submit(
+            run=session, tool_name="get_order", tool_input={"order_id": "A-1001"}, key=f"g{n}"
+        )
+    external_call_submit(
+        run=session,
+        tool_name="refund_item",
+        tool_input={"order_id": "A-1001", "amount": 2900, "reason": "x"},
+        key="r",
+    )
+    decide_and_advance(session, users["reviewer"])
+    external_call_submit(run=session, tool_name="get_policy", tool_input={}, key="p")
+    session.refresh_from_db()
+    assert session.step == 6 and session.message_count == 13
+    report = verify_run(session)
+    assert report.ok, report

@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.management import call_command
+from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
@@ -217,3 +218,29 @@ def holds_for(predicate: Callable[[], Any], *, seconds: float, message: str, int
         if time.monotonic() > deadline:
             return
         time.sleep(interval)
+
+
+def run_async(fn: Callable[[], Any]) -> Any:
+    """``anyio.run(fn)`` in a thread of its own: the browser tests' Playwright keeps an
+    event loop running in this thread for the rest of the session, and asyncio refuses
+    to start a second one where one runs."""
+    import threading
+
+    import anyio
+
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = anyio.run(fn)
+        except BaseException as exc:  # re-raised in the test's own thread
+            outcome["error"] = exc
+        finally:
+            connections.close_all()  # this thread's own, if it opened any
+
+    thread = threading.Thread(target=target, name="run-async")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

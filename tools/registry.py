@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -348,11 +349,12 @@ def get_tool(name: str) -> ToolSpec:
 
 def find_tool(name: str) -> ToolSpec | None:
     spec = _TOOLS.get(name)
-    if spec is None and "." in name and _AGENT_LOADERS:
+    agent_name = name.split(".", 1)[0]
+    if spec is None and "." in name and _AGENT_LOADERS and agent_name not in _loading():
         # An agent made on first use names its tools "<agent>.<tool>": load it here too
         # (a desk page, a decision), not only where a run of it was advanced.
         try:
-            get_agent(name.split(".", 1)[0])
+            get_agent(agent_name)
         except LookupError:
             return None
         spec = _TOOLS.get(name)
@@ -364,6 +366,17 @@ def find_tool(name: str) -> ToolSpec | None:
 _AGENT_LOADERS: list[Callable[[str], AgentSpec | None]] = []
 
 
+_LOADING = threading.local()
+
+
+def _loading() -> set[str]:
+    """The agents this thread is making right now (a loader registering their tools
+    looks them up: that must not start making the agent again)."""
+    if not hasattr(_LOADING, "names"):
+        _LOADING.names = set()
+    return _LOADING.names
+
+
 def register_agent_loader(loader: Callable[[str], AgentSpec | None]) -> None:
     if loader not in _AGENT_LOADERS:
         _AGENT_LOADERS.append(loader)
@@ -373,10 +386,16 @@ def get_agent(name: str) -> AgentSpec:
     try:
         return _AGENTS[name]
     except KeyError:
-        for loader in _AGENT_LOADERS:
-            spec = loader(name)
-            if spec is not None:
-                return register_agent(spec)
+        loading = _loading()
+        if name not in loading:
+            loading.add(name)
+            try:
+                for loader in _AGENT_LOADERS:
+                    spec = loader(name)
+                    if spec is not None:
+                        return register_agent(spec)
+            finally:
+                loading.discard(name)
         known = ", ".join(sorted(_AGENTS)) or "none"
         raise LookupError(f"unknown agent {name!r} (known: {known})") from None
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 
-import anyio
 import pytest
 from django.core.management import CommandError, call_command
 from mcp import Client
@@ -21,7 +20,7 @@ from api.tokens import apitoken_create, apitoken_revoke
 from approvals.models import ApprovalRequest
 from approvals.services import Decision, NotAllowed
 from runs.models import Run, ToolCall
-from tests.helpers import decide_and_advance
+from tests.helpers import decide_and_advance, run_async
 from tools import registry
 from tools.models import Payment
 
@@ -189,7 +188,7 @@ def test_the_sdks_own_client_lists_and_calls_tools(desk, users, plain_refund_des
             refund = await client.call_tool("refund_item", REFUND)
             return listed, order, refund
 
-    listed, order, refund = anyio.run(session)
+    listed, order, refund = run_async(session)
     assert "refund_item" in [tool.name for tool in listed.tools]
     assert json.loads(order.content[0].text)["order_id"] == "A-1002"
     assert refund.content[0].text.startswith("pending approval")

@@ -19,6 +19,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from api.tokens import apitoken_create
 from approvals.models import ApprovalRequest
+from tests.helpers import run_async
 from tests.support import PYTHON, ROOT
 from tools.models import OutboxEmail, Payment
 
@@ -116,7 +117,7 @@ def test_a_stdio_client_waits_for_a_decision_made_in_another_process(desk):
             )
             return listed, order, refund, progress, again, email
 
-    listed, order, refund, progress, again, email = anyio.run(scenario)
+    listed, order, refund, progress, again, email = run_async(scenario)
     assert {"get_order", "refund_item", "send_email"} <= {tool.name for tool in listed.tools}
     assert json.loads(text(order))["amount"] == "2900.00"
     assert refund.is_error is False and json.loads(text(refund))["status"] == "refunded"
@@ -156,7 +157,7 @@ def test_a_pending_call_is_collected_later_even_by_a_new_gateway_after_a_crash(d
                 "refund_item", BIG_REFUND
             )
 
-    first, second = anyio.run(ask_and_give_up)
+    first, second = run_async(ask_and_give_up)
     approval = ApprovalRequest.objects.get(status="pending", tool_call__tool_name="refund_item")
     assert first.is_error is False
     assert text(first).startswith(f"pending approval {approval.pk}: call this tool again")
@@ -197,7 +198,7 @@ def test_a_pending_call_is_collected_later_even_by_a_new_gateway_after_a_crash(d
         async with stdio_gateway(desk, "--session", "crash", "--wait", "20") as session:
             return await session.call_tool("refund_item", BIG_REFUND)
 
-    collected = anyio.run(collect)
+    collected = run_async(collect)
     assert collected.is_error is False
     assert json.loads(text(collected))["amount"] == "12000.00"
     assert len(refunds("A-1003")) == 1
@@ -235,7 +236,7 @@ def test_an_http_client_with_a_token_gets_the_same_desk(desk, users):
             collected = await modern.call_tool("refund_item", REFUND)
         return listed, refund, progress, again, collected
 
-    listed, refund, progress, again, collected = anyio.run(scenario)
+    listed, refund, progress, again, collected = run_async(scenario)
     assert text(collected) == text(refund)
     assert "refund_item" in {tool.name for tool in listed.tools}
     assert refund.is_error is False and json.loads(text(refund))["status"] == "refunded"
@@ -270,7 +271,7 @@ def test_proxy_mode_forwards_an_allowed_read_and_an_approved_write_once(desk, tm
             return listed, read, write, again
 
     desk.env.update(env)  # the decide command also knows the upstream
-    listed, read, write, again = anyio.run(scenario)
+    listed, read, write, again = run_async(scenario)
     assert {tool.name for tool in listed.tools} == {"read_notes", "append_note"}
     assert read.is_error is False and text(read) == "first\n"
     assert write.is_error is False and text(write) == "noted: second"

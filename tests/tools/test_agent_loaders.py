@@ -19,6 +19,8 @@ def loader(monkeypatch):
         asked.append(name)
         if name != "notes":
             return None
+        # As the MCP proxy does: is the name free? (must not start loading "notes" again)
+        assert find_tool("notes.read") is None
         registry.register_tool(
             ToolSpec(
                 name="notes.read",

@@ -40,10 +40,11 @@ def test_a_reader_polling_while_messages_are_written_gets_every_one_whole(tmp_pa
             for n in range(count):
                 queue.put({**body, "n": n})
 
-    writer = threading.Thread(target=write)
-    writer.start()
     seen = []
+    # The queue is declared (bound) before anything is sent, as a worker does at start.
     with connection(tmp_path) as conn, conn.SimpleQueue("advance") as queue:
+        writer = threading.Thread(target=write)
+        writer.start()
         while len(seen) < count:
             message = queue.get(block=True, timeout=30)
             seen.append(message.payload["n"])

@@ -12,8 +12,10 @@ matches: a message, a tool result, arguments changed after the fact.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
+import json
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -218,6 +220,17 @@ def _live_at(step: Step, at) -> bool:
     return step.superseded_at is None or step.superseded_at > at
 
 
+def _comparable(block: dict) -> dict:
+    """A tool_result block with its JSON text parsed: PostgreSQL's jsonb keeps no key
+    order, so the call's result serialized again may order its keys differently from
+    the message written at the time, with nothing changed."""
+    content = block.get("content")
+    if isinstance(content, str):
+        with contextlib.suppress(ValueError):
+            content = json.loads(content)
+    return {**block, "content": content}
+
+
 def what_changed(messages, calls) -> str:
     """The digest says that something changed, not what: point at the call whose log
     and transcript disagree if there is one, else at what the step covers."""
@@ -230,7 +243,7 @@ def what_changed(messages, calls) -> str:
                 blocks[(block["type"], block.get("id") or block.get("tool_use_id"))] = (message.seq, block)
     for call in calls:
         seq, block = blocks.get(("tool_result", call.tool_use_id), (None, None))
-        if block is not None and block != tool_result_block(call):
+        if block is not None and _comparable(block) != _comparable(tool_result_block(call)):
             return (
                 f"the result of {call.tool_name} ({call.tool_use_id}) in message {seq} differs from the "
                 "call log: one of them was changed after the step was written"

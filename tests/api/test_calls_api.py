@@ -297,3 +297,31 @@ def test_a_long_poll_answers_once_a_reviewer_decides(desk, users, plain_refund_d
     assert errors == []
     assert answer["decision"] == "deny" and "Not without a photo" in answer["reason"]
     assert answer["approval_id"] == approval.pk and answer["decided_by"] == "reviewer"
+
+
+# --- attacks through an external agent -----------------------------------------------
+def test_a_reviewer_driving_an_external_agent_cannot_approve_its_own_call(users, plain_refund_desk):
+    """The token's person is the session's requester: the desk's two-person rule holds."""
+    own = agent_for(users["reviewer"])
+    answer = own.ask("refund_item", REFUND, key="r1").json()
+    approval = ApprovalRequest.objects.get(pk=answer["approval_id"])
+    response = own.client.post(
+        f"/api/v1/approvals/{approval.pk}/decide",
+        json.dumps({"action": "approve", "args_hash": approval.args_hash}),
+        content_type="application/json",
+        headers=own.headers,
+    )
+    assert response.status_code == 403 and error_code(response) == "not_allowed"
+    assert own.read(answer["id"]).json()["decision"] == "pending"
+
+
+def test_an_external_agent_splitting_a_refund_meets_the_running_total(bot):
+    """Two refunds of ₹300 on one order, each under the ₹500 threshold: the demo's
+    per-order total rule counts the one already allowed, so the second waits."""
+    first, second = (
+        bot.ask("refund_item", {**REFUND, "amount": 300, "reason": f"part {n}"}, key=f"p{n}").json()
+        for n in range(2)
+    )
+    assert first["decision"] == "allow"
+    assert second["decision"] == "pending"
+    assert "300 so far on order_id A-1001 + 300 = 600 > 500" in second["reason"]

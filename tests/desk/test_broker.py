@@ -52,3 +52,47 @@ def test_a_reader_polling_while_messages_are_written_gets_every_one_whole(tmp_pa
     writer.join()
     assert sorted(seen) == list(range(count))
     assert not list((tmp_path / "queue").glob(".*.part"))
+
+
+def test_workers_binding_at_once_keep_every_binding_and_a_sender_never_reads_half_a_table(tmp_path):
+    """kombu creates the exchange table empty, then writes it: a sender reading it in
+    between failed to decode it, and two binders could each truncate the other's
+    binding, so a message sent to that queue went nowhere."""
+    binders, rounds = 8, 15
+    for attempt in range(rounds):
+        folder = tmp_path / str(attempt)
+        folder.mkdir()
+        start = threading.Barrier(binders + 1)
+        errors = []
+
+        def bind(n, folder=folder, start=start, errors=errors):
+            try:
+                with connection(folder) as conn:
+                    channel = conn.default_channel
+                    start.wait()
+                    channel._queue_bind("nudges", f"q{n}", "", f"q{n}")
+            except Exception as exc:
+                errors.append(repr(exc))
+
+        def read(folder=folder, start=start, errors=errors):
+            with connection(folder) as conn:
+                channel = conn.default_channel
+                start.wait()
+                for _ in range(200):
+                    try:
+                        channel.get_table("nudges")
+                    except Exception as exc:
+                        errors.append(repr(exc))
+                        return
+
+        threads = [threading.Thread(target=bind, args=(n,)) for n in range(binders)]
+        threads.append(threading.Thread(target=read))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == [], f"round {attempt}"
+        with connection(folder) as conn:
+            table = {entry.queue for entry in conn.default_channel.get_table("nudges")}
+        assert table == {f"q{n}" for n in range(binders)}, f"round {attempt}"
+        assert not list((folder / "control").glob(".*.part"))

@@ -292,11 +292,21 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+if CELERY_BROKER_URL.startswith(("redis", "rediss")):
+    # Redis redelivers a message its worker never acked after this long. At or below
+    # the lease, so a nudge held by a dead worker comes back no later than the sweep
+    # would send another. A countdown longer than this (an email retry) may be
+    # delivered twice: every task claims its row, so a repeat does nothing.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("DESK_LEASE_SECONDS", 60)}
+# A task running longer than this is killed (prefork pool only) and its run
+# recovered from its last checkpoint once the lease expires. Generous: a run
+# advances until it pauses, many model calls in one task.
+CELERY_TASK_TIME_LIMIT = env_int("DESK_TASK_TIME_LIMIT", 1800)
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "sweep-expired-leases": {
         "task": "runs.tasks.sweep_leases",
-        "schedule": float(env_int("DESK_SWEEP_SECONDS", 30)),
+        "schedule": float(env_int("DESK_SWEEP_SECONDS", 5)),
     },
     # Approval reminders, escalations and expiries per rule; re-sends lost email nudges.
     "sweep-approval-sla": {
@@ -383,6 +393,16 @@ DESK_API_MAX_WAIT_SECONDS = env_int("DESK_API_MAX_WAIT_SECONDS", 60)
 DESK_WEBHOOK_ALLOWED_HOSTS = [host.lower() for host in env_list("DESK_WEBHOOK_ALLOWED_HOSTS")]
 # First retry of a failed webhook delivery after up to this many seconds, doubling (jittered).
 DESK_WEBHOOK_RETRY_SECONDS = env_int("DESK_WEBHOOK_RETRY_SECONDS", 10)
+# /metrics (Prometheus text format) answers a request that carries this token
+# ("Authorization: Bearer ..."), or comes from one of these networks (CIDR,
+# comma-separated; the default is this machine only). Empty token and networks: 404.
+DESK_METRICS_TOKEN = env_str("DESK_METRICS_TOKEN").strip()
+DESK_METRICS_NETWORKS = env_list("DESK_METRICS_NETWORKS", "127.0.0.1/32,::1/128")
+# Retention (purgeruns; runs.retention): argument fields named here (e.g. "to,email")
+# are replaced in stored payloads of finished runs older than DESK_REDACT_AFTER_DAYS
+# (0: never), by the same command.
+DESK_REDACT_FIELDS = env_list("DESK_REDACT_FIELDS")
+DESK_REDACT_AFTER_DAYS = env_int("DESK_REDACT_AFTER_DAYS", 0)
 ANTHROPIC_API_KEY = env_str("ANTHROPIC_API_KEY")
 ANTHROPIC_BASE_URL = env_str("ANTHROPIC_BASE_URL") or None
 ANTHROPIC_MODEL = env_str("ANTHROPIC_MODEL", "claude-sonnet-4-6")
@@ -390,10 +410,21 @@ ANTHROPIC_MODEL = env_str("ANTHROPIC_MODEL", "claude-sonnet-4-6")
 # The desk's loggers print through the root's handler, once: a Celery worker replaces
 # the root's handlers with its own (a handler on each logger as well printed every line
 # twice in the worker).
+# LOG_FORMAT=json: one JSON object per line (desk.logs.JsonFormatter), with the run,
+# step and call a line is about.
+LOG_FORMAT = env_str("LOG_FORMAT", "text").strip().lower()
+if LOG_FORMAT not in ("text", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r}: use text or json.")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {"json": {"()": "desk.logs.JsonFormatter"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            **({"formatter": "json"} if LOG_FORMAT == "json" else {}),
+        }
+    },
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
         "desk": {"level": env_str("DESK_LOG_LEVEL", "INFO")},

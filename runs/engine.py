@@ -31,10 +31,11 @@ import uuid
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from enum import StrEnum
+from time import perf_counter
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Case, F, Q, When
 from django.utils import timezone
 
 from tools.inputs import UnsafeJSON, check_json
@@ -127,8 +128,15 @@ def lease_claim(run_id: int, owner: str) -> bool:
         )
         if old is None:
             return False
+        # An expired lease that still names its owner was held by a worker that died
+        # (or stalled past it) mid-step: taking it over is a crash recovery.
         claimed = Run.objects.filter(free, pk=run_id, status=old).update(
-            status=RunStatus.RUNNING, lease_owner=owner, lease_until=lease_deadline(), updated_at=now
+            status=RunStatus.RUNNING,
+            lease_owner=owner,
+            lease_until=lease_deadline(),
+            updated_at=now,
+            nudged_at=None,
+            recoveries=F("recoveries") + Case(When(~Q(lease_owner=""), then=1), default=0),
         )
         if not claimed:
             return False
@@ -336,6 +344,8 @@ class _Loop:
         # Reads executed by _work whose results are written when the step closes
         # (or pauses): a crash before that just reads again.
         self.unsaved_reads: list[ToolCall] = []
+        # Timing of the step in hand, for its checkpoint (Step.duration_ms, llm_ms).
+        self.step_started, self.llm_ms = perf_counter(), 0
         # Guards, loaded once per claim and kept up to date in memory: the results the
         # run has seen (progress), its calls' (tool, status) pairs (stage transitions),
         # and about how many tokens the next model call's input will be (budgets).
@@ -366,6 +376,7 @@ class _Loop:
     def step(self) -> AdvanceResult | None:
         """Advance one step; None means go on with the next one."""
         run = self.run
+        self.step_started, self.llm_ms = perf_counter(), 0
         if not self.transcript:
             raise PermanentLLMError("the run has no transcript")
         if self.transcript[-1]["role"] == Message.Role.ASSISTANT:
@@ -395,7 +406,9 @@ class _Loop:
 
     def _ask_model(self) -> Reply:
         """Slow I/O outside any transaction: nothing is locked while the model thinks."""
+        asked = perf_counter()
         reply = self.llm.reply(system=self.agent.system, messages=self.transcript, tools=self.tools_for_model)
+        self.llm_ms = round((perf_counter() - asked) * 1000)
         _check_reply(reply)
         self.run.last_input_tokens = reply.usage.input_tokens
         self.run.input_tokens += reply.usage.input_tokens
@@ -528,6 +541,8 @@ class _Loop:
                         "digest": digest,
                         "stage": run.stage,
                         "progress": progress,
+                        "duration_ms": round((perf_counter() - self.step_started) * 1000),
+                        "llm_ms": self.llm_ms,
                         **_usage_fields(run),
                     }
                 ],

@@ -125,6 +125,17 @@ class Run(models.Model):
     lease_until = models.DateTimeField(null=True, blank=True)
     llm_attempts = models.PositiveSmallIntegerField(default=0)
     error = models.TextField(blank=True)
+    # Times a worker took the run over from one whose lease had expired (a crash
+    # recovery), counted by the claim; /metrics sums them.
+    recoveries = models.PositiveIntegerField(default=0)
+    # When the sweeper last re-sent a nudge for this run (a lost message or a dead
+    # worker's lease), so it re-sends at most once a lease; a claim clears it.
+    nudged_at = models.DateTimeField(null=True, blank=True)
+    # Retention (runs.retention): when the transcript and tool payloads were purged,
+    # and when named argument fields were redacted. The run row, its calls' outcomes
+    # and the digests stay, so the audit chain still verifies.
+    purged_at = models.DateTimeField(null=True, blank=True)
+    redacted_at = models.DateTimeField(null=True, blank=True)
     # A fork starts from a checkpoint of its parent: the first shared_messages
     # messages of its transcript are the parent's, shared rather than copied.
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="forks")
@@ -248,6 +259,10 @@ class Step(models.Model):
     # result not seen before, committed a new effect or moved to a new stage).
     stage = models.CharField(max_length=50, blank=True)
     progress = models.BooleanField(default=False)
+    # Wall time of the step in this process (from the claim or the previous step to its
+    # checkpoint) and of the model's reply within it, in milliseconds; for /metrics.
+    duration_ms = models.PositiveIntegerField(default=0)
+    llm_ms = models.PositiveIntegerField(default=0)
     # Chained over the previous step's digest, the messages this step closed and its
     # calls (runs.integrity): a record changed afterwards no longer matches.
     digest = models.CharField(max_length=64, blank=True)

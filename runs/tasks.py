@@ -19,12 +19,12 @@ from .services import run_enqueue, run_wake_if_ready
 
 log = logging.getLogger(__name__)
 
-# A queued run nobody has touched for this long lost its nudge.
-STALE_QUEUED = timedelta(seconds=30)
-
 
 @shared_task(acks_late=True, ignore_result=True)
 def advance_run(run_id: int) -> str:
+    # Idempotent (the claim of the run's lease), so acked late and rejected back to
+    # the queue when its worker dies (CELERY_TASK_REJECT_ON_WORKER_LOST): a repeat
+    # finds the lease taken or the work done.
     result = run_advance(run_id)
     if result.outcome == Outcome.RETRY:
         # Backoff by re-scheduling, never by sleeping in a worker.
@@ -34,13 +34,26 @@ def advance_run(run_id: int) -> str:
 
 @shared_task(ignore_result=True)
 def sweep_leases() -> int:
-    """Re-nudge runs whose lease expired (a dead worker) or whose nudge was lost."""
+    """Re-nudge runs whose lease expired (a dead worker) or whose nudge was lost.
+
+    Beat runs it every DESK_SWEEP_SECONDS (5): a run whose worker died is picked up
+    within its lease and one sweep, and a queued run nobody claimed within a lease
+    lost its nudge. Each is re-nudged at most once a lease (``Run.nudged_at``), so a
+    long queue behind busy workers is not flooded with repeats.
+    """
     now = timezone.now()
-    stuck = Run.objects.filter(
-        Q(status=Run.Status.RUNNING, lease_until__lt=now)
-        | Q(status=Run.Status.QUEUED, lease_until__isnull=True, updated_at__lt=now - STALE_QUEUED)
-        | Q(status=Run.Status.QUEUED, lease_until__lt=now)
-    ).values_list("pk", flat=True)[:500]
+    lease = timedelta(seconds=settings.DESK_LEASE_SECONDS)
+    not_lately = Q(nudged_at__isnull=True) | Q(nudged_at__lt=now - lease)
+    stuck = list(
+        Run.objects.filter(
+            Q(status=Run.Status.RUNNING, lease_until__lt=now)
+            | Q(status=Run.Status.QUEUED, lease_until__isnull=True, updated_at__lt=now - lease)
+            | Q(status=Run.Status.QUEUED, lease_until__lt=now),
+            not_lately,
+        ).values_list("pk", flat=True)[:500]
+    )
+    if stuck:
+        Run.objects.filter(pk__in=stuck).update(nudged_at=now)
     nudged = 0
     for run_id in stuck:
         advance_run.delay(run_id)

@@ -66,6 +66,10 @@ class NotificationStatus(models.TextChoices):
     # Claimed by a worker that is talking to the SMTP server. A row left here
     # by a dead worker has an unknown outcome and is never resent (at most once).
     SENDING = "sending"
+    # Was "sending" when its worker died (the sweep finds it past SENDING_DEADLINE):
+    # the SMTP server may or may not have it. Never resent by the desk itself; staff
+    # may resend it (the Notification admin's action), knowing it may arrive twice.
+    UNKNOWN = "unknown", "outcome unknown"
     SENT = "sent"
     FAILED = "failed"
     # The recipient asked for an hourly digest of this kind: held until the digest
@@ -528,6 +532,8 @@ class Notification(models.Model):
     attempts = models.PositiveSmallIntegerField(default=0)
     last_error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # When a worker claimed it to talk to the SMTP server (pending -> sending).
+    claimed_at = models.DateTimeField(null=True, blank=True)
     sent_at = models.DateTimeField(null=True, blank=True)
     # A held notification: the digest email that carried it.
     digest = models.ForeignKey(

@@ -18,6 +18,7 @@ from .models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
+from .notifications import notifications_resend
 from .webhooks import webhook_retry, webhook_send_test
 
 RULE_FIELDS = [
@@ -187,9 +188,33 @@ class AuditEventAdmin(ReadOnlyAdmin):
 
 @admin.register(Notification)
 class NotificationAdmin(ReadOnlyAdmin):
-    list_display = ["id", "event", "recipient", "status", "attempts", "sent_at", "created_at"]
+    list_display = ["id", "event", "recipient", "status", "attempts", "sent_at", "created_at", "last_error"]
     list_filter = ["status", "kind"]
     search_fields = ["event", "recipient", "subject"]
+    actions = ["resend"]
+
+    def has_resend_permission(self, request) -> bool:
+        # Read-only otherwise: resending needs the model's change permission.
+        return request.user.has_perm("approvals.change_notification")
+
+    @admin.action(
+        description="Resend the selected emails (outcome unknown or failed; may arrive twice)",
+        permissions=["resend"],
+    )
+    def resend(self, request, queryset):
+        chosen = list(queryset.values_list("pk", flat=True))
+        count = notifications_resend(notification_ids=chosen, by=request.user)
+        skipped = len(chosen) - count
+        self.message_user(
+            request,
+            f"{count} email(s) will be sent again."
+            + (
+                f" {skipped} skipped: only an outcome unknown or failed email can be resent."
+                if skipped
+                else ""
+            ),
+            messages.SUCCESS if count else messages.WARNING,
+        )
 
 
 @admin.register(WebhookEndpoint)

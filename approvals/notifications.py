@@ -45,7 +45,7 @@ import contextlib
 import functools
 import json
 import logging
-from datetime import UTC
+from datetime import UTC, timedelta
 from urllib.parse import urlparse
 
 from django.conf import settings
@@ -78,6 +78,9 @@ log = logging.getLogger(__name__)
 
 # One first try and up to five retries (approvals.tasks.send_notification).
 MAX_ATTEMPTS = 6
+# A row "sending" this long after its claim lost its worker: the SMTP exchange has
+# a 10 s timeout (EMAIL_URL), so no live send takes this long.
+SENDING_DEADLINE = timedelta(minutes=2)
 
 
 class Kind:
@@ -400,7 +403,8 @@ def inbox_status(note: Notification) -> tuple[str, str]:
         return "digest", "in a digest, being sent"
     return {
         Status.PENDING: ("pending", "being sent"),
-        Status.SENDING: ("unknown", "sending: outcome unknown"),
+        Status.SENDING: ("pending", "being sent"),
+        Status.UNKNOWN: ("unknown", "outcome unknown: the send was interrupted"),
         Status.SENT: ("sent", "sent"),
         Status.FAILED: ("failed", "failed: not delivered"),
         Status.HELD: ("held", "held for your next hourly digest"),
@@ -473,7 +477,8 @@ def notification_send(*, notification_id: int) -> str:
             return "failed"
         raise
     try:
-        if unclaimed.update(status=Notification.Status.SENDING, attempts=attempt, last_error="") != 1:
+        claim = {"status": Notification.Status.SENDING, "attempts": attempt, "last_error": ""}
+        if unclaimed.update(**claim, claimed_at=timezone.now()) != 1:
             return "skipped"  # another worker got there first
         claimed = Notification.objects.filter(
             pk=note.pk, status=Notification.Status.SENDING, attempts=attempt
@@ -522,6 +527,47 @@ def notifications_renudge(*, older_than) -> int:
         notification_enqueue(notification_id)
         count += 1
     return count
+
+
+def notifications_mark_unknown(*, now) -> int:
+    """Rows left "sending" past SENDING_DEADLINE lost their worker mid-send: mark
+    them "outcome unknown" for staff (never resent by the desk itself)."""
+    stale = Notification.objects.filter(
+        status=Notification.Status.SENDING, claimed_at__lt=now - SENDING_DEADLINE
+    )
+    count = stale.update(
+        status=Notification.Status.UNKNOWN,
+        last_error=(
+            "the worker sending it stopped mid-way: the mail server may or may not have it. "
+            "Not resent automatically; staff can resend it from the admin."
+        ),
+    )
+    if count:
+        log.error("%s notification(s) interrupted mid-send: outcome unknown, shown to staff", count)
+    return count
+
+
+RESENDABLE = (Notification.Status.UNKNOWN, Notification.Status.FAILED)
+
+
+def notifications_resend(*, notification_ids, by) -> int:
+    """A person sends again what ended "outcome unknown" or "failed" (it may arrive
+    twice: their call). Back to pending with fresh attempts, nudged on commit."""
+    with transaction.atomic():
+        chosen = list(
+            Notification.objects.select_for_update()
+            .filter(pk__in=notification_ids, status__in=RESENDABLE)
+            .values_list("pk", "status")
+        )
+        for pk, status in chosen:
+            Notification.objects.filter(pk=pk, status=status).update(
+                status=Notification.Status.PENDING,
+                attempts=0,
+                claimed_at=None,
+                last_error=f"resent by {by.get_username()} {timezone.now():%Y-%m-%d %H:%M} UTC, was {status}",
+            )
+            notification_enqueue(pk)
+    return len(chosen)
 
 
 # --- rendering -------------------------------------------------------------

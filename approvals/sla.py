@@ -36,7 +36,7 @@ from django.utils import timezone
 from runs.models import GuardKind
 
 from .models import ApprovalRequest, AuditEvent, GateRule
-from .notifications import Kind, notifications_renudge, notify_reviewers
+from .notifications import Kind, notifications_mark_unknown, notifications_renudge, notify_reviewers
 from .selectors import ESCALATION_GROUP, approval_sla_minutes, group_names
 from .services import AlreadyDecided, approval_expire, release_claim_if_ineligible
 
@@ -54,6 +54,7 @@ class SweepCounts:
     escalated: int = 0
     reminded: int = 0
     renudged: int = 0
+    unknown: int = 0
 
 
 def approval_remind(*, approval_id: int, now: datetime) -> bool:
@@ -137,6 +138,7 @@ def approvals_sweep_sla(*, now: datetime | None = None) -> SweepCounts:
         _escalate_and_remind(guards, settings.DESK_GUARD_SLA_MINUTES, now=now, group=group, counts=counts)
 
     counts.renudged = notifications_renudge(older_than=now - LOST_NUDGE_AGE)
+    counts.unknown = notifications_mark_unknown(now=now)
     if counts.expired or counts.escalated or counts.reminded or counts.renudged:
         log.info("SLA sweep: %s", counts)
     return counts

@@ -14,18 +14,26 @@ from datetime import timedelta
 import pytest
 from django.core import mail
 from django.core.mail.backends.locmem import EmailBackend
+from django.urls import reverse
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, AuditEvent, Notification
-from approvals.notifications import Kind, notification_send, notifications_record, notifications_renudge
+from approvals.notifications import (
+    SENDING_DEADLINE,
+    Kind,
+    notification_send,
+    notifications_record,
+    notifications_renudge,
+)
 from approvals.services import Decision
+from approvals.sla import approvals_sweep_sla
 from approvals.tasks import send_notification
 from runs.engine import run_advance, run_advance_until_settled
 from runs.llm import PermanentLLMError
 from runs.models import Run
 from runs.saga import run_rewind
 from runs.services import run_cancel, run_create
-from tests.helpers import decide, deliver, script, start, the_approval, turn
+from tests.helpers import client_for, decide, deliver, script, start, the_approval, turn
 
 # The gate, not the agent's workflow, is under test here: refund-desk without stages.
 pytestmark = [
@@ -236,6 +244,61 @@ def test_a_worker_that_dies_mid_send_never_resends(users, monkeypatch, django_ca
         notifications_renudge(older_than=timezone.now() + timedelta(minutes=5))
     assert note.pk not in enqueued and len(enqueued) == 2  # only the other two, still pending
     assert inbox("reviewer@countersign.local") == []
+
+
+def interrupted_send(users, monkeypatch) -> Notification:
+    """A send whose worker died after the server may have taken the email."""
+    run = start(requester=users["requester"])
+    note = Notification.objects.get(approval=the_approval(run), recipient="reviewer@countersign.local")
+
+    def crash(backend, messages):
+        raise KeyboardInterrupt  # stands in for os._exit after the server accepted
+
+    monkeypatch.setattr(EmailBackend, "send_messages", crash)
+    with pytest.raises(KeyboardInterrupt):
+        notification_send(notification_id=note.pk)
+    monkeypatch.undo()
+    return note
+
+
+def test_the_sweep_marks_an_interrupted_send_outcome_unknown_and_never_resends_it(users, monkeypatch):
+    note = interrupted_send(users, monkeypatch)
+    note.refresh_from_db()
+    assert note.status == "sending" and note.claimed_at is not None
+    # Still inside the deadline: maybe a slow server, not a dead worker.
+    assert approvals_sweep_sla(now=note.claimed_at + timedelta(seconds=30)).unknown == 0
+    counts = approvals_sweep_sla(now=note.claimed_at + SENDING_DEADLINE + timedelta(seconds=1))
+    assert counts.unknown == 1
+    note.refresh_from_db()
+    assert note.status == "unknown" and "may or may not have it" in note.last_error
+    assert notification_send(notification_id=note.pk) == "skipped"
+    deliver()
+    assert [m.to for m in inbox("reviewer@countersign.local")] == []
+
+
+def test_staff_resend_an_outcome_unknown_email_from_the_admin_once(users, monkeypatch, client):
+    note = interrupted_send(users, monkeypatch)
+    Notification.objects.filter(pk=note.pk).update(status="unknown")
+    sent = Notification.objects.exclude(pk=note.pk).filter(approval=note.approval).first()
+    changelist = reverse("admin:approvals_notification_changelist")
+    post = {"action": "resend", "_selected_action": [note.pk, sent.pk]}
+    deliver()  # the others go out; the unknown one is left alone
+    before = len(inbox("reviewer@countersign.local"))
+    # A reviewer (not staff with the change permission) cannot resend.
+    reviewer = client_for(users["reviewer"])
+    assert reviewer.post(changelist, post).status_code in (302, 403)
+    assert Notification.objects.get(pk=note.pk).status == "unknown"
+    admin = client_for(users["admin"])
+    response = admin.post(changelist, post, follow=True)
+    assert "1 email(s) will be sent again. 1 skipped" in response.content.decode()
+    note.refresh_from_db()
+    assert note.status == "pending" and note.attempts == 0 and "resent by admin" in note.last_error
+    deliver()
+    assert len(inbox("reviewer@countersign.local")) == before + 1
+    # Posting the same action again (a double click) sends nothing more.
+    admin.post(changelist, post)
+    deliver()
+    assert len(inbox("reviewer@countersign.local")) == before + 1
 
 
 def test_the_requester_hears_when_a_reviewer_declines_a_call(users):

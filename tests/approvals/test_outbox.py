@@ -150,12 +150,12 @@ def test_the_inbox_lists_my_notifications_newest_first_with_what_became_of_each(
     deliver()
     fourth = the_approval(start(requester=users["requester"]))
     Notification.objects.filter(approval=fourth, recipient="reviewer@countersign.local").update(
-        status="sending"
+        status="unknown"
     )
     html = get_html(client_for(users["reviewer"]), reverse("inbox"))
     order = [html.index(f"/desk/approvals/{a.pk}/") for a in (fourth, third, second, first)]
     assert order == sorted(order)
-    assert "sending: outcome unknown" in html
+    assert "outcome unknown: the send was interrupted" in html
     assert "held for your next hourly digest" in html
     assert "not emailed (your preference)" in html
     assert '<span class="mail-status sent">sent</span>' in html

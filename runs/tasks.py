@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from datetime import timedelta
 
@@ -11,6 +12,8 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
+
+from desk.logs import log_context
 
 from .engine import Outcome, run_advance
 from .models import Run, ToolCall
@@ -25,11 +28,26 @@ def advance_run(run_id: int) -> str:
     # Idempotent (the claim of the run's lease), so acked late and rejected back to
     # the queue when its worker dies (CELERY_TASK_REJECT_ON_WORKER_LOST): a repeat
     # finds the lease taken or the work done.
-    result = run_advance(run_id)
+    with log_context(run_id=run_id):
+        result = run_advance(run_id)
     if result.outcome == Outcome.RETRY:
         # Backoff by re-scheduling, never by sleeping in a worker.
         advance_run.apply_async(args=[run_id], countdown=result.retry_after)
     return result.outcome
+
+
+def broker_warm() -> None:
+    """Connect to the broker (loading its transport and client library) ahead of a
+    nudge, in a short-lived process such as the command line. Best effort: sending
+    the nudge reports a broker that is down."""
+    from celery import current_app
+
+    with contextlib.suppress(Exception):
+        # Finalizing the app (its tasks) and its result backend cost ~130 ms on the first send.
+        current_app.tasks  # noqa: B018
+        current_app.backend  # noqa: B018
+        with current_app.producer_or_acquire() as producer:
+            producer.connection.ensure_connection(max_retries=1)  # back in the pool, connected
 
 
 @shared_task(ignore_result=True)

@@ -122,6 +122,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files from the web process itself (production: what collectstatic wrote).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -264,6 +266,24 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "static"
+# In production the web process serves the static files (whitenoise): `collectstatic`
+# writes them to STATIC_ROOT with a hash of their content in each name (and gzip and
+# brotli copies), pages link the hashed names, and whitenoise serves those with a
+# year's cache. A local desk (DEBUG) and the tests serve static/ as it is (runserver,
+# `runserver --insecure` with DEBUG off under test): no collectstatic, no manifest.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": (
+            "django.contrib.staticfiles.storage.StaticFilesStorage"
+            if DEBUG or TESTING
+            else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        )
+    },
+}
+# Under test STATIC_ROOT does not exist: look files up per request instead of listing
+# the folder once at start (which warns about the missing folder, an error in tests).
+WHITENOISE_AUTOREFRESH = DEBUG or TESTING
 
 
 # --- Celery ----------------------------------------------------------------
@@ -274,13 +294,17 @@ BROKER_DIR = Path(env_str("DESK_BROKER_DIR", str(VAR_DIR / "broker")))
 # nowhere); cross-process tests hand their subprocesses a real one.
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "memory://" if TESTING else "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem"):
-    for sub in ("queue", "processed", "control"):
+    for sub in ("queue", "processed", "control", "inflight"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(BROKER_DIR / "queue"),
         "data_folder_out": str(BROKER_DIR / "queue"),
         "processed_folder": str(BROKER_DIR / "processed"),
         "control_folder": str(BROKER_DIR / "control"),
+        # desk/broker.py: a fetched message waits here until acked; one still here
+        # after a lease lost its worker and goes back on the queue (as on Redis).
+        "inflight_folder": str(BROKER_DIR / "inflight"),
+        "visibility_timeout": env_int("DESK_LEASE_SECONDS", 60),
         "store_processed": False,
         "polling_interval": 0.2,
     }

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
+import pytest
 from kombu import Connection
 
 from desk.broker import Channel
@@ -96,3 +101,74 @@ def test_workers_binding_at_once_keep_every_binding_and_a_sender_never_reads_hal
             table = {entry.queue for entry in conn.default_channel.get_table("nudges")}
         assert table == {f"q{n}" for n in range(binders)}, f"round {attempt}"
         assert not list((folder / "control").glob(".*.part"))
+
+
+# Each test its own queue name: kombu keeps the bindings it has made in a
+# process-wide state, and would not bind the same name again in another folder.
+def in_flight_connection(tmp_path, timeout: float = 1.0) -> Connection:
+    conn = connection(tmp_path)
+    conn.transport_options.update(inflight_folder=str(tmp_path / "inflight"), visibility_timeout=timeout)
+    return conn
+
+
+FETCH_AND_DIE = """
+import os, sys
+sys.path.insert(0, {root!r})
+from kombu import Connection
+import desk.celery  # registers the desk's filesystem transport
+conn = Connection("filesystem://", transport_options={options!r})
+message = conn.SimpleQueue({queue!r}).get(block=True, timeout=10)
+print(message.payload["n"], flush=True)
+os._exit(0)  # killed: no ack, no clean shutdown
+"""
+
+
+def test_a_message_whose_worker_died_before_acking_comes_back_after_the_visibility_timeout(tmp_path):
+    """kombu's transport deleted a message as a worker fetched it: a worker killed
+    then lost the nudge for good."""
+    with in_flight_connection(tmp_path) as conn, conn.SimpleQueue(tmp_path.name) as queue:
+        queue.put({"n": 1})
+        options = dict(conn.transport_options)
+    root = str(Path(__file__).resolve().parents[2])
+    script = FETCH_AND_DIE.format(root=root, options=options, queue=tmp_path.name)
+    died = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert died.stdout.strip() == "1", died.stderr
+    assert len(list((tmp_path / "inflight").iterdir())) == 1
+    with in_flight_connection(tmp_path) as conn, conn.SimpleQueue(tmp_path.name) as queue:
+        with pytest.raises(queue.Empty):
+            queue.get(block=False)  # still in flight: its worker might be alive
+        time.sleep(1.2)
+        message = queue.get(block=True, timeout=5)
+        assert message.payload == {"n": 1}
+        message.ack()
+    assert list((tmp_path / "inflight").iterdir()) == []
+
+
+def test_an_acked_message_never_comes_back_and_a_rejected_one_comes_back_at_once(tmp_path):
+    with in_flight_connection(tmp_path, timeout=0.5) as conn, conn.SimpleQueue(tmp_path.name) as queue:
+        queue.put({"n": 1})
+        queue.put({"n": 2})
+        first = queue.get(block=True, timeout=5)
+        first.ack()
+        second = queue.get(block=True, timeout=5)
+        second.reject(requeue=True)
+        again = queue.get(block=True, timeout=5)
+        assert (first.payload, again.payload) == ({"n": 1}, {"n": 2})
+        again.ack()
+        time.sleep(1.2)
+        with pytest.raises(queue.Empty):
+            queue.get(block=True, timeout=1.5)
+    assert list((tmp_path / "inflight").iterdir()) == []
+
+
+def test_a_consumer_that_does_not_ack_leaves_nothing_in_flight(tmp_path):
+    with (
+        in_flight_connection(tmp_path, timeout=0.5) as conn,
+        conn.SimpleQueue(tmp_path.name, no_ack=True) as queue,
+    ):
+        queue.put({"n": 1})
+        assert queue.get(block=True, timeout=5).payload == {"n": 1}
+        time.sleep(1.2)
+        with pytest.raises(queue.Empty):
+            queue.get(block=True, timeout=1.5)
+    assert list((tmp_path / "inflight").iterdir()) == []

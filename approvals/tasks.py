@@ -8,6 +8,8 @@ from dataclasses import asdict
 from celery import shared_task
 from django.conf import settings
 
+from desk.logs import log_context
+
 from .notifications import MAX_ATTEMPTS, digests_record, notification_send
 from .sla import approvals_sweep_sla
 from .webhooks import webhook_deliver, webhooks_sweep
@@ -27,7 +29,8 @@ from .webhooks import webhook_deliver, webhooks_sweep
     max_retries=MAX_ATTEMPTS - 1,
 )
 def send_notification(notification_id: int) -> str:
-    return notification_send(notification_id=notification_id)
+    with log_context(notification_id=notification_id):
+        return notification_send(notification_id=notification_id)
 
 
 @shared_task(ignore_result=True)
@@ -48,7 +51,8 @@ def send_digests() -> int:
 # re-nudges it). webhook_deliver claims the row, so a repeated message sends nothing.
 @shared_task(acks_late=True, ignore_result=True)
 def deliver_webhook(delivery_id: int) -> str:
-    return webhook_deliver(delivery_id=delivery_id).status
+    with log_context(delivery_id=delivery_id):
+        return webhook_deliver(delivery_id=delivery_id).status
 
 
 @shared_task(ignore_result=True)

@@ -234,6 +234,8 @@ AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 # Each variable is named as the setting it sets. Off by default, so the local
 # desk works over plain HTTP; README.md "Production environment" turns them on.
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT")
+# Health checks and the metrics scrape come from inside the network, over plain HTTP.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS")
 SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD")

@@ -7,6 +7,7 @@ from django.urls import include, path, register_converter
 from approvals import views as approval_views
 from approvals import views_standing
 
+from . import health, metrics
 from .converters import IdConverter
 
 # Every URL with an id uses <id:...>; registered before the includes below import theirs.
@@ -24,5 +25,8 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    path("metrics", metrics.metrics, name="metrics"),
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
     path("", include("api.urls")),
 ]

@@ -55,9 +55,10 @@ def sweep_leases() -> int:
     """Re-nudge runs whose lease expired (a dead worker) or whose nudge was lost.
 
     Beat runs it every DESK_SWEEP_SECONDS (5): a run whose worker died is picked up
-    within its lease and one sweep, and a queued run nobody claimed within a lease
-    lost its nudge. Each is re-nudged at most once a lease (``Run.nudged_at``), so a
-    long queue behind busy workers is not flooded with repeats.
+    as its lease expires (a nudge timed for that moment) or, if that nudge is lost,
+    by the next sweep; and a queued run nobody claimed within a lease lost its nudge.
+    Each is re-nudged at most once a lease (``Run.nudged_at``), so a long queue behind
+    busy workers is not flooded with repeats.
     """
     now = timezone.now()
     lease = timedelta(seconds=settings.DESK_LEASE_SECONDS)
@@ -76,6 +77,20 @@ def sweep_leases() -> int:
     for run_id in stuck:
         advance_run.delay(run_id)
         nudged += 1
+    # Leases that will expire before the next sweep get a nudge timed for the moment
+    # they do: a dead worker's run is then taken over at its lease's end, not up to a
+    # sweep later. A live worker renews its lease first, and the nudge finds it busy.
+    soon = (
+        Run.objects.filter(
+            status=Run.Status.RUNNING,
+            lease_until__gte=now,
+            lease_until__lt=now + timedelta(seconds=settings.DESK_SWEEP_SECONDS),
+        )
+        .exclude(lease_owner="")
+        .values_list("pk", "lease_until")[:500]
+    )
+    for run_id, until in soon:
+        advance_run.apply_async(args=[run_id], countdown=(until - now).total_seconds() + 0.05)
     # Safety net: a waiting run with nothing left to decide.
     waiting = (
         Run.objects.filter(status=Run.Status.WAITING_APPROVAL)

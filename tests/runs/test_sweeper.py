@@ -103,3 +103,22 @@ def test_finished_and_waiting_runs_are_left_alone(users, nudges):
     age(done, updated_at=timezone.now() - LEASE * 10)
     tasks.sweep_leases()
     assert nudges == []
+
+
+def test_a_lease_expiring_before_the_next_sweep_gets_a_nudge_timed_for_its_end(users, monkeypatch):
+    timed = []
+    monkeypatch.setattr(
+        tasks.advance_run, "apply_async", lambda args, countdown: timed.append((*args, countdown))
+    )
+    ending, live = queued_run(users), queued_run(users)
+    assert lease_claim(ending.pk, "worker-that-may-be-dead") and lease_claim(live.pk, "worker-busy")
+    age(ending, lease_until=timezone.now() + timedelta(seconds=2))
+    age(live, lease_until=timezone.now() + timedelta(seconds=settings.DESK_SWEEP_SECONDS + 30))
+    tasks.sweep_leases()
+    [(run_id, countdown)] = timed
+    assert run_id == ending.pk and 1.5 < countdown <= 2.1
+    # A model error's backoff (a lease naming nobody) is nudged by its own countdown.
+    timed.clear()
+    age(ending, lease_owner="")
+    tasks.sweep_leases()
+    assert timed == []

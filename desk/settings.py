@@ -329,10 +329,12 @@ if CELERY_BROKER_URL.startswith(("redis", "rediss")):
 # advances until it pauses, many model calls in one task.
 CELERY_TASK_TIME_LIMIT = env_int("DESK_TASK_TIME_LIMIT", 1800)
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# How often beat sweeps leases: see runs.tasks.sweep_leases.
+DESK_SWEEP_SECONDS = env_int("DESK_SWEEP_SECONDS", 5)
 CELERY_BEAT_SCHEDULE = {
     "sweep-expired-leases": {
         "task": "runs.tasks.sweep_leases",
-        "schedule": float(env_int("DESK_SWEEP_SECONDS", 5)),
+        "schedule": float(DESK_SWEEP_SECONDS),
     },
     # Approval reminders, escalations and expiries per rule; re-sends lost email nudges.
     "sweep-approval-sla": {

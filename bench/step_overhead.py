@@ -89,6 +89,9 @@ def setup_django(db_dir: Path, *, debug: bool) -> None:
 
     call_command("migrate", database="default", verbosity=0, interactive=False)
     call_command("migrate", database="world", verbosity=0, interactive=False)
+    if not debug:
+        # Pages link the hashed names of the collected static files, as in production.
+        call_command("collectstatic", interactive=False, verbosity=0)
     from tools.demo import seed_world
 
     seed_world()

@@ -11,7 +11,7 @@ endif
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-production coverage lint bench install install-dev migrate clean
+.PHONY: run test test-production soak coverage lint bench bench-production install install-dev migrate clean
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "Python 3.12 or newer is needed (Django 6)."; exit 1; }
@@ -80,3 +80,11 @@ PG_URL ?= postgres://countersign:countersign@127.0.0.1:5432
 test-production: install-dev
 	DATABASE_URL=$(PG_URL)/countersign WORLD_DATABASE_URL=$(PG_URL)/countersign_world \
 	DESK_TEST_BROKER_URL=redis://127.0.0.1:6379/15 $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The random-kill soak (bench/soak.py): real workers SIGKILLed at random moments on
+# PostgreSQL + Redis, invariants checked after every trial; exits 1 on a violation.
+# CI runs 20 trials; `make soak SOAK_TRIALS=200` for the full proof.
+SOAK_TRIALS ?= 20
+soak: install
+	bash .ci/services
+	$(BIN)/python bench/soak.py --trials $(SOAK_TRIALS)

@@ -90,8 +90,18 @@ def _auto_now_fields(model) -> tuple[str, ...]:
 
 
 @cache
-def _fields(model, names: tuple[str, ...]):
-    return [model._meta.get_field(name) for name in names]
+def _update_plan(model, connection_alias: str, set_names: tuple[str, ...], where_names: tuple[str, ...]):
+    """The UPDATE statement and its fields, built once per model, alias and column set."""
+    quote = connections[connection_alias].ops.quote_name
+    set_fields = [model._meta.get_field(name) for name in set_names]
+    where_fields = [model._meta.get_field(name) for name in where_names]
+    sql = (
+        f"UPDATE {quote(model._meta.db_table)} SET "
+        + ", ".join(f"{quote(f.column)} = %s" for f in set_fields)
+        + " WHERE "
+        + " AND ".join(f"{quote(f.column)} = %s" for f in where_fields)
+    )
+    return sql, set_fields + where_fields
 
 
 def update_rows(model, where: dict, values: dict) -> int:
@@ -101,18 +111,13 @@ def update_rows(model, where: dict, values: dict) -> int:
     """
     now = timezone.now()
     values = {**{name: now for name in _auto_now_fields(model)}, **values}
-    connection = connections[router.db_for_write(model)]
-    quote = connection.ops.quote_name
-    set_fields = _fields(model, tuple(values))
-    where_fields = _fields(model, tuple(where))
-    sql = (
-        f"UPDATE {quote(model._meta.db_table)} SET "
-        + ", ".join(f"{quote(f.column)} = %s" for f in set_fields)
-        + " WHERE "
-        + " AND ".join(f"{quote(f.column)} = %s" for f in where_fields)
-    )
-    pairs = [*zip(set_fields, values.values(), strict=True), *zip(where_fields, where.values(), strict=True)]
-    params = [field.get_db_prep_save(value, connection) for field, value in pairs]
+    alias = router.db_for_write(model)
+    connection = connections[alias]
+    sql, fields = _update_plan(model, alias, tuple(values), tuple(where))
+    params = [
+        field.get_db_prep_save(value, connection)
+        for field, value in zip(fields, [*values.values(), *where.values()], strict=True)
+    ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount

@@ -5,6 +5,7 @@ import re
 from django import forms
 
 from .models import ApprovalRequest, GateRule
+from .selectors import QueueCursor
 
 # The queue's tabs: what the user may decide now, and everything waiting they may see.
 YOURS, ALL = "yours", "all"
@@ -38,6 +39,40 @@ class QueueFilterForm(forms.Form):
     unclaimed = forms.BooleanField(required=False)
     # What the request is about: a gated call, or a guard that stopped a run.
     kind = forms.ChoiceField(required=False, choices=[("", "any"), *ApprovalRequest.Kind.choices])
+
+    # Where the page starts: a cursor from the queue's own links (the page after or
+    # before an item, ``QueueCursor``), or a page number (older links; read by offset).
+    after = forms.CharField(required=False, max_length=60)
+    before = forms.CharField(required=False, max_length=60)
+    page = forms.IntegerField(required=False, min_value=1, max_value=10**6)
+
+    def clean_after(self) -> QueueCursor | None:
+        return self._cursor("after")
+
+    def clean_before(self) -> QueueCursor | None:
+        return self._cursor("before")
+
+    def _cursor(self, name: str) -> QueueCursor | None:
+        text = self.cleaned_data[name].strip()
+        if not text:
+            return None
+        cursor = QueueCursor.parse(text)
+        if cursor is None:
+            raise forms.ValidationError("this link into the queue is broken; the first page is shown.")
+        return cursor
+
+    def position(self) -> tuple[str, QueueCursor | int] | None:
+        """Where the page starts, if not at the top: ("after" | "before", cursor) or
+        ("page", number). A cursor wins over a page number."""
+        if self.is_bound:
+            self.is_valid()
+        data = getattr(self, "cleaned_data", {})
+        for name in ("after", "before"):
+            if data.get(name) is not None:
+                return name, data[name]
+        if data.get("page") and data["page"] > 1:
+            return "page", data["page"]
+        return None
 
     def clean_q(self) -> str:
         # A NUL byte is no text anyone searches for (and PostgreSQL refuses it).
@@ -82,9 +117,16 @@ class QueueFilterForm(forms.Form):
 
     def problems(self) -> list[str]:
         """What was left out, one sentence per field."""
-        return [
-            f"{self[name].label} filter ignored: {' '.join(errors)}" for name, errors in self.errors.items()
-        ]
+        problems = []
+        for name, errors in self.errors.items():
+            if name in ("after", "before", "page"):
+                # Not a filter: where the page starts. A page number that is not one is
+                # passed over as Django's paginator always did (the first page).
+                if name != "page":
+                    problems.append(f"The queue was shown from the top: {' '.join(errors)}")
+            else:
+                problems.append(f"{self[name].label} filter ignored: {' '.join(errors)}")
+        return problems
 
 
 # How many items one bulk decision may take: a page of the queue and then some.

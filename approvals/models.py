@@ -393,7 +393,16 @@ class ApprovalRequest(models.Model):
     class Meta:
         ordering = ["created_at", "id"]
         permissions = [("decide_approvalrequest", "Can decide approval requests")]
-        indexes = [models.Index(fields=["status", "created_at"])]
+        indexes = [
+            models.Index(fields=["status", "created_at"]),
+            # The queue reads its escalated items first (approvals.selectors.queue_page):
+            # a handful among any number pending.
+            models.Index(
+                fields=["escalated_at"],
+                condition=Q(status=ApprovalStatus.PENDING, escalated_at__isnull=False),
+                name="approval_pending_escalated",
+            ),
+        ]
         constraints = [
             models.CheckConstraint(
                 condition=Q(status__in=ApprovalStatus.values), name="approval_status_valid"

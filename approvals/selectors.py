@@ -10,7 +10,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
@@ -18,6 +18,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db.models import (
     Case,
+    Count,
     DateTimeField,
     DurationField,
     ExpressionWrapper,
@@ -264,7 +265,19 @@ def _search(pending, q: str):
     ).filter(match)
 
 
-def queue_pending(
+# What a queue row shows with its approval, read in the same query.
+QUEUE_RELATIONS = (
+    "tool_call",
+    "outcome_call",
+    "run",
+    "run__requester",
+    "rule",
+    "claimed_by",
+    "proposal__proposed_by",
+)
+
+
+def _queue_narrowed(
     *,
     user,
     yours: bool = False,
@@ -276,26 +289,11 @@ def queue_pending(
     kind: str = "",
     q: str = "",
 ):
-    """Pending approvals ``user`` may see (``yours``: only those they may decide now,
-    ``approvals_decidable_by``), most urgent first (``with_urgency``), narrowed by the
-    queue's filters and its search ``q``.
-
-    The filters come validated (approvals.forms.QueueFilterForm): raw query
-    parameters reach the database as nothing but these typed values.
-    """
+    """``queue_pending`` without its order, annotations and relations (to count)."""
     if yours:
         pending = approvals_decidable_by(user)
     else:
         pending = approvals_visible_to(user).filter(status=ApprovalRequest.Status.PENDING)
-    pending = with_urgency(pending).select_related(
-        "tool_call",
-        "outcome_call",
-        "run",
-        "run__requester",
-        "rule",
-        "claimed_by",
-        "proposal__proposed_by",
-    )
     if kind:
         pending = pending.filter(kind=kind)
     if tool:
@@ -310,7 +308,155 @@ def queue_pending(
         pending = pending.filter(Q(claimed_by__isnull=True) | Q(claimed_until__lte=timezone.now()))
     if q:
         pending = _search(pending, q)
-    return pending.order_by(*QUEUE_ORDER)
+    return pending
+
+
+def queue_pending(*, user, yours: bool = False, **filters):
+    """Pending approvals ``user`` may see (``yours``: only those they may decide now,
+    ``approvals_decidable_by``), most urgent first (``with_urgency``), narrowed by the
+    queue's filters (``tool``, ``agent``, ``rule``, ``mine``, ``unclaimed``, ``kind``)
+    and its search ``q``.
+
+    The filters come validated (approvals.forms.QueueFilterForm): raw query
+    parameters reach the database as nothing but these typed values. A page of it
+    is read with ``queue_page`` (along indexes), not by slicing this ordering.
+    """
+    pending = _queue_narrowed(user=user, yours=yours, **filters)
+    return with_urgency(pending).select_related(*QUEUE_RELATIONS).order_by(*QUEUE_ORDER)
+
+
+def queue_counts(*, user, **filters) -> tuple[int, int]:
+    """(yours to decide, all waiting) under the same filters, in one query: what
+    ``user`` may decide is a part of what they may see."""
+    visible = _queue_narrowed(user=user, **filters)
+    decidable = approvals_decidable_by(user).values("pk")
+    counts = visible.order_by().aggregate(every=Count("pk"), yours=Count("pk", filter=Q(pk__in=decidable)))
+    return counts["yours"], counts["every"]
+
+
+# --- the queue's order, read along indexes ---------------------------------------------
+# QUEUE_ORDER is computed (the SLA is the rule's as it stands now), so no index holds
+# it. But it is a merge of a few orders that an index does hold: the approvals whose
+# rules share one SLA are due in the order they were created (due = created + SLA),
+# and those without an SLA wait in that order too. So a page of the queue is read as
+# one short query per stream (escalated; each distinct SLA; no SLA), each walking the
+# pending approvals by (created_at, id) from where the page starts and stopping after
+# a page, and the streams merged here. The cost follows the page size and the number
+# of distinct SLAs among the rules, not the number of pending approvals.
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+CURSOR = re.compile(r"(\d{1,9})\.([012])\.(\d{1,16})\.(\d{1,18})")
+
+
+@dataclass(frozen=True, order=True)
+class QueueKey:
+    """Where an approval stands in the queue's order (QUEUE_ORDER)."""
+
+    urgency: int
+    sort_at: datetime
+    pk: int
+
+    @classmethod
+    def of(cls, approval: ApprovalRequest) -> QueueKey:
+        """The key of an approval read through ``with_urgency``."""
+        return cls(approval.urgency, approval.sort_at, approval.pk)
+
+
+@dataclass(frozen=True)
+class QueueCursor:
+    """A link into the queue: the page after (or before) ``key``, and that page's number
+    for people ("Page 3 of 9"). As text: "3.1.1764560000123456.42". The key is only a
+    place in the order: the page continues from there whatever was decided meanwhile."""
+
+    page: int
+    key: QueueKey
+
+    def __str__(self) -> str:
+        micros = (self.key.sort_at - EPOCH) // timedelta(microseconds=1)
+        return f"{self.page}.{self.key.urgency}.{micros}.{self.key.pk}"
+
+    @classmethod
+    def parse(cls, text: str) -> QueueCursor | None:
+        """The cursor ``text`` spells, or None if it spells none."""
+        match = CURSOR.fullmatch(text)
+        if match is None or int(match[1]) < 1:
+            return None
+        try:
+            sort_at = EPOCH + timedelta(microseconds=int(match[3]))
+        except OverflowError:
+            return None
+        return cls(int(match[1]), QueueKey(int(match[2]), sort_at, int(match[4])))
+
+
+@dataclass(frozen=True)
+class _Stream:
+    """Pending approvals in one part of the queue's order: ``urgency``, and their due
+    time ``minutes`` after their creation (None: escalated, ordered by the computed key)."""
+
+    urgency: int
+    minutes: int | None
+    where: Q
+
+
+def _queue_streams() -> list[_Stream]:
+    """The streams of the queue's order as the rules stand now (one small query)."""
+    guard_sla = settings.DESK_GUARD_SLA_MINUTES or None
+    by_sla: dict[int, list[int]] = {}
+    for pk, minutes in GateRule.objects.filter(sla_minutes__gt=0).values_list("pk", "sla_minutes"):
+        by_sla.setdefault(minutes, []).append(pk)
+    call, guard, calm = Q(kind=GuardKind.CALL), ~Q(kind=GuardKind.CALL), Q(escalated_at__isnull=True)
+    streams = [_Stream(URGENCY_ESCALATED, None, Q(escalated_at__isnull=False))]
+    for minutes in sorted(set(by_sla) | ({guard_sla} if guard_sla else set())):
+        parts = []
+        if minutes in by_sla:
+            parts.append(call & Q(rule_id__in=by_sla[minutes]))
+        if minutes == guard_sla:
+            parts.append(guard)
+        streams.append(_Stream(URGENCY_DUE, minutes, calm & _any(parts)))
+    sla_rules = [pk for pks in by_sla.values() for pk in pks]
+    parts = [call & ~Q(rule_id__in=sla_rules) if sla_rules else call]
+    if guard_sla is None:
+        parts.append(guard)
+    streams.append(_Stream(URGENCY_NO_SLA, 0, calm & _any(parts)))
+    return streams
+
+
+def _any(parts: list[Q]) -> Q:
+    where = parts[0]
+    for part in parts[1:]:
+        where |= part
+    return where
+
+
+def queue_page(
+    pending,
+    *,
+    size: int,
+    after: QueueKey | None = None,
+    before: QueueKey | None = None,
+    streams: list[_Stream] | None = None,
+) -> list[ApprovalRequest]:
+    """Up to ``size`` approvals of ``pending`` (annotated by ``with_urgency``) in the
+    queue's order: the first, those after ``after``, or the last ``size`` before
+    ``before`` (still in the queue's order). One indexed query per stream."""
+    backwards = before is not None
+    key = before if backwards else after
+    found: list[ApprovalRequest] = []
+    for stream in _queue_streams() if streams is None else streams:
+        if key is not None and (stream.urgency > key.urgency if backwards else stream.urgency < key.urgency):
+            continue
+        rows = pending.filter(stream.where)
+        column = "sort_at" if stream.minutes is None else "created_at"
+        if key is not None and stream.urgency == key.urgency:
+            start = key.sort_at - timedelta(minutes=stream.minutes or 0)
+            beyond = "lt" if backwards else "gt"
+            rows = rows.filter(
+                Q(**{f"{column}__{beyond}": start}) | Q(**{column: start, f"pk__{beyond}": key.pk})
+            )
+        order = [f"-{column}", "-pk"] if backwards else [column, "pk"]
+        found.extend(rows.order_by(*order)[:size])
+    found.sort(key=QueueKey.of, reverse=backwards)
+    found = found[:size]
+    return found[::-1] if backwards else found
 
 
 def _span(seconds: float, *, up: bool) -> str:
@@ -643,26 +789,16 @@ def schema_fields(tool_name: str, shown) -> list[dict]:
 
 def neighbours(approval: ApprovalRequest, *, user) -> tuple[int | None, int | None]:
     """The previous and next pending approvals ``user`` may see, in the queue's order
-    (``QUEUE_ORDER``: most urgent first), around ``approval`` (j/k)."""
-    here = with_urgency(ApprovalRequest.objects.filter(pk=approval.pk)).values("urgency", "sort_at").first()
+    (``QUEUE_ORDER``: most urgent first), around ``approval`` (j/k): one keyed lookup
+    each way (``queue_page``), never a walk to its position."""
+    here = with_urgency(ApprovalRequest.objects.filter(pk=approval.pk)).first()
     if here is None:
         return None, None
-    urgency, sort_at = here["urgency"], here["sort_at"]
+    key, streams = QueueKey.of(here), _queue_streams()
     pending = with_urgency(approvals_visible_to(user).filter(status=ApprovalRequest.Status.PENDING))
-    before = (
-        Q(urgency__lt=urgency)
-        | Q(urgency=urgency, sort_at__lt=sort_at)
-        | Q(urgency=urgency, sort_at=sort_at, id__lt=approval.pk)
-    )
-    after = (
-        Q(urgency__gt=urgency)
-        | Q(urgency=urgency, sort_at__gt=sort_at)
-        | Q(urgency=urgency, sort_at=sort_at, id__gt=approval.pk)
-    )
-    backwards = [f"-{key}" for key in QUEUE_ORDER]
-    prev_id = pending.filter(before).order_by(*backwards).values_list("pk", flat=True).first()
-    next_id = pending.filter(after).order_by(*QUEUE_ORDER).values_list("pk", flat=True).first()
-    return prev_id, next_id
+    before = queue_page(pending.only("pk", "created_at"), size=1, before=key, streams=streams)
+    after = queue_page(pending.only("pk", "created_at"), size=1, after=key, streams=streams)
+    return (before[0].pk if before else None), (after[0].pk if after else None)
 
 
 def next_decidable(approval: ApprovalRequest, *, user) -> ApprovalRequest | None:
@@ -672,12 +808,13 @@ def next_decidable(approval: ApprovalRequest, *, user) -> ApprovalRequest | None
     approvals_decidable_by (not their own run, every required group, not claimed by
     someone else, not a proposal they approved). The most urgent, not the one after
     ``approval``: an item escalated meanwhile comes first."""
-    return (
-        with_urgency(approvals_decidable_by(user).exclude(pk=approval.pk))
-        .select_related("tool_call", "outcome_call", "run", "proposal")
-        .order_by(*QUEUE_ORDER)
-        .first()
+    first = queue_page(
+        with_urgency(approvals_decidable_by(user).exclude(pk=approval.pk)).select_related(
+            "tool_call", "outcome_call", "run", "proposal"
+        ),
+        size=1,
     )
+    return first[0] if first else None
 
 
 # --- guards: what a guard found, for people ----------------------------------------

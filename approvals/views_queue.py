@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import trigger_client_event
 
+from tools.registry import all_agents
+
 from .bulk import approvals_bulk_decide
 from .forms import ALL, YOURS, BulkDecisionForm, QueueFilterForm
 from .models import ApprovalRequest, GateRule
-from .selectors import DECIDE_PERMISSION, approvals_visible_to, queue_pending, queue_rows
+from .selectors import (
+    DECIDE_PERMISSION,
+    QueueCursor,
+    QueueKey,
+    queue_counts,
+    queue_page,
+    queue_pending,
+    queue_rows,
+)
 
 PAGE_SIZE = 50
 # The summary of a bulk decision made without htmx, shown once by the queue it
@@ -43,13 +55,15 @@ def _queue_page(request, *, bulk_form: BulkDecisionForm | None = None, status: i
             messages.error(request, problem)
     filters = form.filters()
     yours = filters.pop("yours")
-    shown = queue_pending(user=request.user, yours=yours, **filters)
-    page = Paginator(shown, PAGE_SIZE).get_page(request.GET.get("page"))
-    other = queue_pending(user=request.user, yours=not yours, **filters).count()
-    counts = {YOURS: page.paginator.count, ALL: other} if yours else {YOURS: other, ALL: page.paginator.count}
+    counts = dict(zip((YOURS, ALL), queue_counts(user=request.user, **filters), strict=True))
+    count = counts[YOURS if yours else ALL]
+    page = _page(queue_pending(user=request.user, yours=yours, **filters), form.position(), count)
+    if page.moved_on and not rows_only:
+        messages.info(request, "Nothing is left after that item: the queue is shown from the top.")
     narrowing = form.applied(tab=False)
     applied = form.applied()
     now = timezone.now()
+    query = urlencode(applied)
     context = {
         "page": page,
         "rows": queue_rows(page.object_list, user=request.user, now=now),
@@ -57,10 +71,14 @@ def _queue_page(request, *, bulk_form: BulkDecisionForm | None = None, status: i
         "counts": counts,
         "applied": applied,
         "narrowing": narrowing,
-        "query": urlencode(applied),
+        "query": query,
+        # The rows refresh themselves where they are (the same filters and cursor).
+        "here_query": urlencode({**applied, **page.here}),
+        "previous_query": urlencode({**applied, **page.previous}) if page.previous else None,
+        "next_query": urlencode({**applied, **page.next}) if page.next else None,
         "tab_queries": {YOURS: urlencode(narrowing), ALL: urlencode({"tab": ALL, **narrowing})},
-        "tools": _choices(request.user, "tool_call__tool_name"),
-        "agents": _choices(request.user, "run__agent"),
+        "tools": _tool_choices(form.filters()["tool"]),
+        "agents": _agent_choices(form.filters()["agent"]),
         "kinds": ApprovalRequest.Kind.choices,
         "rules": GateRule.objects.filter(effect=GateRule.Effect.NEEDS_APPROVAL).order_by("name"),
         "may_decide": request.user.has_perm(DECIDE_PERMISSION),
@@ -78,14 +96,84 @@ def _queue_page(request, *, bulk_form: BulkDecisionForm | None = None, status: i
     return render(request, template, context, status=status)
 
 
-def _choices(user, field: str) -> list[str]:
-    return list(
-        approvals_visible_to(user)
-        .filter(status=ApprovalRequest.Status.PENDING, **{f"{field}__isnull": False})
-        .values_list(field, flat=True)
-        .order_by(field)
-        .distinct()
-    )
+@dataclass
+class QueuePage:
+    """One page of the queue: its rows, its number for people, and where its links go
+    (query parameters: ``here`` reloads it, ``previous`` and ``next`` are None at the ends)."""
+
+    object_list: list
+    number: int
+    count: int
+    here: dict = field(default_factory=dict)
+    previous: dict | None = None
+    next: dict | None = None
+    # A cursor past the last item: the page was read from the top instead.
+    moved_on: bool = False
+
+    @property
+    def num_pages(self) -> int:
+        return max(1, self.number, math.ceil(self.count / PAGE_SIZE))
+
+    def has_other_pages(self) -> bool:
+        return bool(self.previous or self.next)
+
+
+def _page(pending, position, count: int) -> QueuePage:
+    """The page at ``position`` (QueueFilterForm.position) of ``pending``, read along the
+    queue's order (``queue_page``): a cursor is a place in the order, so a page never
+    repeats or skips an item because others were decided since. A page number (older
+    links) is read by offset."""
+    how, where = position or ("top", None)
+    if how == "page":
+        number = min(where, max(1, math.ceil(count / PAGE_SIZE)))
+        rows = list(pending[(number - 1) * PAGE_SIZE : number * PAGE_SIZE + 1])
+        return _linked(rows[:PAGE_SIZE], number, count, more=len(rows) > PAGE_SIZE, here={"page": number})
+    if how == "before":
+        rows = queue_page(pending, size=PAGE_SIZE + 1, before=where.key)
+        if len(rows) > PAGE_SIZE:
+            page = _linked(rows[1:], where.page, count, more=True, here={"before": str(where)})
+            page.previous = {"before": str(QueueCursor(max(1, where.page - 1), QueueKey.of(rows[1])))}
+            return page
+        # Nothing before it: this is the top of the queue.
+        how = "top"
+    if how == "after":
+        rows = queue_page(pending, size=PAGE_SIZE + 1, after=where.key)
+        if rows:
+            page = _linked(rows[:PAGE_SIZE], where.page, count, more=len(rows) > PAGE_SIZE)
+            page.here = {"after": str(where)}
+            page.previous = {"before": str(QueueCursor(max(1, where.page - 1), QueueKey.of(rows[0])))}
+            return page
+    rows = queue_page(pending, size=PAGE_SIZE + 1)
+    page = _linked(rows[:PAGE_SIZE], 1, count, more=len(rows) > PAGE_SIZE)
+    page.previous = None
+    page.moved_on = how == "after"
+    return page
+
+
+def _linked(rows: list, number: int, count: int, *, more: bool, here: dict | None = None) -> QueuePage:
+    page = QueuePage(object_list=rows, number=number, count=count, here=here or {})
+    if number > 1 and rows:
+        page.previous = {"before": str(QueueCursor(number - 1, QueueKey.of(rows[0])))}
+    if more:
+        page.next = {"after": str(QueueCursor(number + 1, QueueKey.of(rows[-1])))}
+    return page
+
+
+def _tool_choices(applied: str) -> list[str]:
+    """The tools a filter may name: every tool of an agent the desk knows (the
+    registry), every tool a gate rule names, and the one asked for. Read from the
+    registry and the rules, never from the pending rows: at 100,000 pending, a SELECT
+    DISTINCT over them costs more than the rest of the page."""
+    named = GateRule.objects.exclude(tool="*").values_list("tool", flat=True).distinct()
+    known = {name for agent in all_agents() for name in agent.tool_names} | set(named)
+    return sorted(known | ({applied} if applied else set()))
+
+
+def _agent_choices(applied: str) -> list[str]:
+    """The agents a filter may name: every agent the desk knows (the registry and the
+    MCP upstreams it proxies), and the one asked for."""
+    known = {spec.name for spec in all_agents()} | set(settings.DESK_MCP_UPSTREAMS or {})
+    return sorted(known | ({applied} if applied else set()))
 
 
 @require_POST

@@ -391,3 +391,180 @@ def test_a_decider_without_view_all_sees_only_what_they_may_decide(users, carol)
     assert set(ids(approvals_visible_to(carol).filter(status="pending"))) == {free.pk}
     page = get_html(client_for(carol), "/desk/", {"tab": "all"})
     assert f'data-approval="{plain.pk}"' not in page and f'data-approval="{free.pk}"' in page
+
+
+# --- paging at scale: a cursor, one count, the same queries at any size -----------------
+NEXT_LINK = re.compile(r'<a rel="next" href="([^"]+)"')
+
+
+def next_link(page: str) -> str | None:
+    match = NEXT_LINK.search(page)
+    return match[1].replace("&amp;", "&") if match else None
+
+
+def shown(page: str) -> list[int]:
+    return [int(pk) for pk in re.findall(r'data-testid="queue-row" data-approval="(\d+)"', page)]
+
+
+@pytest.fixture
+def spread(users, settings):
+    """Pending items in every part of the queue's order: escalated, due under two SLAs
+    (a rule's and the guards'), and without one; some created in the same instant."""
+    from tests.approvals.test_views import many_pending
+
+    settings.DESK_GUARD_SLA_MINUTES = 45
+    GateRule.objects.filter(name="Refunds over ₹500").update(sla_minutes=60)
+    requester = users["requester"]
+    items = [waiting(requester, refund(600 + i)) for i in range(3)]
+    items += [waiting(requester, email(f"c{i}@example.com")) for i in range(2)]
+    items.append(a_guard(requester))
+    for minutes, approval in zip((50, 5, 30, 300, 20, 10), items, strict=True):
+        age(approval, minutes)
+    ApprovalRequest.objects.filter(pk=items[1].pk).update(escalated_at=timezone.now())
+    many_pending(4, requester)  # created together: ties broken by id
+    return items
+
+
+def test_next_links_walk_every_item_once_in_the_queues_order_though_some_are_decided(
+    users, spread, monkeypatch
+):
+    """More than one page, from the links as a reviewer follows them."""
+    monkeypatch.setattr(views_queue, "PAGE_SIZE", 3)
+    reviewer = users["admin"]
+    order = ids(queue_pending(user=reviewer))
+    assert len(order) == 10
+    client = client_for(reviewer)
+    page = get_html(client, "/desk/", {"tab": "all"})
+    seen = shown(page)
+    # Between page loads one item already seen and one not yet seen are decided.
+    calls = spread[:5]
+    decide(next(a for a in calls if a.pk in seen), users["senior"])
+    later = [a for a in calls if a.pk not in seen][-1]
+    decide(later, users["senior"])
+    pages = 1
+    while (link := next_link(page)) is not None:
+        assert "tab=all" in link  # the tab and filters go along
+        page = get_html(client, link)
+        seen += shown(page)
+        pages += 1
+    assert pages == 3
+    assert seen == [pk for pk in order if pk != later.pk]
+    assert "Page 3 of 3" in page  # 8 left: the number follows the walk, the total the count
+
+
+def test_previous_links_walk_back_the_same_pages(users, spread, monkeypatch):
+    monkeypatch.setattr(views_queue, "PAGE_SIZE", 3)
+    client = client_for(users["admin"])
+    forward = [get_html(client, "/desk/", {"tab": "all"})]
+    while (link := next_link(forward[-1])) is not None:
+        forward.append(get_html(client, link))
+    back = [forward[-1]]
+    while match := re.search(r'<a rel="prev" href="([^"]+)"', back[-1]):
+        back.append(get_html(client, match[1].replace("&amp;", "&")))
+    assert [shown(p) for p in back[::-1]] == [shown(p) for p in forward]
+
+
+def test_filters_narrow_every_page_and_the_counts_follow_them(users, spread, monkeypatch):
+    monkeypatch.setattr(views_queue, "PAGE_SIZE", 2)
+    client = client_for(users["admin"])
+    refunds = ids(queue_pending(user=users["admin"], tool="refund_item"))
+    assert len(refunds) == 7
+    page = get_html(client, "/desk/", {"tool": "refund_item", "tab": "all"})
+    seen = shown(page)
+    while (link := next_link(page)) is not None:
+        assert "tool=refund_item" in link
+        page = get_html(client, link)
+        seen += shown(page)
+    assert seen == refunds
+    assert count_in(page, "tab-all-count") == "7"
+    # Both tabs are counted under the filter, each as its rows are listed.
+    reviewer = users["reviewer"]
+    yours = len(ids(queue_pending(user=reviewer, yours=True, tool="refund_item")))
+    every = len(ids(queue_pending(user=reviewer, tool="refund_item")))
+    reviewer_page = get_html(client_for(reviewer), "/desk/", {"tool": "refund_item"})
+    assert count_in(reviewer_page, "tab-yours-count") == str(yours)
+    assert count_in(reviewer_page, "tab-all-count") == str(every)
+
+
+def test_the_filter_choices_come_from_the_registry_and_the_rules(users):
+    page = get_html(client_for(users["reviewer"]), "/desk/", {"tool": "not_a_tool", "agent": "elsewhere"})
+    tools = re.search(r'<select name="tool">(.*?)</select>', page, re.S)[1]
+    agents = re.search(r'<select name="agent">(.*?)</select>', page, re.S)[1]
+    # Nothing is pending, and still every tool the desk knows may be chosen.
+    assert "<option >refund_item</option>" in tools and "<option >send_email</option>" in tools
+    assert "<option >refund-desk</option>" in agents
+    # A name asked for in the link stays chosen, known or not.
+    assert "<option selected>not_a_tool</option>" in tools
+    assert "<option selected>elsewhere</option>" in agents
+    assert shown(page) == []
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    ["garbage", "1.7.123.4", "0.1.5.5", "1.1." + "9" * 20 + ".1", "3.1.-5.2", "9" * 60, "1.1.1.1\x00"],
+)
+@pytest.mark.parametrize("name", ["after", "before"])
+def test_a_forged_cursor_shows_the_first_page_and_says_so(users, spread, monkeypatch, name, cursor):
+    monkeypatch.setattr(views_queue, "PAGE_SIZE", 3)
+    client = client_for(users["admin"])
+    top = shown(get_html(client, "/desk/", {"tab": "all"}))
+    page = get_html(client, "/desk/", {"tab": "all", name: cursor})
+    assert shown(page) == top
+    assert "The queue was shown from the top" in page or name == "before"
+
+
+def test_a_cursor_past_the_last_item_shows_the_first_page_and_says_so(users, spread, monkeypatch):
+    monkeypatch.setattr(views_queue, "PAGE_SIZE", 3)
+    client = client_for(users["admin"])
+    top = shown(get_html(client, "/desk/", {"tab": "all"}))
+    # Well formed, after everything: what a link is once all after it were decided.
+    page = get_html(client, "/desk/", {"tab": "all", "after": "4.2.9999999999999999.1"})
+    assert shown(page) == top
+    assert "Nothing is left after that item" in page
+    # Before everything: the top of the queue.
+    assert shown(get_html(client, "/desk/", {"tab": "all", "before": "2.0.1.1"})) == top
+
+
+def test_an_old_page_number_link_still_shows_that_page(users, spread, monkeypatch):
+    monkeypatch.setattr(views_queue, "PAGE_SIZE", 3)
+    order = ids(queue_pending(user=users["admin"]))
+    client = client_for(users["admin"])
+    assert shown(get_html(client, "/desk/", {"tab": "all", "page": 2})) == order[3:6]
+    assert shown(get_html(client, "/desk/", {"tab": "all", "page": 99})) == order[9:]  # the last
+    assert shown(get_html(client, "/desk/", {"tab": "all", "page": "x"})) == order[:3]
+
+
+def test_j_and_k_follow_the_queue_across_its_streams(users, spread):
+    order = ids(queue_pending(user=users["admin"]))
+    for before, here, after in zip([None, *order], order, [*order[1:], None], strict=False):
+        assert neighbours(ApprovalRequest.objects.get(pk=here), user=users["admin"]) == (before, after)
+
+
+@pytest.mark.parametrize(
+    "path", ["/desk/", "/desk/?tab=all", "/desk/?tool=refund_item&unclaimed=1", "next page", "approval"]
+)
+def test_no_page_of_the_desk_costs_more_queries_with_more_pending(users, path):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.approvals.test_views import many_pending
+
+    GateRule.objects.filter(name="Refunds over ₹500").update(sla_minutes=30)
+    middle = waiting(users["requester"])
+    client = client_for(users["reviewer"])
+
+    def queries() -> int:
+        url = path
+        if path == "next page":
+            url = next_link(get_html(client, "/desk/"))
+        elif path == "approval":
+            url = f"/desk/approvals/{middle.pk}/"
+        client.get(url)  # the session, warmed
+        with CaptureQueriesContext(connection) as captured:
+            assert client.get(url).status_code == 200
+        return len(captured.captured_queries)
+
+    many_pending(60, users["requester"])
+    few = queries()
+    many_pending(140, users["requester"])
+    assert queries() == few

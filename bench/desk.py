@@ -1,0 +1,397 @@
+#!/usr/bin/env python
+"""The desk at scale: the queue page and an approval page with 10,000 and 100,000 pending.
+
+Run from the project root:
+
+    .venv/bin/python bench/desk.py                      # --sizes 10000,100000 --requests 60
+    .venv/bin/python bench/desk.py --sizes 10000 --requests 30
+
+On PostgreSQL (started as ``.ci/services`` does; fresh databases ``cs_desk`` and
+``cs_desk_world``, dropped and created by the bench), the demo's users and rules
+(``seeddemo``), then pending approvals written in bulk (runs, tool calls, approvals,
+their proposals and required groups: refunds over ₹500 with a 30 min SLA, refunds
+over ₹5,000, customer emails; a few claimed, a few escalated) up to each size in turn.
+At each size the pages are served by gunicorn (DEBUG off, 2 sync workers) and fetched
+one after another by a logged-in reviewer (``requests`` with the session cookie):
+
+- ``queue``: /desk/ (yours to decide, first page);
+- ``queue all``: /desk/?tab=all;
+- ``queue filtered``: /desk/?tool=send_email&unclaimed=1;
+- ``queue deep``: 50 pages in (the "older" link followed 50 times; the time is that of the
+  last page);
+- ``approval``: the page of an item in the middle of the queue.
+
+It prints p50 and p95 of ``--requests`` fetches of each (after 3 warm-ups), and the
+number of SQL queries each page makes (counted in-process with the test client and
+``CaptureQueriesContext``). Nothing is asserted: figures depend on the machine and its
+load (printed at the top). The target (issue 12): p95 <= 50 ms at 100,000 pending.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PG = "postgres://countersign:countersign@127.0.0.1:5432/{}"
+DESK_DB, WORLD_DB = "cs_desk", "cs_desk_world"
+PASSWORD = "bench-desk-password"
+WARMUP = 3
+
+
+def ensure_services() -> None:
+    try:
+        from services import ensure_services as shared  # bench/services.py, when present
+    except ImportError:
+        subprocess.run(["bash", str(ROOT / ".ci" / "services")], check=True, stdout=subprocess.DEVNULL)
+    else:
+        shared()
+
+
+def fresh_databases() -> None:
+    import psycopg
+
+    with psycopg.connect(PG.format("postgres"), autocommit=True) as conn:
+        for name in (DESK_DB, WORLD_DB):
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def environment() -> dict[str, str]:
+    return {
+        "DATABASE_URL": PG.format(DESK_DB),
+        "WORLD_DATABASE_URL": PG.format(WORLD_DB),
+        "CELERY_BROKER_URL": "memory://",
+        "DJANGO_SETTINGS_MODULE": "desk.settings",
+        "DEBUG": "0",
+        "SECRET_KEY": "bench-desk-" + "k" * 60,
+        "ALLOWED_HOSTS": "127.0.0.1,localhost,testserver",
+        "DESK_DEMO_PASSWORD": PASSWORD,
+        "DESK_VAR_DIR": "/tmp/bench-desk-var",
+        # Plain http on 127.0.0.1: the session cookie must not ask for https.
+        "SESSION_COOKIE_SECURE": "0",
+        "CSRF_COOKIE_SECURE": "0",
+        "SECURE_SSL_REDIRECT": "0",
+    }
+
+
+def setup_django() -> None:
+    os.environ.update(environment())
+    Path(os.environ["DESK_VAR_DIR"]).mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", database="default", verbosity=0, interactive=False)
+    call_command("migrate", database="world", verbosity=0, interactive=False)
+    call_command("seeddemo", verbosity=0)
+    # DEBUG off serves hashed static files (a manifest): collect them once.
+    call_command("collectstatic", interactive=False, verbosity=0)
+    from approvals.models import GateRule
+
+    # Calls of one rule carry an SLA: the queue then sorts on due time, as in life.
+    GateRule.objects.filter(name="Refunds over ₹500").update(sla_minutes=30)
+
+
+def seed(start: int, stop: int) -> None:
+    """Pending approvals number ``start`` to ``stop`` - 1, in bulk, oldest first."""
+    from django.contrib.auth import get_user_model
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from approvals.models import ApprovalRequest, GateRule, Proposal
+    from runs.gate import NEEDS_APPROVAL
+    from runs.models import Run, ToolCall
+    from tools.registry import input_hash
+
+    User = get_user_model()
+    requester = User.objects.get(username="requester")
+    senior = User.objects.get(username="senior")
+    rules = {rule.name: rule for rule in GateRule.objects.all()}
+    small, large, mail = (
+        rules["Refunds over ₹500"],
+        rules["Refunds over ₹5,000"],
+        rules["Emails to customers"],
+    )
+    now = timezone.now()
+    batch = 5000
+    for low in range(start, stop, batch):
+        numbers = range(low, min(stop, low + batch))
+        with transaction.atomic():
+            runs = Run.objects.bulk_create(
+                [
+                    Run(
+                        agent="refund-desk",
+                        agent_version="bench",
+                        task=f"Refund order B-{i} for a scratched case",
+                        requester=requester,
+                        status=Run.Status.WAITING_APPROVAL,
+                        step=2,
+                    )
+                    for i in numbers
+                ]
+            )
+            shapes = []
+            for i in numbers:
+                if i % 10 < 6:
+                    shapes.append((small, "refund_item", {"order_id": f"B-{i}", "amount": 600 + i % 4000}))
+                elif i % 10 == 6:
+                    shapes.append((large, "refund_item", {"order_id": f"B-{i}", "amount": 6000 + i % 9000}))
+                else:
+                    shapes.append(
+                        (
+                            mail,
+                            "send_email",
+                            {"to": f"c{i}@example.com", "subject": "Refund", "body": "Done."},
+                        )
+                    )
+            calls = ToolCall.objects.bulk_create(
+                [
+                    ToolCall(
+                        run=run,
+                        step=2,
+                        position=0,
+                        tool_use_id=f"toolu_b{i}",
+                        tool_name=tool,
+                        input=args,
+                        input_hash=input_hash(args),
+                        idempotency_key=f"bench-{i}",
+                        verdict=NEEDS_APPROVAL,
+                        verdict_rule=rule.name,
+                        status=ToolCall.Status.AWAITING_APPROVAL,
+                    )
+                    for i, run, (rule, tool, args) in zip(numbers, runs, shapes, strict=True)
+                ]
+            )
+            approvals = ApprovalRequest.objects.bulk_create(
+                [
+                    ApprovalRequest(
+                        tool_call=call,
+                        run=run,
+                        rule=rule,
+                        rule_version=1,
+                        reason=f"{rule.name}",
+                        args_hash=call.input_hash,
+                        allow_self_approval=rule.allow_self_approval,
+                        approvers_required=rule.approvers_required,
+                        claimed_by=senior if i % 100 == 1 else None,
+                        claimed_until=now + timedelta(hours=1) if i % 100 == 1 else None,
+                        escalated_at=now if i % 1000 == 7 else None,
+                    )
+                    for i, run, call, (rule, _, _) in zip(numbers, runs, calls, shapes, strict=True)
+                ]
+            )
+            Proposal.objects.bulk_create(
+                [
+                    Proposal(
+                        approval=a,
+                        number=1,
+                        input=a.tool_call.input,
+                        input_hash=a.tool_call.input_hash,
+                        verdict=NEEDS_APPROVAL,
+                        rule=a.rule,
+                        rule_label=a.rule.name,
+                        reason=a.reason,
+                        required_group=a.rule.required_group,
+                    )
+                    for a in approvals
+                ]
+            )
+            Through = ApprovalRequest.required_groups.through
+            Through.objects.bulk_create(
+                [
+                    Through(approvalrequest_id=a.pk, group_id=a.rule.required_group_id)
+                    for a in approvals
+                    if a.rule.required_group_id
+                ]
+            )
+    with connection.cursor() as cursor:
+        # One approval a second, the oldest first, ending a minute ago; each points at
+        # its proposal (bulk_create cannot set both ends of the pair at once).
+        cursor.execute(
+            """
+            UPDATE approvals_approvalrequest a
+               SET proposal_id = p.id,
+                   created_at = %s - make_interval(secs => %s - a.id)
+              FROM approvals_proposal p
+             WHERE p.approval_id = a.id AND a.proposal_id IS NULL
+            """,
+            [now - timedelta(minutes=1), stop],
+        )
+        cursor.execute("ANALYZE")
+
+
+def middle_approval() -> int:
+    from django.contrib.auth import get_user_model
+
+    from approvals.selectors import queue_pending
+
+    reviewer = get_user_model().objects.get(username="reviewer")
+    shown = queue_pending(user=reviewer, yours=True)
+    return shown.values_list("pk", flat=True)[shown.count() // 2]
+
+
+def deep_link(get, pages: int) -> str:
+    """The URL ``pages`` pages into the queue, following its "older" links."""
+    url = "/desk/"
+    for _ in range(pages):
+        html = get(url)
+        match = re.search(r'<a[^>]*rel="next"[^>]*href="([^"]+)"', html) or re.search(
+            r'href="([^"]*page=\d+[^"]*)"[^>]*>\s*(?:Next|Older)', html
+        )
+        if match is None:
+            break
+        url = match[1].replace("&amp;", "&")
+    return url
+
+
+def query_counts(paths: dict[str, str]) -> dict[str, int]:
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    client = Client()
+    client.force_login(get_user_model().objects.get(username="reviewer"))
+    counts = {}
+    for name, path in paths.items():
+        client.get(path)  # the session, warmed
+        with CaptureQueriesContext(connection) as captured:
+            status = client.get(path).status_code
+        counts[name] = len(captured.captured_queries) if status == 200 else -status
+    return counts
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(port: int) -> subprocess.Popen:
+    env = {**os.environ, **environment()}
+    process = subprocess.Popen(
+        [
+            str(ROOT / ".venv" / "bin" / "gunicorn"),
+            "desk.wsgi:application",
+            f"--bind=127.0.0.1:{port}",
+            "--workers=2",
+            "--log-level=warning",
+        ],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+    )
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return process
+        except OSError:
+            time.sleep(0.1)
+    process.kill()
+    raise SystemExit("gunicorn did not start")
+
+
+def logged_in(base: str):
+    import requests
+
+    session = requests.Session()
+    page = session.get(f"{base}/login/")
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)[1]
+    done = session.post(
+        f"{base}/login/",
+        data={"username": "reviewer", "password": PASSWORD, "csrfmiddlewaretoken": token, "next": "/desk/"},
+        headers={"Referer": f"{base}/login/"},
+    )
+    if "/login/" in done.url:
+        raise SystemExit("could not log in as reviewer")
+    return session
+
+
+def timed(session, url: str, n: int) -> list[float]:
+    times = []
+    for i in range(WARMUP + n):
+        start = time.perf_counter()
+        response = session.get(url)
+        elapsed = (time.perf_counter() - start) * 1000
+        if response.status_code != 200:
+            raise SystemExit(f"{url}: HTTP {response.status_code}")
+        if i >= WARMUP:
+            times.append(elapsed)
+    return times
+
+
+def p95(times: list[float]) -> float:
+    ordered = sorted(times)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="10000,100000", help="pending approvals, ascending")
+    parser.add_argument("--requests", type=int, default=60, help="timed fetches of each page")
+    parser.add_argument("--deep", type=int, default=50, help="how many pages in the deep page is")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the databases of an earlier run (seed only what is missing)",
+    )
+    args = parser.parse_args()
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    ensure_services()
+    if not args.reuse:
+        fresh_databases()
+    setup_django()
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"bench/desk.py --sizes {args.sizes} --requests {args.requests}; loadavg at start {load}")
+    print(f"PostgreSQL databases {DESK_DB}, {WORLD_DB}; gunicorn, 2 sync workers, DEBUG off")
+    rows = []
+    from approvals.models import ApprovalRequest
+
+    done = ApprovalRequest.objects.filter(status="pending").count()
+    for size in sizes:
+        t = time.perf_counter()
+        if size > done:
+            seed(done, size)
+            done = size
+        print(f"{done:,} pending (seeded in {time.perf_counter() - t:.1f} s)", flush=True)
+        port = free_port()
+        server = serve(port)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            session = logged_in(base)
+            paths = {
+                "queue": "/desk/",
+                "queue all": "/desk/?tab=all",
+                "queue filtered": "/desk/?tool=send_email&unclaimed=1",
+                "queue deep": deep_link(lambda url, s=session, b=base: s.get(b + url).text, args.deep),
+                "approval": f"/desk/approvals/{middle_approval()}/",
+            }
+            counts = query_counts(paths)
+            for name, path in paths.items():
+                times = timed(session, base + path, args.requests)
+                rows.append((done, name, statistics.median(times), p95(times), counts[name], path))
+                print(f"  {name:15} p50 {rows[-1][2]:7.1f} ms  p95 {rows[-1][3]:7.1f} ms", flush=True)
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=20)
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"\nloadavg at end {load}")
+    print(f"{'pending':>9}  {'page':15} {'p50 ms':>8} {'p95 ms':>8} {'queries':>8}  path")
+    for size, name, p50, p95_, queries, path in rows:
+        print(f"{size:>9,}  {name:15} {p50:8.1f} {p95_:8.1f} {queries:>8}  {path[:60]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -173,7 +173,9 @@ SQLITE_OPTIONS = {
 
 
 def database_from_url(url: str, test_name: str) -> dict:
-    config = dj_database_url.parse(url, conn_max_age=0)
+    # CONN_MAX_AGE (seconds, default 0: a connection per request) keeps connections
+    # open between requests in production; health checks drop a dead one first.
+    config = dj_database_url.parse(url, conn_max_age=env_int("CONN_MAX_AGE", 0), conn_health_checks=True)
     if config["ENGINE"] == "django.db.backends.sqlite3":
         config["OPTIONS"] = dict(SQLITE_OPTIONS)
         # Cross-process tests (a real worker, concurrent deciders) need the

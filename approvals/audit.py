@@ -33,6 +33,7 @@ from django.utils import timezone
 
 from runs.integrity import Finding, keyed_hash, verify_steps
 from runs.models import Run
+from runs.retention import RETENTION_ACTIONS, retention_note, seal_in
 from tools.registry import canonical_json, input_hash
 
 from .gate import lock_scope
@@ -196,6 +197,7 @@ class Verification:
     steps: int = 0
     events: int = 0
     findings: list[Finding] = field(default_factory=list)
+    note: str = ""  # a run whose content was purged or redacted says so
 
     @property
     def ok(self) -> bool:
@@ -209,6 +211,7 @@ class Verification:
             "events": self.events,
             "first_broken": self.findings[0].as_dict() if self.findings else None,
             "findings": [f.as_dict() for f in self.findings],
+            "note": self.note,
         }
 
 
@@ -216,15 +219,20 @@ def verify_run(run: Run) -> Verification:
     """A run's checkpoints, its audit chain, and the rows the desk shows against both."""
     from .models import AuditEvent
 
-    steps, step_findings = verify_steps(run)
     events = list(AuditEvent.objects.filter(subject=f"run:{run.pk}").order_by("seq"))
+    # A purged or redacted run's checkpoints are held against the seal its chain recorded.
+    seals = [seal_in(e.detail) for e in events if e.action in RETENTION_ACTIONS]
+    steps, step_findings = verify_steps(run, seal=seals[-1] if seals else None)
     count, event_findings = verify_chain(f"run:{run.pk}", events)
     findings = step_findings + event_findings
     if count == 0:
         findings.append(Finding(f"audit chain run:{run.pk}", "is empty: the run's history was deleted"))
     else:
         findings += cross_check(run, events)
-    return Verification(subject=f"run:{run.pk}", steps=steps, events=count, findings=findings)
+    note = retention_note(run)
+    if note:
+        note += ": checkpoint chain intact, content not checkable" if not step_findings else ""
+    return Verification(subject=f"run:{run.pk}", steps=steps, events=count, findings=findings, note=note)
 
 
 def cross_check(run: Run, events: list) -> list[Finding]:
@@ -266,6 +274,7 @@ def cross_check(run: Run, events: list) -> list[Finding]:
                     f"{call.tool_name} is shown as {call.status}, but its history ends {event.after}",
                 )
             )
+    content_gone = run.purged_at is not None or run.redacted_at is not None  # arguments blanked
     by_approval: dict = {}
     for event in events:
         if event.approval_id:
@@ -304,7 +313,7 @@ def cross_check(run: Run, events: list) -> list[Finding]:
                 or made[-1].actor_id != proposal.proposed_by_id
                 or (
                     f"args {proposal.input_hash}" not in made[-1].detail
-                    or input_hash(proposal.input) != proposal.input_hash
+                    or (not content_gone and input_hash(proposal.input) != proposal.input_hash)
                 )
             ):
                 findings.append(

@@ -52,6 +52,7 @@ from runs.integrity import (
     what_changed,
 )
 from runs.models import Message, Run, Step, ToolCall
+from runs.retention import retention_note
 from tools.registry import canonical_json
 
 from .audit import event_content, event_hash, verify_run
@@ -120,6 +121,9 @@ def run_export_refusal(run: Run) -> str:
             f"Run {run.pk} is {run.status}: only a finished run can be exported "
             "(an unfinished one would go on at both desks)."
         )
+    if run.purged_at or run.redacted_at:
+        # Its content could not be checked at the other desk: the digests need what was removed.
+        return f"Run {run.pk} cannot be exported: {retention_note(run)}; only its outcome is kept here."
     verification = verify_run(run)
     if not verification.ok:
         return (

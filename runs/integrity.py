@@ -174,10 +174,16 @@ def recompute_steps(
         yield StepCheck(step, start, end, messages, step_calls, digest)
 
 
-def verify_steps(run: Run) -> tuple[int, list[Finding]]:
+def verify_steps(run: Run, *, seal: str | None = None) -> tuple[int, list[Finding]]:
     """Recompute every checkpoint of ``run`` (superseded ones against the transcript
     as it was when they were written). Returns the number of steps checked and what
-    is wrong, in the order the steps were written. A constant number of queries."""
+    is wrong, in the order the steps were written. A constant number of queries.
+
+    A run whose content was purged or redacted (``runs.retention``) cannot be
+    recomputed: its rows are held against ``seal``, recorded when the content went
+    (the checkpoints were verified then), so a digest changed since is still caught."""
+    if run.purged_at is not None or run.redacted_at is not None:
+        return _verify_sealed(run, seal)
     findings: list[Finding] = []
     steps = list(Step.objects.filter(run=run))
     # A fork shares its parent's first messages, as they were when it was made.
@@ -208,6 +214,24 @@ def verify_steps(run: Run) -> tuple[int, list[Finding]]:
         elif check.digest != step.digest:
             findings.append(Finding(where, what_changed(check.messages, check.calls)))
     return len(steps), findings
+
+
+def _verify_sealed(run: Run, seal: str | None) -> tuple[int, list[Finding]]:
+    from .retention import checkpoint_seal, retention_note
+
+    steps = Step.objects.filter(run=run).count()
+    where = f"run {run.pk}"
+    if not seal:
+        return steps, [Finding(where, f"{retention_note(run)}, but no seal of its checkpoints was recorded")]
+    if checkpoint_seal(run) != seal:
+        return steps, [
+            Finding(
+                where,
+                f"{retention_note(run)}; its checkpoints or its calls' keys were changed since: "
+                "they no longer match the seal recorded then",
+            )
+        ]
+    return steps, []
 
 
 def _version_at(versions: list[Message], at) -> Message | None:

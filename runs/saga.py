@@ -126,6 +126,12 @@ def _elsewhere_refusal(run: Run, verb: str) -> str:
     a rewind or a fork has nothing to replay; a gateway session (the desk ran its
     tools) may be rolled back.
     """
+    if run.purged_at or run.redacted_at:
+        # What a compensation or a replay needs (arguments, pre-state, the transcript) is gone.
+        gone = "its arguments were redacted"
+        if run.purged_at:
+            gone = "its transcript and tool payloads were purged"
+        return f"Cannot {verb} run {run.pk}: {gone} (retention)."
     if run.imported_from:
         return (
             f"Cannot {verb} run {run.pk}: it was imported from {run.imported_from}, and its effects "

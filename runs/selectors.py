@@ -19,6 +19,7 @@ from tools.registry import all_agents, arguments_in_order, find_tool
 
 from .history import transcript_messages
 from .models import CallStatus, Message, Run, RunGuard, RunStatus, Step, ToolCall
+from .retention import retention_note
 from .saga import PERMISSION as UNDO_PERMISSION
 
 VIEW_ALL_PERMISSION = "runs.view_all_runs"
@@ -116,6 +117,8 @@ def checkpoint(run: Run, number: int) -> dict | None:
         "created_at": step.created_at.isoformat() if step.created_at else None,
         "seen": [{"seq": m.seq, "role": m.role, "content": m.content} for m in seen],
         "reply": reply[0].content if reply else None,
+        # A purged run's messages are gone (runs.retention): say so, not "saw nothing".
+        "retention": retention_note(run),
     }
 
 

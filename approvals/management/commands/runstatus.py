@@ -8,6 +8,7 @@ from approvals.models import ApprovalRequest
 from approvals.selectors import group_names, guard_summary
 from runs.management.commands._common import run_by_id
 from runs.models import Run
+from runs.retention import retention_note
 from runs.selectors import dry_run_preview
 
 
@@ -59,6 +60,10 @@ class Command(BaseCommand):
             "verified_at": run.verified_at.isoformat() if run.verified_at else None,
             "handed_over_to": run.handed_over_to.get_username() if run.handed_over_to else None,
             "pending_approvals": [_pending(approval) for approval in pending],
+            # Retention (purgeruns): when the transcript and payloads went, or fields were redacted.
+            "purged_at": run.purged_at.isoformat() if run.purged_at else None,
+            "redacted_at": run.redacted_at.isoformat() if run.redacted_at else None,
+            "retention": retention_note(run),
         }
         preview = dry_run_preview(run) if run.dry_run else []
         if run.dry_run:
@@ -71,6 +76,8 @@ class Command(BaseCommand):
         self.stdout.write(f"  task: {run.task}")
         if run.takes_caller_turns:
             self.stdout.write(f"  {run.get_kind_display()}, session {run.session}")
+        if data["retention"]:
+            self.stdout.write(f"  {data['retention']}")
         self.stdout.write(f"  usage: {run.input_tokens} in / {run.output_tokens} out tokens, ${run.cost}")
         if run.error:
             self.stdout.write(f"  error: {run.error}")

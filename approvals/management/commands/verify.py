@@ -35,7 +35,8 @@ class Command(BaseCommand):
                     f"{result.steps} checkpoint{'s' * (result.steps != 1)}, " if result.steps else ""
                 ) + (f"{result.events} audit event{'s' * (result.events != 1)}")
                 if result.ok:
-                    self.stdout.write(f"{result.subject}: verified ({counts})")
+                    note = f"; {result.note}" if result.note else ""
+                    self.stdout.write(f"{result.subject}: verified ({counts}){note}")
                 else:
                     self.stdout.write(f"{result.subject}: BROKEN ({counts})")
                     for finding in result.findings:

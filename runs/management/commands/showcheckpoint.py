@@ -43,6 +43,8 @@ class Command(BaseCommand):
             f"(status after: {data['status']}, tokens in/out {data['usage']['input_tokens']}/"
             f"{data['usage']['output_tokens']})"
         )
+        if data["retention"]:
+            self.stdout.write(f"  {data['retention']}")
         for message in data["seen"]:
             for block in message["content"]:
                 self.stdout.write(f"  #{message['seq']} {message['role']}: {_block_text(block)}")

@@ -1,0 +1,771 @@
+#!/usr/bin/env python
+"""Throughput of real workers: steps/s, runs/min, decision-to-resume, commits per step.
+
+Run from the project root:
+
+    .venv/bin/python bench/throughput.py                 # 500 runs x 10 steps, gate every 5, 4 workers
+    .venv/bin/python bench/throughput.py --quick         # 50 runs, 5 decisions per path: development
+    .venv/bin/python bench/throughput.py --paths web,cli,embedded --latency-runs 20
+
+PostgreSQL (databases cs_tp and cs_tp_world, dropped and created empty) and Redis (db 10),
+started as CI starts them (bench/services.py). DEBUG off, a throwaway key.
+
+1. The machine's limit: ``--raw-connections`` (4) connections each INSERT one row and
+   COMMIT, in a loop, for ``--raw-seconds`` (3), with the server's durability as the desk
+   uses it (synchronous_commit as configured, printed): raw commits/s.
+2. Throughput: ``--workers`` (4) Celery workers (prefork, concurrency 1, -O fair, as
+   Procfile.production) on Redis; ``--runs`` scripted refund-desk runs, created first
+   and then all nudged at once. Each run has ``--steps`` tool steps: a refund of ₹600
+   on its own order every ``--gate-every`` steps (over the "Refunds over ₹500" rule: it
+   waits for a reviewer), a read of a different order otherwise (new results, so the
+   stuck detector sees progress), then a final reply (one more step). The bench plays
+   the reviewer: it polls the pending approvals of its runs and approves each through
+   ``approvals.services.approval_decide`` (what the desk's decide view calls) as
+   ``senior``, not the requester. Printed: steps/s (Step rows over the time from the
+   first nudge to the last step's close), runs/min, commits per step (pg_stat_database
+   xact_commit of both databases, read with the workers stopped, minus the bench's own
+   transactions; read-only transactions count too), decision-to-resume p50/p95 under
+   this load, and steps/s against raw commits/s (target: at least 0.5).
+3. Decision-to-resume on an idle desk, one decision at a time (``--latency-runs`` runs,
+   each decided at both gates), through each of ``--paths``: ``web`` (a logged-in
+   session POSTs the desk's decide form to gunicorn, Redis broker), ``cli``
+   (``manage.py decide --approve`` in a new process, Redis), ``embedded`` (the web path
+   with workers and web on the filesystem broker, which polls every 0.2 s). Targets:
+   p50 <= 30 ms on Redis, <= 150 ms embedded.
+
+Decision-to-resume is measured from ``ApprovalRequest.decided_at`` (taken inside the
+deciding transaction, just before its commit: the figure includes the commit) to the
+start of the resumed step: the closed Step row's created_at minus its duration_ms (the
+engine's own clock for the step, started after the claim). The time to the approved
+call's start (ToolCall.started_at, a little later in the same step) is printed too.
+Both clocks are this machine's wall clock.
+
+Nothing is asserted: timings depend on the machine and its load (printed at the top and
+the end); rerun on a quiet machine for figures to quote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from services import database_url, ensure_services, flush_redis, fresh_databases, redis_url  # noqa: E402
+
+PYTHON = sys.executable
+DB_PREFIX = "cs_tp"
+REDIS_DB = 10
+REQUESTER, REVIEWER = "requester", "senior"  # senior is in both reviewer groups
+PASSWORD = "throughput-bench-password"
+REFUND = 600  # over the seeded "Refunds over ₹500": waits for a reviewer
+RATIO_TARGET = 0.5
+RESUME_TARGET_MS = {"web": 30, "cli": 30, "embedded": 150}
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered) + 0.5) - 1))]
+
+
+# =============================================================================
+# Processes
+# =============================================================================
+class Proc:
+    """A worker or the web, in its own session, logging to a file."""
+
+    def __init__(self, name: str, command: list[str], env: dict, log_dir: Path, ready: str) -> None:
+        self.name, self.ready = name, ready
+        self.log_path = log_dir / f"{name}.log"
+        with self.log_path.open("w") as log:
+            self.process = subprocess.Popen(
+                [PYTHON, *command],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self) -> None:
+        if self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        except ProcessLookupError:
+            pass
+
+
+def wait_ready(procs: list[Proc], timeout: float = 90) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        dead = [p for p in procs if p.process.poll() is not None]
+        if dead:
+            raise RuntimeError(f"{dead[0].name} exited before it started:\n{dead[0].log()[-3000:]}")
+        if all(p.ready in p.log() for p in procs):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"not started within {timeout} s: {[p.name for p in procs if p.ready not in p.log()]}")
+
+
+def start_workers(n: int, env: dict, log_dir: Path, tag: str) -> list[Proc]:
+    workers = []
+    for i in range(n):
+        name = f"{tag}-w{i}"
+        command = ["-m", "celery", "-A", "desk", "worker", "--pool=prefork", "--concurrency=1", "-O", "fair"]
+        command += ["--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel=INFO"]
+        workers.append(Proc(name, [*command, "-n", f"{name}@%h"], env, log_dir, "ready."))
+    wait_ready(workers)
+    return workers
+
+
+def start_web(env: dict, log_dir: Path, tag: str) -> tuple[Proc, str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    web_env = {**env, "GUNICORN_BIND": f"127.0.0.1:{port}", "WEB_CONCURRENCY": "1"}
+    command = ["-m", "gunicorn", "desk.wsgi", "--config", str(ROOT / "desk" / "gunicorn.conf.py")]
+    web = Proc(f"{tag}-web", command, web_env, log_dir, "Booting worker")
+    wait_ready([web])
+    time.sleep(1.0)  # the worker process imports Django after "Booting worker"
+    return web, f"http://127.0.0.1:{port}"
+
+
+def stop_all(procs: list[Proc]) -> None:
+    for proc in procs:
+        proc.stop()
+
+
+# =============================================================================
+# Set-up and the runs
+# =============================================================================
+def setup(args, work: Path) -> dict:
+    """Databases, broker and the environment every process shares; Django set up here too."""
+    ensure_services()
+    desk_url, world_url = fresh_databases(DB_PREFIX)
+    flush_redis(REDIS_DB)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "desk.settings",
+        "DEBUG": "0",
+        "SECRET_KEY": "throughput-" + "t" * 60,
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "DATABASE_URL": desk_url,
+        "WORLD_DATABASE_URL": world_url,
+        "CELERY_BROKER_URL": redis_url(REDIS_DB),
+        "DESK_VAR_DIR": str(work / "var"),
+        "DESK_BROKER_DIR": str(work / "broker"),
+        "DESK_SANDBOX_DIR": str(work / "sandbox"),
+        "EMAIL_URL": "locmem://",
+        "DESK_DEMO_PASSWORD": PASSWORD,
+        "PYTHONUNBUFFERED": "1",
+    }
+    for name in ("DESK_FAILPOINTS", "DESK_TESTING", "ANTHROPIC_API_KEY"):
+        env.pop(name, None)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", database="default", verbosity=0, interactive=False)
+    call_command("migrate", database="world", verbosity=0, interactive=False)
+    call_command("seeddemo", verbosity=0)
+    if {"web", "embedded"} & set(args.paths):
+        # DEBUG off: pages link the hashed names of collectstatic's manifest.
+        call_command("collectstatic", verbosity=0, interactive=False)
+    return env
+
+
+def seed_orders(count: int, gates: int) -> list[str]:
+    """``count`` orders of the bench's own (a customer and a ticket each); their ids."""
+    from django.db import transaction
+
+    from tools.models import Customer, Order, Ticket
+
+    # The tools take order ids like A-1001 (the demo's): P-0000 on are the bench's.
+    ids = [f"{'PQRSTUVWXYZ'[n // 10000]}-{n % 10000:04d}" for n in range(count)]
+    with transaction.atomic(using="world"):
+        customers = Customer.objects.bulk_create(
+            [Customer(name=f"Bench {n}", email=f"tp{n}@example.com") for n in range(count)]
+        )
+        tickets = Ticket.objects.bulk_create(
+            [Ticket(ticket_id=f"T-{10000 + n}", subject=f"Problem with {i}") for n, i in enumerate(ids)]
+        )
+        Order.objects.bulk_create(
+            [
+                Order(order_id=i, customer=c, ticket=t, item="Bench item", amount=REFUND * gates + 1000)
+                for i, c, t in zip(ids, customers, tickets, strict=True)
+            ]
+        )
+    return ids
+
+
+def script(order_ids: list[str], n: int, steps: int, gate_every: int) -> tuple[str, dict]:
+    """Run ``n``'s task and scenario, as the refund desk works: its order and the policy
+    read first, the refund of ₹600 at step ``gate_every`` (gated), the email to the
+    customer at step ``steps`` = 2 x ``gate_every`` (gated), reads of other orders
+    between (new results: the stuck detector sees progress), then the ticket closed and
+    the final reply, which the run's verification checks: ``steps`` + 2 steps."""
+    own, email, ticket = order_ids[n], f"tp{n}@example.com", f"T-{10000 + n}"
+    turns = []
+    for step in range(1, steps + 1):
+        if step == gate_every:
+            call = {
+                "name": "refund_item",
+                "input": {"order_id": own, "amount": REFUND, "reason": "Arrived broken"},
+            }
+        elif step == steps:
+            body = f"Hello, we refunded ₹{REFUND} on order {own}. Sorry about the broken item."
+            call = {
+                "name": "send_email",
+                "input": {"to": email, "subject": f"Your refund for {own}", "body": body},
+            }
+        elif step == 1 or step == gate_every + 1:
+            call = {"name": "get_order", "input": {"order_id": own}}
+        elif step == 2:
+            call = {"name": "get_policy", "input": {}}
+        else:
+            call = {"name": "get_order", "input": {"order_id": order_ids[(n + step) % len(order_ids)]}}
+        turns.append({"text": f"Step {step} on {own}.", "tool_calls": [call]})
+    turns.append(
+        {
+            "text": f"Closing {ticket}.",
+            "tool_calls": [{"name": "close_ticket", "input": {"ticket_id": ticket}}],
+        }
+    )
+    turns.append({"text": f"Done with {own}."})
+    task = f"Customer Bench {n} (ticket {ticket}) writes: my order {own} arrived broken. Please refund it."
+    return task, {"turns": turns}
+
+
+def create_runs(order_ids: list[str], count: int, args, *, enqueue: bool, first: int = 0) -> list[int]:
+    from django.contrib.auth import get_user_model
+
+    from runs.services import run_create
+
+    requester = get_user_model().objects.get(username=REQUESTER)
+    ids = []
+    for n in range(first, first + count):
+        task, scenario = script(order_ids, n, args.steps, args.gate_every)
+        run = run_create(
+            agent_name="refund-desk",
+            task=task,
+            requester=requester,
+            script=scenario,
+            max_steps=args.steps + 10,
+            enqueue=enqueue,
+        )
+        ids.append(run.pk)
+    return ids
+
+
+class TransactionCounter:
+    """The bench's own transactions on the desk's database (autocommit statements and
+    outermost atomic blocks), to take out of pg_stat_database's count."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, execute, sql, params, many, context):
+        if not context["connection"].in_atomic_block:
+            self.count += 1
+        return execute(sql, params, many, context)
+
+
+def xact_commits() -> int:
+    import psycopg
+
+    names = [DB_PREFIX, f"{DB_PREFIX}_world"]
+    with psycopg.connect(database_url("postgres"), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT sum(xact_commit) FROM pg_stat_database WHERE datname = ANY(%s)", (names,)
+        ).fetchone()
+    return int(row[0] or 0)
+
+
+def close_django_connections() -> None:
+    from django.db import connections
+
+    for conn in connections.all():
+        conn.close()
+
+
+# =============================================================================
+# 1. The machine's limit
+# =============================================================================
+def raw_commit_rate(connections: int, seconds: float) -> tuple[float, str]:
+    import psycopg
+
+    url = database_url(DB_PREFIX)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_raw_commit (id bigserial PRIMARY KEY, payload text)")
+        sync = conn.execute("SHOW synchronous_commit").fetchone()[0]
+        fsync = conn.execute("SHOW fsync").fetchone()[0]
+    counts = [0] * connections
+    start = threading.Barrier(connections + 1)
+    stop_at = [0.0]
+
+    def loop(i: int) -> None:
+        with psycopg.connect(url) as conn:
+            start.wait()
+            while time.perf_counter() < stop_at[0]:
+                conn.execute("INSERT INTO bench_raw_commit (payload) VALUES (%s)", ("x" * 200,))
+                conn.commit()
+                counts[i] += 1
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(connections)]
+    for t in threads:
+        t.start()
+    began = time.perf_counter()
+    stop_at[0] = began + seconds
+    start.wait()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - began
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP TABLE bench_raw_commit")
+    return sum(counts) / elapsed, f"synchronous_commit={sync}, fsync={fsync}"
+
+
+# =============================================================================
+# Decision-to-resume, from the rows
+# =============================================================================
+def resume_delays(approval_ids: list[int]) -> tuple[list[float], list[float]]:
+    """For each decided approval: ms from decided_at to the resumed step's start, and to
+    the approved call's start."""
+    from approvals.models import ApprovalRequest
+    from runs.models import Step
+
+    to_step, to_call = [], []
+    approvals = ApprovalRequest.objects.filter(pk__in=approval_ids, decided_at__isnull=False).select_related(
+        "tool_call"
+    )
+    for approval in approvals:
+        call = approval.tool_call
+        step = Step.objects.filter(run_id=approval.run_id, number=call.step).order_by("-pk").first()
+        if step is None:
+            continue
+        start = step.created_at - timedelta(milliseconds=step.duration_ms)
+        to_step.append((start - approval.decided_at).total_seconds() * 1000)
+        if call.started_at:
+            to_call.append((call.started_at - approval.decided_at).total_seconds() * 1000)
+    return to_step, to_call
+
+
+def fmt_ms(values: list[float]) -> str:
+    if not values:
+        return "no samples"
+    return (
+        f"p50 {pct(values, 50):.0f} ms, p95 {pct(values, 95):.0f} ms, max {max(values):.0f} ms "
+        f"({len(values)} decisions)"
+    )
+
+
+# =============================================================================
+# 2. Throughput
+# =============================================================================
+def throughput(args, env: dict, order_ids: list[str], log_dir: Path) -> dict:
+    from django.db import connection
+
+    from approvals.models import ApprovalRequest
+    from approvals.services import Decision, DecisionError, approval_decide
+    from runs.models import Run, Step
+    from runs.tasks import advance_run
+
+    User = __import__("django.contrib.auth", fromlist=["get_user_model"]).get_user_model()
+    reviewer = User.objects.get(username=REVIEWER)
+    print(f"creating {args.runs} runs ...", flush=True)
+    run_ids = create_runs(order_ids, args.runs, args, enqueue=False)
+    workers = start_workers(args.workers, env, log_dir, "tp")
+    try:
+        close_django_connections()
+        time.sleep(2)
+        before = xact_commits()
+        counter = TransactionCounter()
+        decided: list[int] = []
+        refused = 0
+        with connection.execute_wrapper(counter):
+            t0 = time.time()
+            for run_id in run_ids:
+                advance_run.apply_async(args=[run_id])
+            deadline = t0 + args.timeout
+            open_ids = set(run_ids)
+            seen: set[int] = set()
+            last_check = 0.0
+            while open_ids and time.time() < deadline:
+                pending = list(
+                    ApprovalRequest.objects.filter(run_id__in=open_ids, status="pending").values_list(
+                        "pk", "args_hash"
+                    )
+                )
+                for pk, args_hash in pending:
+                    if pk in seen:
+                        continue
+                    seen.add(pk)
+                    try:
+                        approval_decide(
+                            approval_id=pk, reviewer=reviewer, decision=Decision.approve(args_hash=args_hash)
+                        )
+                        counter.count += 1  # its transaction
+                        decided.append(pk)
+                    except DecisionError as exc:
+                        refused += 1
+                        print(f"  approval {pk} refused: {exc}", flush=True)
+                if time.time() - last_check > 0.5:
+                    last_check = time.time()
+                    done = Run.objects.filter(pk__in=open_ids).exclude(
+                        status__in=("queued", "running", "waiting_approval")
+                    )
+                    open_ids -= set(done.values_list("pk", flat=True))
+                if not pending:
+                    time.sleep(args.poll)
+        bench_tx = counter.count
+    finally:
+        close_django_connections()
+        stop_all(workers)
+    time.sleep(1.5)  # backends flush their statistics as they exit
+    after = xact_commits()
+    steps = Step.objects.filter(run_id__in=run_ids).count()
+    last = (
+        Step.objects.filter(run_id__in=run_ids).order_by("-created_at").values_list("created_at", flat=True)
+    )
+    elapsed = (last[0].timestamp() - t0) if steps else float("nan")
+    statuses: dict[str, int] = {}
+    for status in Run.objects.filter(pk__in=run_ids).values_list("status", flat=True):
+        statuses[status] = statuses.get(status, 0) + 1
+    to_step, to_call = resume_delays(decided)
+    return {
+        "steps": steps,
+        "elapsed": elapsed,
+        "statuses": statuses,
+        "decisions": len(decided),
+        "refused": refused,
+        "commits": after - before - bench_tx,
+        "bench_tx": bench_tx,
+        "to_step": to_step,
+        "to_call": to_call,
+        "unfinished": len(open_ids),
+    }
+
+
+# =============================================================================
+# 3. Decision-to-resume, one decision at a time, through the web and the CLI
+# =============================================================================
+class WebReviewer:
+    """A logged-in session of the desk, deciding with the decide form."""
+
+    def __init__(self, base: str) -> None:
+        import requests
+
+        self.base = base
+        self.session = requests.Session()
+        # The web's worker imports Django after it boots: slow on a loaded machine.
+        wait_for(lambda: self._login_page(), 120, "the web to answer", interval=0.5)
+        response = self.session.post(
+            f"{base}/login/",
+            data={
+                "username": REVIEWER,
+                "password": PASSWORD,
+                "csrfmiddlewaretoken": self.session.cookies["csrftoken"],
+            },
+            allow_redirects=False,
+            timeout=60,
+        )
+        if response.status_code != 302:
+            raise RuntimeError(f"login as {REVIEWER} failed: HTTP {response.status_code}")
+
+    def _login_page(self) -> bool:
+        import requests
+
+        try:
+            return self.session.get(f"{self.base}/login/", timeout=30).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def decide(self, approval_id: int, args_hash: str) -> None:
+        response = self.session.post(
+            f"{self.base}/desk/approvals/{approval_id}/decide",
+            data={
+                "decision": "approve",
+                "args_hash": args_hash,
+                "comment": "",
+                "csrfmiddlewaretoken": self.session.cookies["csrftoken"],
+            },
+            allow_redirects=False,
+            timeout=30,
+        )
+        if response.status_code != 302:
+            raise RuntimeError(f"decide {approval_id}: HTTP {response.status_code}: {response.text[:300]}")
+
+
+def cli_decide(env: dict, approval_id: int, args_hash: str) -> None:
+    result = subprocess.run(
+        [
+            PYTHON,
+            "manage.py",
+            "decide",
+            str(approval_id),
+            "--approve",
+            "--user",
+            REVIEWER,
+            "--args-hash",
+            args_hash,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"manage.py decide {approval_id} failed:\n{result.stdout}\n{result.stderr}")
+
+
+def wait_for(check, timeout: float, what: str, interval: float = 0.01):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(interval)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def latency(path: str, args, env: dict, order_ids: list[str], first: int, log_dir: Path) -> tuple[list, list]:
+    """Decision-to-resume through ``path``, in this process (started by ``latency_child``
+    with that path's broker): ``--latency-runs`` runs one after another, each decided at
+    every gate while the desk is idle."""
+    from approvals.models import ApprovalRequest
+    from runs.models import Run, Step
+
+    procs = start_workers(args.workers, env, log_dir, path)
+    reviewer = None
+    decided = []
+    try:
+        if path in ("web", "embedded"):
+            web, base = start_web(env, log_dir, path)
+            procs.append(web)
+            reviewer = WebReviewer(base)
+        for run_id in create_runs(order_ids, args.latency_runs, args, enqueue=True, first=first):
+            for _ in range(2):  # the refund, then the email
+                approval = wait_for(
+                    lambda run_id=run_id: (
+                        ApprovalRequest.objects.filter(run_id=run_id, status="pending")
+                        .select_related("tool_call")
+                        .first()
+                    ),
+                    60,
+                    f"run {run_id} to wait for a reviewer",
+                )
+                time.sleep(args.settle)  # the pause settles: its notifications sent, workers idle
+                if reviewer is not None:
+                    reviewer.decide(approval.pk, approval.args_hash)
+                else:
+                    cli_decide(env, approval.pk, approval.args_hash)
+                decided.append(approval.pk)
+                wait_for(
+                    lambda run_id=run_id, step=approval.tool_call.step: Step.objects.filter(
+                        run_id=run_id, number=step
+                    ).exists(),
+                    60,
+                    f"run {run_id} to resume",
+                )
+            wait_for(
+                lambda run_id=run_id: Run.objects.filter(pk=run_id, finished_at__isnull=False).exists(),
+                60,
+                f"run {run_id} to finish",
+            )
+    finally:
+        stop_all(procs)
+    return resume_delays(decided)
+
+
+def latency_child(path: str, args, env: dict, first: int, log_dir: Path) -> tuple[list, list]:
+    """Run ``latency`` in a new process of this script: the embedded path needs every
+    process, this one's nudges included, on the filesystem broker."""
+    env = {**env}
+    if path == "embedded":
+        env["CELERY_BROKER_URL"] = "filesystem://"
+        shutil.rmtree(env["DESK_BROKER_DIR"], ignore_errors=True)
+    else:
+        flush_redis(REDIS_DB)
+    command = [PYTHON, __file__, "--child", path, "--child-first", str(first), "--child-logs", str(log_dir)]
+    command += [
+        "--steps",
+        str(args.steps),
+        "--gate-every",
+        str(args.gate_every),
+        "--workers",
+        str(args.workers),
+    ]
+    command += ["--latency-runs", str(args.latency_runs), "--settle", str(args.settle)]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"{path}: the child failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+        )
+    to_step, to_call = json.loads(result.stdout.strip().splitlines()[-1])
+    return to_step, to_call
+
+
+def child_main(args) -> int:
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from tools.models import Order
+
+    order_ids = list(
+        Order.objects.filter(item="Bench item").order_by("order_id").values_list("order_id", flat=True)
+    )
+    result = latency(args.child, args, dict(os.environ), order_ids, args.child_first, Path(args.child_logs))
+    print(json.dumps(result))
+    return 0
+
+
+# =============================================================================
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=500)
+    parser.add_argument(
+        "--steps", type=int, default=10, help="steps to the email (then the ticket closed and the reply)"
+    )
+    parser.add_argument("--gate-every", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--paths", default="web,cli,embedded", help="decision paths timed on an idle desk")
+    parser.add_argument(
+        "--latency-runs", type=int, default=20, help="runs per path (each decided at every gate)"
+    )
+    parser.add_argument(
+        "--settle", type=float, default=0.3, help="seconds between a pause and its decision on the idle desk"
+    )
+    parser.add_argument("--raw-seconds", type=float, default=3.0)
+    parser.add_argument("--raw-connections", type=int, default=4)
+    parser.add_argument("--poll", type=float, default=0.01, help="the bench reviewer's polling interval (s)")
+    parser.add_argument(
+        "--timeout", type=float, default=1800, help="give up on the throughput phase after (s)"
+    )
+    parser.add_argument("--quick", action="store_true", help="50 runs, 3 runs per path: for development")
+    parser.add_argument("--keep", action="store_true", help="keep the logs (printed path)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # latency_child's process: this path
+    parser.add_argument("--child-first", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--child-logs", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    # Stopped from outside: stop the workers and the web on the way out (they run in
+    # sessions of their own).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.child:
+        return child_main(args)
+    if args.quick:
+        args.runs, args.latency_runs = 50, 3
+    args.paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    unknown = set(args.paths) - set(RESUME_TARGET_MS)
+    if unknown:
+        parser.error(f"--paths: unknown {sorted(unknown)}; web, cli, embedded")
+    if min(args.steps, args.gate_every, args.workers) < 1 or args.runs < 0:
+        parser.error("--steps, --gate-every and --workers take 1 or more, --runs 0 (no throughput) or more")
+    if args.steps != 2 * args.gate_every or args.gate_every < 3:
+        parser.error(
+            "a refund-desk run has two gates (the refund, then the email): --steps must be "
+            "twice --gate-every, and --gate-every at least 3 (the order and the policy are read first)"
+        )
+
+    work = Path(tempfile.mkdtemp(prefix="throughput-"))
+    log_dir = work / "logs"
+    log_dir.mkdir()
+    began = time.time()
+    print(
+        f"throughput: {args.runs} runs x {args.steps} steps (+ close and reply), "
+        f"gate every {args.gate_every}, "
+        f"{args.workers} workers (prefork, concurrency 1) on PostgreSQL + Redis; loadavg {loadavg()}",
+        flush=True,
+    )
+    env = setup(args, work)
+    order_ids = seed_orders(args.runs + args.latency_runs * len(args.paths), 1)
+
+    raw, durability = raw_commit_rate(args.raw_connections, args.raw_seconds)
+    print(
+        f"raw PostgreSQL: {raw:.0f} commits/s (INSERT + COMMIT from {args.raw_connections} connections, "
+        f"{args.raw_seconds:.0f} s, {durability})",
+        flush=True,
+    )
+
+    if args.runs:
+        tp = throughput(args, env, order_ids, log_dir)
+        steps_s = tp["steps"] / tp["elapsed"]
+        print()
+        print(f"Throughput ({args.runs} runs, {args.workers} workers), loadavg {loadavg()}")
+        print(
+            f"  runs         {dict(sorted(tp['statuses'].items()))}; "
+            f"{tp['unfinished']} unfinished at the timeout"
+        )
+        print(f"  steps        {tp['steps']} in {tp['elapsed']:.1f} s: {steps_s:.1f} steps/s")
+        print(f"  runs/min     {args.runs / tp['elapsed'] * 60:.0f}")
+        print(
+            f"  commits      {tp['commits'] / tp['steps']:.2f} per step (desk + world; "
+            f"{tp['bench_tx']} of the bench's own left out)"
+        )
+        print(f"  decisions    {tp['decisions']} ({tp['refused']} refused)")
+        print(f"  resume       decision -> resumed step: {fmt_ms(tp['to_step'])}")
+        print(f"               decision -> approved call: {fmt_ms(tp['to_call'])}")
+        ratio = steps_s / raw
+        verdict = "meets" if ratio >= RATIO_TARGET else "misses"
+        print(
+            f"  ratio        {steps_s:.1f} steps/s / {raw:.0f} raw commits/s = {ratio:.2f} "
+            f"({verdict} >= {RATIO_TARGET})"
+        )
+
+    first = args.runs
+    results = {}
+    for path in args.paths:
+        print(f"\ndecision-to-resume via {path}: {args.latency_runs} runs ...", flush=True)
+        results[path] = latency_child(path, args, env, first, log_dir)
+        first += args.latency_runs
+    if results:
+        print(f"\nDecision-to-resume on an idle desk ({args.workers} workers), loadavg {loadavg()}")
+        for path, (to_step, to_call) in results.items():
+            target = RESUME_TARGET_MS[path]
+            verdict = "meets" if to_step and pct(to_step, 50) <= target else "misses"
+            broker = "filesystem broker" if path == "embedded" else "Redis"
+            print(f"  {path:9s}({broker}) {fmt_ms(to_step)}; p50 target <= {target} ms: {verdict}")
+            print(f"  {'':9s} to the approved call: {fmt_ms(to_call)}")
+    print(f"\nwall time {time.time() - began:.0f} s; loadavg at the end {loadavg()}")
+    if args.keep:
+        print(f"logs in {log_dir}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

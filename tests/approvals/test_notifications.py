@@ -222,30 +222,6 @@ def test_it_gives_up_after_the_last_attempt(users, monkeypatch):
     assert mail.outbox == []
 
 
-def test_a_worker_that_dies_mid_send_never_resends(users, monkeypatch, django_capture_on_commit_callbacks):
-    """At-most-once: the outcome of a send cut off by a crash is unknown, so it is
-    recorded as such and not repeated, by a redelivered nudge or by the sweep."""
-    run = start(requester=users["requester"])
-    note = Notification.objects.get(approval=the_approval(run), recipient="reviewer@countersign.local")
-
-    def crash(backend, messages):
-        raise KeyboardInterrupt  # stands in for os._exit after the server accepted
-
-    monkeypatch.setattr(EmailBackend, "send_messages", crash)
-    with pytest.raises(KeyboardInterrupt):
-        notification_send(notification_id=note.pk)
-    monkeypatch.undo()
-    note.refresh_from_db()
-    assert note.status == "sending" and note.attempts == 1
-    assert notification_send(notification_id=note.pk) == "skipped"
-    enqueued = []
-    monkeypatch.setattr(send_notification, "delay", enqueued.append)
-    with django_capture_on_commit_callbacks(execute=True):
-        notifications_renudge(older_than=timezone.now() + timedelta(minutes=5))
-    assert note.pk not in enqueued and len(enqueued) == 2  # only the other two, still pending
-    assert inbox("reviewer@countersign.local") == []
-
-
 def interrupted_send(users, monkeypatch) -> Notification:
     """A send whose worker died after the server may have taken the email."""
     run = start(requester=users["requester"])
@@ -259,6 +235,21 @@ def interrupted_send(users, monkeypatch) -> Notification:
         notification_send(notification_id=note.pk)
     monkeypatch.undo()
     return note
+
+
+def test_a_worker_that_dies_mid_send_never_resends(users, monkeypatch, django_capture_on_commit_callbacks):
+    """At-most-once: the outcome of a send cut off by a crash is unknown, so it is
+    recorded as such and not repeated, by a redelivered nudge or by the sweep."""
+    note = interrupted_send(users, monkeypatch)
+    note.refresh_from_db()
+    assert note.status == "sending" and note.attempts == 1
+    assert notification_send(notification_id=note.pk) == "skipped"
+    enqueued = []
+    monkeypatch.setattr(send_notification, "delay", enqueued.append)
+    with django_capture_on_commit_callbacks(execute=True):
+        notifications_renudge(older_than=timezone.now() + timedelta(minutes=5))
+    assert note.pk not in enqueued and len(enqueued) == 2  # only the other two, still pending
+    assert inbox("reviewer@countersign.local") == []
 
 
 def test_the_sweep_marks_an_interrupted_send_outcome_unknown_and_never_resends_it(users, monkeypatch):

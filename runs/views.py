@@ -136,7 +136,8 @@ def _status_context(request, run: Run, *, outcome=None, **extra) -> dict:
         "outcome": outcome or run_outcome(run),
         "marker": _status_marker(run, undo),
         "can_cancel": not run.is_finished and may_cancel(request.user, run),
-        "can_undo": may_undo(request.user),
+        # The saga refuses these (runs.saga._elsewhere_refusal): no menu offers it.
+        "can_undo": may_undo(request.user) and not (run.purged_at or run.redacted_at or run.imported_from),
         "run_is_live": run_is_live(run),
         "worker_holds": worker_holds(run),
         "budgets": run_budget_usage(run),

@@ -145,6 +145,9 @@ def test_a_purged_run_cannot_be_exported_rolled_back_or_forked(users, plain_refu
         run_rollback(run=run, by=users["admin"])
     with pytest.raises(RollbackRefused, match="its transcript and tool payloads were purged"):
         run_fork(run=run, step=0, by=users["admin"], enqueue=False)
+    # Nor does its page offer to: no rollback button, no undo menu on its steps.
+    html = get_html(client_for(users["admin"]), f"/runs/{run.pk}/")
+    assert "Roll back entire run" not in html and "Undo…" not in html
 
 
 def test_unfinished_and_recent_runs_are_left_alone(users, plain_refund_desk):

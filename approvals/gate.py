@@ -13,8 +13,8 @@ from django.db import connections, router
 from django.utils import timezone
 
 from runs.failpoints import pausepoint
-from runs.gate import ALLOW, NEEDS_APPROVAL, Verdict
-from runs.models import Run, ToolCall
+from runs.gate import ALLOW, DENY, NEEDS_APPROVAL, Verdict
+from runs.models import GuardKind, Run, ToolCall
 
 from .models import (
     ApprovalRequest,
@@ -150,15 +150,28 @@ class RuleGate:
 
     def _live(self, rules: list[RuleTerms], *, run, call, spec, facts: dict) -> Verdict:
         """What the live ``rules`` decide, first match by priority."""
-        for rule in rules:
+        for index, rule in enumerate(rules):
             if rule.aggregate:
                 hit, why, detail = aggregate_matches(rule, run=run, call=call, facts=facts)
             else:
                 (hit, why), detail = rule.matches(facts), None
             if hit:
                 needs = _who_decides(rule.id) if run.dry_run and rule.effect == NEEDS_APPROVAL else ""
+                asks = rule.effect == NEEDS_APPROVAL or (spec.is_irreversible and rule.effect != DENY)
+                matched: tuple = ()
+                if asks and not run.dry_run:
+                    # A person will be asked: note every other rule that holds too, for
+                    # the record of the request ``hold`` opens (nothing else pays for it).
+                    others = matched_below(rules[index + 1 :], run=run, call=call, facts=facts)
+                    matched = (matched_entry(rule, why, detail, decided=True), *others)
                 return Verdict(
-                    rule.effect, rule=rule.label, reason=why, rule_id=rule.id, detail=detail, needs=needs
+                    rule.effect,
+                    rule=rule.label,
+                    reason=why,
+                    rule_id=rule.id,
+                    detail=detail,
+                    needs=needs,
+                    matched=matched,
                 )
         if spec.is_read:
             return Verdict(ALLOW, reason="read-only tool; no rule")
@@ -166,19 +179,77 @@ class RuleGate:
         return Verdict(NEEDS_APPROVAL, reason="write tool with no rule (default)", needs="a reviewer (1)")
 
     def hold(self, *, run, call, verdict: Verdict) -> None:
-        approval_open(run=run, call=call, verdict=verdict)
+        approval_open(run=run, call=call, verdict=verdict, matched=_matched_for(verdict))
 
     def open_guard(self, *, run, kind: str, reason: str, detail: dict, call=None) -> None:
         approval_open_guard(run=run, kind=kind, reason=reason, detail=detail, call=call)
 
     def run_ended(self, *, run, actor, reason: str) -> None:
         # Nothing is left to decide on a run that ended.
-        approvals_cancel(ApprovalRequest.objects.filter(run_id=run.pk), comment=f"run {run.status}")
+        approvals_cancel(
+            ApprovalRequest.objects.filter(run_id=run.pk), comment=f"run {run.status}", actor=actor
+        )
         if run.status in (Run.Status.DONE, Run.Status.FAILED, Run.Status.HANDED_OVER):
             notify_run_finished(run=run)
 
     def call_withdrawn(self, *, call, actor, reason: str) -> None:
-        approvals_cancel(ApprovalRequest.objects.filter(tool_call_id=call.pk), comment=reason)
+        approvals_cancel(ApprovalRequest.objects.filter(tool_call_id=call.pk), comment=reason, actor=actor)
+
+    def guards_withdrawn(self, *, run, after, actor, reason: str) -> None:
+        guards = ApprovalRequest.objects.filter(run_id=run.pk, created_at__gt=after).exclude(
+            kind=GuardKind.CALL
+        )
+        approvals_cancel(guards, comment=reason, actor=actor)
+
+
+# --- every rule that matched ----------------------------------------------------
+# ``review`` lists them in the verdict (``Verdict.matched``) when a person will be
+# asked; ``hold`` records them in the request's snapshot.
+
+
+def matched_entry(rule: RuleTerms, why: str, detail: dict | None, *, decided: bool) -> dict:
+    """One rule whose condition held, as the request's snapshot records it."""
+    return {
+        "id": rule.id,
+        "name": rule.name,
+        "version": rule.version,
+        "effect": rule.effect,
+        "field": rule.field,
+        "operator": rule.operator,
+        "value": rule.value,
+        "aggregate": rule.aggregate,
+        "reason": why,
+        "detail": detail,
+        "decided": decided,
+    }
+
+
+def matched_below(rules: list[RuleTerms], *, run, call, facts: dict) -> list[dict]:
+    """The rules below the one that decided whose condition also holds on the call,
+    read from the rules already loaded (an aggregate rule adds up its total, without
+    locking it: it decides nothing). Only for a call a person will be asked about."""
+    found = []
+    for rule in rules:
+        if rule.aggregate:
+            hit, why, detail = aggregate_matches(rule, run=run, call=call, facts=facts, lock=False)
+        else:
+            (hit, why), detail = rule.matches(facts), None
+        if hit:
+            found.append(matched_entry(rule, why, detail, decided=False))
+    return found
+
+
+def _matched_for(verdict: Verdict) -> list[dict] | None:
+    """What ``review`` listed in ``verdict``, with each rule's priority (one query, when
+    a request opens); None when it listed nothing for the rule that decided (a standing
+    approval's or the default's verdict)."""
+    matched = verdict.matched
+    if not matched or matched[0]["id"] != verdict.rule_id:
+        return None
+    priorities = dict(
+        GateRule.objects.filter(pk__in=[m["id"] for m in matched]).values_list("pk", "priority")
+    )
+    return [{**entry, "priority": priorities.get(entry["id"])} for entry in matched]
 
 
 # --- aggregate rules -----------------------------------------------------------
@@ -189,9 +260,12 @@ class RuleGate:
 # nothing). Failed, declined, denied and compensated calls do not count (_so_far).
 
 
-def aggregate_matches(rule: RuleTerms, *, run, call, facts: dict) -> tuple[bool, str, dict | None]:
+def aggregate_matches(
+    rule: RuleTerms, *, run, call, facts: dict, lock: bool = True
+) -> tuple[bool, str, dict | None]:
     """Whether the running total of the tool's calls in the rule's scope, this
-    call included, meets the rule; why, in words; and the figures."""
+    call included, meets the rule; why, in words; and the figures. ``lock`` False:
+    only to record that it held (``matched_below``), not to decide on it."""
     if rule.aggregate == GateRule.Aggregate.SUM:
         this = finite_number(facts.get(rule.field))
         if this is None:
@@ -211,11 +285,13 @@ def aggregate_matches(rule: RuleTerms, *, run, call, facts: dict) -> tuple[bool,
         where = scope
     # Two runs reviewing calls in one scope at once would each miss the other's:
     # wait for whoever is adding to this total until their call is saved.
-    lock_scope(f"aggregate:{call.tool_name}:{scope}")
+    if lock:
+        lock_scope(f"aggregate:{call.tool_name}:{scope}")
     since = timezone.now() - timedelta(minutes=rule.window_minutes) if rule.window_minutes else None
     so_far = _so_far(rule, tool_name=call.tool_name, scope_value=value, since=since, exclude=call.pk)
     total = so_far + this
-    pausepoint("aggregate_review")  # race tests: hold the lock a while, as a slow commit would
+    if lock:
+        pausepoint("aggregate_review")  # race tests: hold the lock a while, as a slow commit would
     hit = rule.compare(total)
     what = rule.field if rule.aggregate == GateRule.Aggregate.SUM else "calls"
     op = rule.operator_symbol

@@ -36,6 +36,7 @@ email of a decline or a timeout that declines (``notifications``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from datetime import timedelta
@@ -69,6 +70,7 @@ from runs.services import (
 from tools.inputs import UnsafeJSON, check_json, finite_decimal
 from tools.registry import ReviewContext, find_tool, idempotency_keys_so_far, input_hash
 
+from .audit import approval_with_facts
 from .models import (
     ApprovalRequest,
     ApprovalVote,
@@ -86,6 +88,7 @@ from .selectors import (
     budget_unit,
     claimed_by_someone_else,
     decide_refusal,
+    decided_rule_snapshot,
     group_names,
     has_approved_current,
     input_changes,
@@ -93,6 +96,7 @@ from .selectors import (
     timeout_may_approve,
 )
 from .standing import StandingTerms, standing_grant, standing_grant_refusal
+from .transitions import ApprovalMoved, approval_transition
 from .webhooks import webhook_approval_closed, webhook_approval_opened
 
 
@@ -307,10 +311,13 @@ class Requirement:
 
 
 # --- opening ------------------------------------------------------------------------
-def approval_open(*, run, call: ToolCall, verdict: Verdict) -> ApprovalRequest:
+def approval_open(
+    *, run, call: ToolCall, verdict: Verdict, matched: list[dict] | None = None
+) -> ApprovalRequest:
     """Open the approval of a gated call (saved, in the transaction that saves it):
     the model's arguments are proposal 1; the reviewers who may decide are emailed
-    once it commits."""
+    once it commits. ``matched``: every rule whose condition held on the call (the
+    gate's review), recorded in the snapshot with the rule that decided."""
     rule = GateRule.objects.filter(pk=verdict.rule_id).first() if verdict.rule_id else None
     needed = Requirement.of_verdict(verdict.effect, rule)
     approval = ApprovalRequest.objects.create(
@@ -318,7 +325,7 @@ def approval_open(*, run, call: ToolCall, verdict: Verdict) -> ApprovalRequest:
         run=run,
         rule=rule,
         rule_version=rule.version if rule else None,
-        rule_snapshot=rule.snapshot() if rule else None,
+        rule_snapshot=decided_rule_snapshot(rule, matched=matched) if rule else None,
         reason=verdict.reason,
         approvers_required=needed.approvers,
         allow_self_approval=needed.allow_self_approval,
@@ -340,6 +347,20 @@ def approval_open(*, run, call: ToolCall, verdict: Verdict) -> ApprovalRequest:
         needed=needed,
     )
     ApprovalRequest.objects.filter(pk=approval.pk).update(proposal=approval.proposal)
+    AuditEvent.objects.create(
+        actor=None,
+        action="approval.opened",
+        run_id=run.pk,
+        tool_call=call,
+        approval=approval,
+        before="",
+        after="proposal 1",
+        # Who may decide it and the rule it was asked under, as a digest (approvals.audit).
+        detail=approval_with_facts(
+            f"{call.tool_name}: {verdict.effect} ({verdict.rule or 'no rule'}); args {call.input_hash}",
+            approval,
+        ),
+    )
     notify_reviewers(approval=approval, kind=Kind.APPROVAL_OPENED)
     webhook_approval_opened(approval=approval)
     return approval
@@ -393,7 +414,7 @@ def approval_open_guard(
         approval=approval,
         before="",
         after=kind,
-        detail=f"{kind}: {reason}"[:2000],
+        detail=approval_with_facts(f"{kind}: {reason}"[:2000], approval),
     )
     notify_reviewers(approval=approval, kind=Kind.APPROVAL_OPENED)
     webhook_approval_opened(approval=approval)
@@ -616,34 +637,28 @@ def _act(approval: ApprovalRequest, actor, decision: Decision, now, *, enqueue: 
     status = (
         ApprovalRequest.Status.DECLINED if action in STOPPING_ACTIONS else ApprovalRequest.Status.APPROVED
     )
-    won = ApprovalRequest.objects.filter(pk=approval.pk, status=ApprovalRequest.Status.PENDING).update(
-        status=status,
-        action=action,
-        decided_by=actor,
-        decided_at=now,
-        comment=comment,
-        claimed_by=None,
-        claimed_until=None,
-    )
-    if won != 1:
+    try:
+        approval_transition(
+            approval=approval,
+            new=status,
+            actor=actor,
+            detail=comment,
+            action=action,
+            decided_by=actor,
+            decided_at=now,
+            comment=comment,
+            claimed_by=None,
+            claimed_until=None,
+        )
+    except ApprovalMoved:
         approval.refresh_from_db()
-        raise AlreadyDecided(approval)
+        raise AlreadyDecided(approval) from None
     try:
         outcome = _apply_action(approval, actor, decision)
     except GuardConflict as exc:
         raise RunMovedOn(approval, str(exc)) from None
     except ValueError as exc:
         raise DecisionError(f"{exc}. Nothing was changed.") from None
-    AuditEvent.objects.create(
-        actor=actor,
-        action=f"approval.{action}",
-        run_id=approval.run_id,
-        tool_call=approval.tool_call or approval.outcome_call,
-        approval=approval,
-        before=ApprovalRequest.Status.PENDING,
-        after=status,
-        detail=comment,
-    )
     webhook_approval_closed(approval=approval, status=status, actor=actor, comment=comment, action=action)
     run = Run.objects.only("status").get(pk=approval.run_id)
     woken = run.status == RunStatus.QUEUED
@@ -832,7 +847,8 @@ def _propose(approval: ApprovalRequest, editor, edited_input: dict, comment: str
         detail=f"{changes}; gate: {verdict.effect} ({verdict.rule or 'no rule'}: {verdict.reason}); needs "
         f"{needed.approvers} approver(s) from {group_names(approval)}"
         + (f"; comment: {comment}" if comment else "")
-        + f"; args {proposal.input_hash}",
+        + f"; args {proposal.input_hash}"
+        + approval_with_facts("", approval),
     )
     notify_proposal(approval=approval, proposal=proposal)
     return proposal
@@ -874,17 +890,21 @@ def _close(
 ) -> bool:
     """Move a pending approval to its final status, apply it to the call and record
     who hears about it; True if the run was woken (nothing else pending)."""
-    won = ApprovalRequest.objects.filter(pk=approval.pk, status=ApprovalRequest.Status.PENDING).update(
-        status=status,
-        decided_by=actor,
-        decided_at=now,
-        comment=comment,
-        claimed_by=None,
-        claimed_until=None,
-    )
-    if won != 1:
+    try:
+        approval_transition(
+            approval=approval,
+            new=status,
+            actor=actor,
+            detail=("by policy (timeout): " if by_policy else "") + comment,
+            decided_by=actor,
+            decided_at=now,
+            comment=comment,
+            claimed_by=None,
+            claimed_until=None,
+        )
+    except ApprovalMoved:
         approval.refresh_from_db()
-        raise AlreadyDecided(approval)
+        raise AlreadyDecided(approval) from None
     call = approval.tool_call
     if status == ApprovalRequest.Status.APPROVED:
         proposal = approval.proposal
@@ -916,16 +936,6 @@ def _close(
         tool_call_resolve_without_running(
             call=call, actor=actor, status=call_status, text=text, is_error=is_error
         )
-    AuditEvent.objects.create(
-        actor=actor,
-        action=f"approval.{status}",
-        run_id=approval.run_id,
-        tool_call=call,
-        approval=approval,
-        before=ApprovalRequest.Status.PENDING,
-        after=status,
-        detail=("by policy (timeout): " if by_policy else "") + comment,
-    )
     if status in (ApprovalRequest.Status.DECLINED, ApprovalRequest.Status.EXPIRED):
         # The requester hears that their run goes on without the call.
         notify_call_declined(approval=approval, timed_out=status == ApprovalRequest.Status.EXPIRED)
@@ -935,12 +945,26 @@ def _close(
     return run_wake_if_ready(run_id=approval.run_id, actor=actor)
 
 
-def approvals_cancel(approvals, *, comment: str) -> int:
-    """Cancel the pending ones of ``approvals``: what they were about was withdrawn or
-    its run ended, so nobody is left to decide them (a late decision gets AlreadyDecided)."""
-    return approvals.filter(status=ApprovalRequest.Status.PENDING).update(
-        status=ApprovalRequest.Status.CANCELLED, decided_at=timezone.now(), comment=comment
-    )
+def approvals_cancel(approvals, *, comment: str, actor=None) -> int:
+    """Cancel the pending ones of ``approvals``, each audited: what they were about was
+    withdrawn or its run ended, so nobody is left to decide them (a late decision gets
+    AlreadyDecided). ``actor`` is who ended it (None: the desk). Returns how many."""
+    cancelled = 0
+    now = timezone.now()
+    for approval in approvals.filter(status=ApprovalRequest.Status.PENDING).only(
+        "pk", "run_id", "tool_call_id", "outcome_call_id", "status"
+    ):
+        with contextlib.suppress(ApprovalMoved):  # decided meanwhile: it stays as decided
+            approval_transition(
+                approval=approval,
+                new=ApprovalRequest.Status.CANCELLED,
+                actor=actor,
+                detail=f"cancelled: {comment}",
+                decided_at=now,
+                comment=comment,
+            )
+            cancelled += 1
+    return cancelled
 
 
 def _display_name(user) -> str:

@@ -69,6 +69,9 @@ from .llm import (
     estimate_tokens,
 )
 from .models import (
+    REASON_DUPLICATE_IN_REPLY,
+    REASON_OUTSIDE_STAGE,
+    REASON_REPEAT_OF_PENDING,
     RESOLVED_CALL_STATUSES,
     CallStatus,
     GuardKind,
@@ -80,7 +83,7 @@ from .models import (
     ToolCall,
 )
 from .rawsql import insert_objects, insert_rows, update_rows
-from .services import TransitionConflict, lease_deadline, run_transition, version_mismatch
+from .services import TransitionConflict, call_transition, lease_deadline, run_transition, version_mismatch
 from .signals import run_transitioned, tool_call_transitioned
 
 log = logging.getLogger(__name__)
@@ -343,7 +346,7 @@ class _Loop:
             self.parent_calls = {(c.step, c.position): c for c in parent_calls}
         # Reads executed by _work whose results are written when the step closes
         # (or pauses): a crash before that just reads again.
-        self.unsaved_reads: list[ToolCall] = []
+        self.unsaved_reads: list[tuple[ToolCall, str]] = []  # (call, status before its read)
         # Timing of the step in hand, for its checkpoint (Step.duration_ms, llm_ms).
         self.step_started, self.llm_ms = perf_counter(), 0
         # Guards, loaded once per claim and kept up to date in memory: the results the
@@ -712,7 +715,9 @@ class _Loop:
         checks: list[Check] = []
         if self.agent.requirements is not None:
             try:
-                checks.extend(self.agent.requirements(run.params or {}))
+                # With what this run did: a requirement about an effect is met only by
+                # this run's own (not an earlier run's email or refund).
+                checks.extend(self.agent.requirements(run.params or {}, self._run_record()))
             except Exception as exc:  # a check that cannot run is a check that failed
                 log.exception("run %s: requirements could not be checked", run.pk)
                 checks.append(Check("the agent's requirements", False, f"could not check: {exc}"))
@@ -734,6 +739,28 @@ class _Loop:
                     Check(f"{call.tool_name} at step {call.step}", False, f"could not check: {exc}")
                 )
         return checks
+
+    def _run_record(self):
+        """This run's live calls, as the agent's requirements read them (one query)."""
+        from tools.registry import CallRecord, RunRecord
+
+        calls = ToolCall.objects.live().filter(run=self.run).order_by("step", "position")
+        return RunRecord(
+            run_id=self.run.pk,
+            calls=tuple(
+                CallRecord(
+                    tool=c.tool_name,
+                    input=c.input,
+                    status=c.status,
+                    result=c.result,
+                    idempotency_key=c.idempotency_key,
+                    step=c.step,
+                    pre_state=c.pre_state,
+                    finished_at=c.finished_at,
+                )
+                for c in calls
+            ),
+        )
 
     def _remember(self, messages: list[dict]) -> None:
         """Append to the in-memory transcript, keeping the next input's estimate."""
@@ -773,7 +800,7 @@ class _Loop:
 
     def _insert_calls(self, calls: list[ToolCall]) -> None:
         """Save a reads-only step's calls, audited unless they are allowed reads."""
-        if any(_announced(call) for call in calls):
+        if any(call.is_audited for call in calls):
             ToolCall.objects.bulk_create(calls)  # the audit trail needs their ids
             self._announce(calls, {})  # nothing in a reads-only step waits for a person
         else:
@@ -784,7 +811,7 @@ class _Loop:
         for call in calls:
             if call.status == CallStatus.AWAITING_APPROVAL:
                 self.gate.hold(run=self.run, call=call, verdict=verdicts[call.position])
-            if _announced(call):
+            if call.is_audited:
                 tool_call_transitioned.send(
                     ToolCall, call=call, old="", new=call.status, actor=None, reason=call.verdict_reason
                 )
@@ -839,7 +866,7 @@ class _Loop:
                 CallStatus.FAILED,
                 f"{call.tool_name} is not allowed in stage {stage.name}{about}. Allowed now: "
                 f"{', '.join(allowed)}. Nothing was done.",
-                reason=f"outside stage {stage.name}",
+                reason=f"{REASON_OUTSIDE_STAGE}{stage.name}",
             )
         if unsafe:
             errors = [unsafe]
@@ -886,7 +913,7 @@ class _Loop:
                 call,
                 CallStatus.FAILED,
                 f"Duplicate of {same_in_reply.tool_use_id} in the same reply; it is done once, not repeated.",
-                reason="duplicate in reply",
+                reason=REASON_DUPLICATE_IN_REPLY,
             )
         return self._repeat_of(call) or call
 
@@ -976,7 +1003,7 @@ class _Loop:
                 CallStatus.FAILED,
                 f"The same {call.tool_name} call from step {earlier.step} "
                 f"is still {earlier.status}; this repeat was not executed.",
-                reason=f"repeat of pending call {earlier.tool_use_id}",
+                reason=f"{REASON_REPEAT_OF_PENDING}{earlier.tool_use_id}",
             )
         call.verdict = gate_module.ALLOW
         return call
@@ -996,8 +1023,9 @@ class _Loop:
         if spec.is_read:
             # Reads have no effect to make exactly once: no intent row, the
             # result is written with the step (a crash just reads again).
+            old = call.status
             self._run_read(call, spec)
-            self.unsaved_reads.append(call)
+            self.unsaved_reads.append((call, old))
             return None
         if call.approved_hash != input_hash(call.input):
             self._resolve_now(
@@ -1015,23 +1043,15 @@ class _Loop:
             return None
         with transaction.atomic():
             self._renew_lease()
-            started = ToolCall.objects.filter(pk=call.pk, status=CallStatus.APPROVED).update(
-                status=CallStatus.EXECUTING,
+            self._transition(
+                call,
+                CallStatus.EXECUTING,
+                reason="intent",
                 attempts=F("attempts") + 1,
                 started_at=timezone.now(),
                 pre_state=pre_state,
             )
-            if not started:
-                raise LeaseLost()
-            call.status, call.attempts = CallStatus.EXECUTING, call.attempts + 1
-            tool_call_transitioned.send(
-                ToolCall,
-                call=call,
-                old=CallStatus.APPROVED,
-                new=CallStatus.EXECUTING,
-                actor=None,
-                reason="intent",
-            )
+            call.attempts += 1
         failpoint("before_tool_effect", call.step)
         return self._make_effect(call, spec, reason="executed")
 
@@ -1050,14 +1070,8 @@ class _Loop:
     def _commit(self, call: ToolCall, result, is_error: bool, *, reason: str) -> None:
         new = CallStatus.FAILED if is_error else CallStatus.COMMITTED
         with transaction.atomic():
-            done = ToolCall.objects.filter(pk=call.pk, status=CallStatus.EXECUTING).update(
-                status=new, result=result, is_error=is_error, finished_at=timezone.now()
-            )
-            if not done:
-                raise LeaseLost()
-            call.status, call.result, call.is_error = new, result, is_error
-            tool_call_transitioned.send(
-                ToolCall, call=call, old=CallStatus.EXECUTING, new=new, actor=None, reason=reason
+            self._transition(
+                call, new, reason=reason, result=result, is_error=is_error, finished_at=timezone.now()
             )
 
     def _recover(self, call: ToolCall, spec: ToolSpec) -> AdvanceResult | None:
@@ -1097,14 +1111,7 @@ class _Loop:
         with transaction.atomic():
             Run.objects.select_for_update().filter(pk=run.pk).first()
             self._save_read_results()
-            if not ToolCall.objects.filter(pk=call.pk, status=CallStatus.EXECUTING).update(
-                status=CallStatus.UNKNOWN
-            ):
-                raise LeaseLost()
-            call.status = CallStatus.UNKNOWN
-            tool_call_transitioned.send(
-                ToolCall, call=call, old=CallStatus.EXECUTING, new=CallStatus.UNKNOWN, actor=None, reason=why
-            )
+            self._transition(call, CallStatus.UNKNOWN, reason=why)
             _wait(run, self.owner, guard="", reason=f"outcome unknown: {why}")
             self.gate.open_guard(
                 run=run,
@@ -1123,20 +1130,26 @@ class _Loop:
         return AdvanceResult(Outcome.PAUSED)
 
     def _resolve_now(self, call: ToolCall, status: str, result, *, is_error: bool) -> None:
-        old = call.status
         with transaction.atomic():
-            ToolCall.objects.filter(pk=call.pk, status=old).update(
-                status=status, result=result, is_error=is_error, finished_at=timezone.now()
-            )
-            call.status, call.result, call.is_error = status, result, is_error
-            tool_call_transitioned.send(
-                ToolCall, call=call, old=old, new=status, actor=None, reason=str(result)
+            self._transition(
+                call, status, reason=str(result), result=result, is_error=is_error, finished_at=timezone.now()
             )
 
+    def _transition(self, call: ToolCall, new: str, *, reason: str, **fields) -> None:
+        """The engine's call transitions: a call someone else moved means our lease is gone."""
+        try:
+            call_transition(call=call, new=new, reason=reason, **fields)
+        except TransitionConflict:
+            raise LeaseLost() from None
+
     def _save_read_results(self) -> None:
-        for call in self.unsaved_reads:
-            ToolCall.objects.filter(pk=call.pk).update(
-                status=call.status,
+        """Write the results of the reads run after their step's reply was saved."""
+        for call, old in self.unsaved_reads:
+            new, call.status = call.status, old
+            self._transition(
+                call,
+                new,
+                reason="read",
                 result=call.result,
                 is_error=call.is_error,
                 finished_at=call.finished_at,
@@ -1196,12 +1209,6 @@ def _as_permission(spec: ToolSpec) -> ToolSpec:
         )
         made = _PERMISSIONS[spec.name] = (spec, permission)
     return made[1]
-
-
-def _announced(call: ToolCall) -> bool:
-    """Whether a new call gets an audit event: all but allowed reads, whose
-    ToolCall row is record enough."""
-    return not (call.verdict == gate_module.ALLOW and not call.idempotency_key)
 
 
 def _is_read_or_resolved(call: ToolCall) -> bool:

@@ -43,6 +43,9 @@ class Verdict:
     # What shadow rules (which never gate) would have decided on the call, recorded on
     # it for analytics: ({"rule_id", "version", "effect", "reason"}, ...).
     shadow: tuple = ()
+    # Every rule whose condition held when a person will be asked, the deciding one
+    # first ({"id", "name", "version", "effect", ...}): the request records them.
+    matched: tuple = ()
 
 
 class Gate(Protocol):
@@ -64,6 +67,10 @@ class Gate(Protocol):
     def call_withdrawn(self, *, call: ToolCall, actor, reason: str) -> None:
         """A call that was waiting for a decision was withdrawn (a rewind abandoned
         its branch): its request is no longer anyone's to decide."""
+
+    def guards_withdrawn(self, *, run: Run, after, actor, reason: str) -> None:
+        """A rewind went back to a checkpoint written at ``after``: the guard requests
+        (budget, stuck, verify, outcome) opened since are about the abandoned branch."""
 
     def open_guard(
         self, *, run: Run, kind: str, reason: str, detail: dict, call: ToolCall | None = None
@@ -88,6 +95,9 @@ class ReadsOnlyGate:
         pass  # it opened nothing
 
     def call_withdrawn(self, *, call: ToolCall, actor, reason: str) -> None:
+        pass
+
+    def guards_withdrawn(self, *, run: Run, after, actor, reason: str) -> None:
         pass
 
     def open_guard(
@@ -123,6 +133,7 @@ def review_call(*, run: Run, call: ToolCall, spec: ToolSpec) -> Verdict:
             detail=verdict.detail,
             needs=verdict.needs or "a reviewer (1)",
             shadow=verdict.shadow,
+            matched=verdict.matched,
             reason=f"irreversible: {call.tool_name} cannot be undone"
             + (f"; {verdict.reason}" if verdict.reason else ""),
         )

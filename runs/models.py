@@ -356,6 +356,20 @@ class ToolCall(models.Model):
     def is_resolved(self) -> bool:
         return self.status in RESOLVED_CALL_STATUSES
 
+    @property
+    def is_audited(self) -> bool:
+        """Whether the call's transitions get audit events: all but allowed reads (no
+        idempotency key), whose ToolCall row is record enough."""
+        return not (self.verdict == self.Verdict.ALLOW and not self.idempotency_key)
+
+
+# Why the engine resolved a call without running it, as its ``verdict_reason`` starts
+# (the run's honest outcome reads them): a write its stage does not allow, and the two
+# that stand for another call of the run.
+REASON_OUTSIDE_STAGE = "outside stage "
+REASON_DUPLICATE_IN_REPLY = "duplicate in reply"
+REASON_REPEAT_OF_PENDING = "repeat of pending call "
+
 
 RESOLVED_CALL_STATUSES = frozenset(
     {

@@ -8,6 +8,7 @@ is what lets a rollback killed midway simply run again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -23,8 +24,8 @@ from tools.registry import ToolContext, ToolError, UnknownOutcome, compensation_
 from .failpoints import failpoint
 from .gate import get_gate
 from .models import CallStatus, Message, Run, RunStatus, Step, ToolCall
-from .services import run_enqueue, run_transition
-from .signals import run_transitioned, tool_call_transitioned
+from .services import TransitionConflict, call_transition, run_enqueue, run_transition
+from .signals import run_transitioned
 
 log = logging.getLogger(__name__)
 PERMISSION = "runs.rollback_run"
@@ -438,18 +439,16 @@ def _settle_interrupted(run: Run, to_step: int | None, by) -> None:
                 "Never took effect: the worker stopped before it, and the run was rolled back.",
             )
         )
-        with transaction.atomic():
-            if ToolCall.objects.filter(pk=call.pk, status=call.status).update(
-                status=new, result=result, is_error=new == CallStatus.FAILED, finished_at=timezone.now()
-            ):
-                tool_call_transitioned.send(
-                    ToolCall,
-                    call=call,
-                    old=call.status,
-                    new=new,
-                    actor=by,
-                    reason="settled by the rollback (reconciled by key)",
-                )
+        with contextlib.suppress(TransitionConflict):  # settled meanwhile by someone else
+            call_transition(
+                call=call,
+                new=new,
+                actor=by,
+                reason="settled by the rollback (reconciled by key)",
+                result=result,
+                is_error=new == CallStatus.FAILED,
+                finished_at=timezone.now(),
+            )
 
 
 def _compensations_so_far(run: Run) -> int:
@@ -472,20 +471,15 @@ def _compensate(run: Run, call: ToolCall, by, *, number: int) -> None:
     # The effect is undone but not yet recorded: a crash here makes the next
     # rollback run this compensation again, which the world turns into a no-op.
     failpoint("after_compensation", number)
-    with transaction.atomic():
-        updated = ToolCall.objects.filter(pk=call.pk, status=CallStatus.COMMITTED).update(
-            status=CallStatus.COMPENSATED, compensation=summary, compensated_at=timezone.now()
+    with contextlib.suppress(TransitionConflict):  # recorded meanwhile by another rollback
+        call_transition(
+            call=call,
+            new=CallStatus.COMPENSATED,
+            actor=by,
+            reason=f"compensated: {summary}",
+            compensation=summary,
+            compensated_at=timezone.now(),
         )
-        if updated:
-            call.status, call.compensation = CallStatus.COMPENSATED, summary
-            tool_call_transitioned.send(
-                ToolCall,
-                call=call,
-                old=CallStatus.COMMITTED,
-                new=CallStatus.COMPENSATED,
-                actor=by,
-                reason=f"compensated: {summary}",
-            )
 
 
 def run_rewind(*, run: Run, to_step: int, by=None, enqueue: bool = True) -> RollbackResult:
@@ -514,19 +508,21 @@ def run_rewind(*, run: Run, to_step: int, by=None, enqueue: bool = True) -> Roll
         # Calls still waiting for a decision on the abandoned branch are withdrawn.
         pending = list(later.filter(status=CallStatus.AWAITING_APPROVAL))
         later.update(superseded_at=now)
-        ToolCall.objects.filter(pk__in=[c.pk for c in pending]).update(
-            status=CallStatus.DENIED, result="Withdrawn: the run was rewound.", is_error=True
-        )
         for call in pending:
-            tool_call_transitioned.send(
-                ToolCall,
+            call_transition(
                 call=call,
-                old=call.status,
                 new=CallStatus.DENIED,
                 actor=by,
                 reason="withdrawn by a rewind",
+                result="Withdrawn: the run was rewound.",
+                is_error=True,
             )
             get_gate().call_withdrawn(call=call, actor=by, reason="withdrawn by a rewind")
+        # A guard opened after the checkpoint (a budget, stuck or verify request of
+        # the abandoned branch) asks about a run that no longer exists as it was.
+        get_gate().guards_withdrawn(
+            run=run, after=step.created_at, actor=by, reason=f"rewound to step {to_step}"
+        )
         run_transition(
             run_id=run.pk,
             old=run.status,

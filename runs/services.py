@@ -298,18 +298,71 @@ def lease_release_for_resume(*, run: Run, steal: bool, actor=None) -> bool:
     return True
 
 
-# --- decisions applied to tool calls (called by approvals) -----------------
-def _call_transition(*, call: ToolCall, new: str, actor, reason: str, **fields) -> None:
+# --- tool call transitions -------------------------------------------------
+# A call is born with a status (saved with the model's reply, announced with old "");
+# every later change is one of these, made by ``call_transition`` alone.
+CALL_TRANSITIONS: dict[str, frozenset[str]] = {
+    # A read saved with a reply that also has writes runs after the save.
+    ToolCall.Status.PROPOSED: frozenset({ToolCall.Status.FAILED}),
+    ToolCall.Status.AWAITING_APPROVAL: frozenset(
+        {
+            ToolCall.Status.APPROVED,
+            ToolCall.Status.DECLINED,
+            ToolCall.Status.RESPONDED,
+            ToolCall.Status.DENIED,  # withdrawn by a rewind
+        }
+    ),
+    ToolCall.Status.APPROVED: frozenset(
+        {
+            ToolCall.Status.EXECUTING,
+            ToolCall.Status.COMMITTED,  # a read, run in the step that saved it
+            ToolCall.Status.FAILED,  # a read that failed; a write refused before its effect
+        }
+    ),
+    ToolCall.Status.EXECUTING: frozenset(
+        {
+            ToolCall.Status.EXECUTING,  # another attempt with the same key
+            ToolCall.Status.COMMITTED,
+            ToolCall.Status.FAILED,
+            ToolCall.Status.UNKNOWN,
+        }
+    ),
+    ToolCall.Status.UNKNOWN: frozenset(
+        {
+            ToolCall.Status.COMMITTED,  # a person found it happened; a rollback found it by key
+            ToolCall.Status.APPROVED,  # a person found it did not: it runs again with its key
+            ToolCall.Status.FAILED,  # a rollback found it never took effect
+        }
+    ),
+    ToolCall.Status.COMMITTED: frozenset({ToolCall.Status.COMPENSATED}),
+}
+
+
+def call_transition(*, call: ToolCall, new: str, actor=None, reason: str, **fields) -> None:
+    """Move ``call`` from the status it was loaded with to ``new``: one conditional
+    UPDATE whose row count is checked (``TransitionConflict`` if another process moved
+    it first), and its audit event in the same transaction (announced through
+    ``tool_call_transitioned``; an allowed read without a key is recorded by its row
+    alone, as when it was saved). ``fields`` are written with it and set on ``call``."""
     old = call.status
-    rows = ToolCall.objects.filter(pk=call.pk, status=old)
-    if rows.update(status=new, **fields) != 1:
+    if new not in CALL_TRANSITIONS.get(old, ()):
+        raise IllegalTransition(f"tool call {call.pk}: {old} -> {new} is not allowed")
+    # No savepoint, so nothing may raise inside: a lost race is told once the block is
+    # left, and a caller that expects one can go on with its own transaction intact.
+    with transaction.atomic(savepoint=False):
+        moved = ToolCall.objects.filter(pk=call.pk, status=old).update(status=new, **fields) == 1
+        if moved:
+            for name, value in fields.items():
+                if not hasattr(value, "resolve_expression"):
+                    setattr(call, name, value)
+            call.status = new
+            if call.is_audited:
+                tool_call_transitioned.send(ToolCall, call=call, old=old, new=new, actor=actor, reason=reason)
+    if not moved:
         raise TransitionConflict(f"tool call {call.pk} is no longer {old}")
-    for name, value in fields.items():
-        setattr(call, name, value)
-    call.status = new
-    tool_call_transitioned.send(ToolCall, call=call, old=old, new=new, actor=actor, reason=reason)
 
 
+# --- decisions applied to tool calls (called by approvals) -----------------
 def tool_call_approve(
     *,
     call: ToolCall,
@@ -343,14 +396,14 @@ def tool_call_approve(
             "verdict_reason": verdict_reason if verdict_reason is not None else call.verdict_reason,
         }
         reason = "approved with edited arguments"
-    _call_transition(call=call, new=ToolCall.Status.APPROVED, actor=actor, reason=reason, **fields)
+    call_transition(call=call, new=ToolCall.Status.APPROVED, actor=actor, reason=reason, **fields)
 
 
 def tool_call_resolve_without_running(
     *, call: ToolCall, actor, status: str, text: str, is_error: bool
 ) -> None:
     """Decline (or answer) a call: the text becomes its tool_result; nothing runs."""
-    _call_transition(
+    call_transition(
         call=call,
         new=status,
         actor=actor,
@@ -432,7 +485,7 @@ def run_guard_grant(*, run_id: int, actor, budget: str, amount) -> None:
     if budget not in Budget.KINDS:
         raise ValueError(f"unknown budget {budget!r}")
     amount = Decimal(str(amount))
-    if amount <= 0:
+    if not amount.is_finite() or amount <= 0:
         raise ValueError("grant more than 0")
     field_name = {"steps": "max_steps", "tokens": "max_tokens", "cost": "max_cost"}[budget]
     if budget != "cost":
@@ -443,8 +496,63 @@ def run_guard_grant(*, run_id: int, actor, budget: str, amount) -> None:
     used = {"steps": run.step, "tokens": run.input_tokens + run.output_tokens, "cost": run.cost}[budget]
     # The grant is on top of what is used already (the limit may have been passed
     # by the last call's output): "N more".
-    new_limit = max(current or 0, used) + amount
+    base = max(current or 0, used)
+    new_limit = base + amount
+    refusal = grant_refusal(run, actor=actor, budget=budget, base=base, amount=amount)
+    if refusal:
+        raise BudgetRefused(refusal)
     _requeue(run, actor=actor, reason=f"granted {amount} more {budget}", **{field_name: new_limit})
+
+
+def grant_refusal(run: Run, *, actor, budget: str, base, amount) -> str | None:
+    """Why ``actor`` may not raise ``run``'s ``budget`` from ``base`` by ``amount``, or
+    None. The rule of ``run_budget`` applied to a grant: above the agent's ceiling
+    only a superuser may go; and no one past what the column holds (a database error
+    otherwise), nor, for cost, finer than it keeps (a grant rounded to nothing)."""
+    most = BUDGET_LIMITS[budget]
+    if base + amount > most:
+        room = most - base
+        return (
+            f"A run's {budget} budget holds at most {_budget_words(budget, most)}; this run has "
+            f"{_budget_words(budget, base)}, so "
+            + (
+                f"grant at most {_budget_words(budget, room, unit=False)} more"
+                if room > 0
+                else "no more fits"
+            )
+        )
+    if budget == "cost" and Decimal(amount).normalize().as_tuple().exponent < -COST_PLACES:
+        return f"A cost is granted in USD to at most {COST_PLACES} decimal places, not {amount}"
+    if actor is not None and actor.is_superuser:
+        return None
+    try:
+        agent = get_agent(run.agent)
+    except LookupError:
+        return f"The agent {run.agent} is not known here, so neither is its ceiling: ask an admin"
+    ceiling = getattr(agent.budget_ceiling, budget)
+    if ceiling is None or base + amount <= ceiling:
+        return None
+    said = (
+        f"The agent {agent.name}'s ceiling is {_budget_words(budget, ceiling)}; "
+        f"this run has {_budget_words(budget, base)}"
+    )
+    room = ceiling - base
+    if room <= 0:
+        return said + "; only an admin may grant more"
+    return said + f"; grant at most {_budget_words(budget, room, unit=False)} more, or ask an admin"
+
+
+COST_PLACES = 6  # Run.max_cost's decimal places
+
+
+def _budget_words(budget: str, value, *, unit: bool = True) -> str:
+    """200 -> "200 steps", "2,000,000 tokens", "$20.00" (``unit=False``: "200")."""
+    if budget == "cost":
+        number = Decimal(value)
+        return f"${number:,.2f}" if number == round(number, 2) else f"${number.normalize():,f}"
+    if not unit:
+        return f"{int(value):,}"
+    return f"{int(value):,} {budget if value != 1 else budget.removesuffix('s')}"
 
 
 def run_guard_continue(*, run_id: int, actor, note: str = "") -> None:
@@ -514,7 +622,7 @@ def call_outcome_happened(*, call_id: int, actor, result) -> None:
     if call.status != ToolCall.Status.UNKNOWN:
         raise GuardConflict(f"call {call_id} is {call.status}, not waiting for its outcome")
     who = actor.get_username() if actor else "a person"
-    _call_transition(
+    call_transition(
         call=call,
         new=ToolCall.Status.COMMITTED,
         actor=actor,
@@ -532,7 +640,7 @@ def call_outcome_not_happened(*, call_id: int, actor) -> None:
     if call.status != ToolCall.Status.UNKNOWN:
         raise GuardConflict(f"call {call_id} is {call.status}, not waiting for its outcome")
     who = actor.get_username() if actor else "a person"
-    _call_transition(
+    call_transition(
         call=call, new=ToolCall.Status.APPROVED, actor=actor, reason=f"{who} found it did not happen; retry"
     )
     run_wake_if_ready(run_id=call.run_id, actor=actor)

@@ -1,0 +1,209 @@
+"""Status changes of runs, tool calls and approvals: one function each over a declared
+table, each audited in the same transaction. The attacks: a write of a status column
+somewhere else, a transition the table does not allow, a transition that lost its
+race, and the two that used to leave no record (a cancellation, a rewind's guards)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from approvals.models import ApprovalRequest, AuditEvent
+from approvals.transitions import ApprovalMoved, IllegalApprovalTransition, approval_transition
+from runs.models import Run, ToolCall
+from runs.saga import run_rewind
+from runs.services import IllegalTransition, TransitionConflict, call_transition, run_cancel
+from tests.helpers import pending, script, start, turn
+from tools.models import Payment
+
+pytestmark = pytest.mark.django_db(databases=["default", "world"])
+
+ROOT = Path(__file__).resolve().parents[2]
+ORDER = ("get_order", {"order_id": "A-1001"})
+POLICY = ("get_policy", {})
+REFUND = ("refund_item", {"order_id": "A-1001", "amount": 2900, "reason": "damaged"})
+
+# The only functions that may write a status column of these models, and why.
+TRANSITION_FUNCTIONS = {
+    "run_transition",  # runs/services.py: the run's table
+    "lease_claim",  # runs/engine.py: queued/running -> running with the lease, in one UPDATE
+    "call_transition",  # runs/services.py: the tool call's table
+    "approval_transition",  # approvals/transitions.py: the approval's table
+}
+GUARDED_MODELS = {"Run", "ToolCall", "ApprovalRequest"}
+GUARDED_RELATIONS = {"tool_calls", "approvals", "runs"}
+
+
+def _root_names(node: ast.AST) -> set[str]:
+    """Every name and attribute along a receiver chain: ``ToolCall.objects.filter(..)``
+    gives {"ToolCall", "objects", "filter"}."""
+    names: set[str] = set()
+    while True:
+        if isinstance(node, ast.Call):
+            node = node.func
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+            node = node.value
+        elif isinstance(node, ast.Subscript):
+            node = node.value
+        else:
+            if isinstance(node, ast.Name):
+                names.add(node.id)
+            return names
+
+
+def _writes_status(call: ast.Call) -> bool:
+    func = call.func
+    if isinstance(func, ast.Attribute) and func.attr == "update":
+        receiver = _root_names(func.value)
+        guarded = receiver & GUARDED_MODELS or receiver & GUARDED_RELATIONS
+        return bool(guarded) and any(k.arg == "status" for k in call.keywords)
+    if isinstance(func, ast.Attribute) and func.attr == "bulk_update":
+        fields = call.args[1] if len(call.args) > 1 else None
+        return isinstance(fields, ast.List | ast.Tuple) and any(
+            isinstance(e, ast.Constant) and e.value == "status" for e in fields.elts
+        )
+    if isinstance(func, ast.Name) and func.id == "update_rows" and len(call.args) >= 3:
+        model, values = call.args[0], call.args[2]
+        return (
+            isinstance(model, ast.Name)
+            and model.id in GUARDED_MODELS
+            and isinstance(values, ast.Dict)
+            and any(isinstance(k, ast.Constant) and k.value == "status" for k in values.keys)
+        )
+    return False
+
+
+def status_writes_outside_transitions() -> list[str]:
+    found = []
+    for folder in ("runs", "approvals", "api", "tools", "desk"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue
+            tree = ast.parse(path.read_text(), filename=str(path))
+            for function in ast.walk(tree):
+                if not isinstance(function, ast.FunctionDef) or function.name in TRANSITION_FUNCTIONS:
+                    continue
+                for node in ast.walk(function):
+                    if isinstance(node, ast.Call) and _writes_status(node):
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno} in {function.name}()")
+    return found
+
+
+def test_no_code_but_the_transition_functions_writes_a_status_column():
+    assert status_writes_outside_transitions() == []
+
+
+def test_the_scan_would_catch_a_status_written_behind_the_transition_functions(tmp_path):
+    code = ast.parse(
+        "def sneaky(call):\n"
+        "    ToolCall.objects.filter(pk=call.pk).update(status='committed')\n"
+        "    run.tool_calls.filter(step=1).update(status='declined', is_error=True)\n"
+        "    ToolCall.objects.bulk_update([call], ['status'])\n"
+        "    update_rows(ApprovalRequest, {'id': 1}, {'status': 'approved'})\n"
+    )
+    calls = [node for node in ast.walk(code) if isinstance(node, ast.Call) and _writes_status(node)]
+    assert len(calls) == 4
+
+
+def _refund_waiting(users) -> Run:
+    return start(script(turn(REFUND), turn(text="Done.")), requester=users["requester"])
+
+
+def test_a_call_transition_the_table_does_not_allow_is_refused_and_changes_nothing(users, plain_refund_desk):
+    run = _refund_waiting(users)
+    call = ToolCall.objects.get(run=run, tool_name="refund_item")
+    events = AuditEvent.objects.count()
+    with pytest.raises(IllegalTransition, match="awaiting_approval -> committed"):
+        call_transition(call=call, new=ToolCall.Status.COMMITTED, reason="forged")
+    call.refresh_from_db()
+    assert call.status == ToolCall.Status.AWAITING_APPROVAL
+    assert AuditEvent.objects.count() == events
+
+
+def test_a_call_transition_that_lost_its_race_changes_nothing_and_records_nothing(users, plain_refund_desk):
+    run = _refund_waiting(users)
+    stale = ToolCall.objects.get(run=run, tool_name="refund_item")
+    fresh = ToolCall.objects.get(pk=stale.pk)
+    call_transition(call=fresh, new=ToolCall.Status.DECLINED, reason="declined", result="no", is_error=True)
+    events = AuditEvent.objects.count()
+    with pytest.raises(TransitionConflict):
+        call_transition(call=stale, new=ToolCall.Status.APPROVED, reason="approved late")
+    assert ToolCall.objects.get(pk=stale.pk).status == ToolCall.Status.DECLINED
+    assert AuditEvent.objects.count() == events
+
+
+def test_every_call_transition_leaves_its_audit_event(users, plain_refund_desk):
+    run = _refund_waiting(users)
+    call = ToolCall.objects.get(run=run, tool_name="refund_item")
+    call_transition(call=call, new=ToolCall.Status.APPROVED, actor=users["reviewer"], reason="approved")
+    event = AuditEvent.objects.filter(tool_call=call).order_by("-seq").first()
+    assert (event.action, event.before, event.after, event.actor) == (
+        "call.approved",
+        "awaiting_approval",
+        "approved",
+        users["reviewer"],
+    )
+
+
+def test_an_approval_closes_once_and_a_second_close_changes_nothing(users, plain_refund_desk):
+    run = _refund_waiting(users)
+    approval = pending(run)
+    approval_transition(
+        approval=approval,
+        new=ApprovalRequest.Status.EXPIRED,
+        actor=None,
+        detail="timed out",
+        decided_at=timezone.now(),
+    )
+    events = AuditEvent.objects.count()
+    with pytest.raises(ApprovalMoved):
+        approval_transition(
+            approval=ApprovalRequest.objects.get(pk=approval.pk),
+            new=ApprovalRequest.Status.APPROVED,
+            actor=users["reviewer"],
+            detail="too late",
+            old=ApprovalRequest.Status.PENDING,
+        )
+    with pytest.raises(IllegalApprovalTransition, match="expired -> approved"):
+        approval_transition(
+            approval=approval,
+            new=ApprovalRequest.Status.APPROVED,
+            actor=users["reviewer"],
+            detail="reopened",
+            old=ApprovalRequest.Status.EXPIRED,
+        )
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == ApprovalRequest.Status.EXPIRED
+    assert AuditEvent.objects.count() == events
+
+
+def test_cancelling_a_run_records_who_cancelled_each_approval_that_was_waiting(users, plain_refund_desk):
+    run = _refund_waiting(users)
+    approval = pending(run)
+    run_cancel(run=run, actor=users["admin"], reason="customer called")
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.CANCELLED
+    event = AuditEvent.objects.get(approval=approval, action="approval.cancelled")
+    assert (event.actor, event.before, event.after) == (users["admin"], "pending", "cancelled")
+    assert "run cancelled" in event.detail
+    assert not Payment.objects.exists()
+
+
+def test_a_rewind_withdraws_the_guard_requests_of_the_branch_it_abandons(users):
+    # Reads the order and the policy (step 0), then claims a refund it never made:
+    # verification fails and the run waits on a verify request at step 1.
+    run = start(
+        script(turn(ORDER, POLICY), turn(text="Refunded ₹2,900 and emailed the customer.")),
+        requester=users["requester"],
+    )
+    verify = ApprovalRequest.objects.get(run=run, kind="verify")
+    assert verify.status == ApprovalRequest.Status.PENDING
+    run_rewind(run=run, to_step=0, by=users["admin"], enqueue=False)
+    verify.refresh_from_db()
+    assert verify.status == ApprovalRequest.Status.CANCELLED
+    event = AuditEvent.objects.get(approval=verify, action="approval.cancelled")
+    assert event.actor == users["admin"] and "rewound to step 0" in event.detail
+    assert not ApprovalRequest.objects.filter(run=run, status=ApprovalRequest.Status.PENDING).exists()

@@ -59,7 +59,7 @@ from django.utils import timezone
 
 from runs.history import live_at
 from runs.models import CallStatus, Message, Run, ToolCall
-from runs.selectors import OUTCOME_NOTES, args_summary, run_outcome
+from runs.selectors import args_summary, not_done_filter, not_done_what, outcome_lines_of_calls, run_outcome
 from tools.registry import arguments_in_order
 
 from .models import ApprovalRequest, Notification, NotificationPreference
@@ -70,6 +70,8 @@ from .selectors import (
     guard_context,
     guard_headline,
     input_changes,
+    proposal_threshold,
+    rule_as_decided,
 )
 from .templatetags.desk import arg_value, money_reason
 from .webhooks import webhook_run_ended
@@ -629,12 +631,11 @@ def digest_items(digest: Notification) -> list[dict]:
 
 
 def unhonoured_calls(run: Run, *, at) -> list[ToolCall]:
-    """The calls of ``run`` that did not happen as the model asked (declined, denied,
-    compensated), on the branch that was live at ``at``."""
-    statuses = [status for status, _ in OUTCOME_NOTES]
-    return list(
-        ToolCall.objects.filter(live_at(at), run=run, status__in=statuses).order_by("step", "position")
-    )
+    """The calls of ``run`` that did not take effect as the model asked (failed,
+    refused, denied, declined, compensated: runs.selectors.not_done_what), on the branch
+    that was live at ``at``."""
+    calls = ToolCall.objects.filter(live_at(at), not_done_filter(), run=run).order_by("step", "position")
+    return [call for call in calls if not_done_what(call, finished=run.is_finished)]
 
 
 def _call_summary(call: ToolCall) -> str:
@@ -654,6 +655,10 @@ def _why_unhonoured(call: ToolCall, decisions: dict[int, ApprovalRequest]) -> st
         return f"denied by the rules: {call.verdict_reason}" if call.verdict_reason else "denied by the rules"
     if call.status == CallStatus.COMPENSATED:
         return "it ran, then was undone (compensated)"
+    if call.status in (CallStatus.FAILED, CallStatus.UNKNOWN):
+        # "failed: refund_item failed: ... exceeds the refundable 0.00", "refused by its stage: ..."
+        [line] = outcome_lines_of_calls([call])
+        return f"{line.what} by {line.by}: {line.reason}" if line.by else f"{line.what}: {line.reason}"
     return CallStatus(call.status).label
 
 
@@ -686,6 +691,7 @@ def notification_context(note: Notification) -> dict:
         # What would run: the current proposal (the model's call, or a reviewer's edit).
         shown = proposal.input if proposal is not None else approval.tool_call.input
         original = approval.proposals.get(number=1).input if approval.is_edited else None
+        rule = rule_as_decided(approval)
         context.update(
             approval=approval,
             call=approval.tool_call,
@@ -700,6 +706,9 @@ def notification_context(note: Notification) -> dict:
             ]
             if original is not None
             else [],
+            # The rule as recorded when the request opened, and whether it changed since.
+            rule=rule,
+            threshold=proposal_threshold(approval, proposal, rule),
             who_may_decide=group_names(approval),
             # The requester follows their run; reviewers go where they decide.
             link=run_link(run.pk) if note.kind == Kind.APPROVAL_DECLINED else approval_link(approval.pk),

@@ -41,6 +41,7 @@ from prometheus_client.registry import Collector
 
 from approvals.models import ApprovalRequest, AuditEvent, Notification, WebhookDelivery
 from runs.models import Run, Step
+from runs.selectors import NOT_DONE, not_done_counts_of_finished_runs
 
 # Upper bounds in seconds. A step is timed in whole milliseconds (Step.duration_ms):
 # a step under half a millisecond records 0 and lands in the first bucket.
@@ -97,6 +98,7 @@ class DeskCollector(Collector):
         yield from self._approvals()
         yield from self._decisions()
         yield from self._runs()
+        yield from self._not_done()
         yield from self._steps()
         yield from self._rollbacks()
         yield from self._outbox()
@@ -188,6 +190,18 @@ class DeskCollector(Collector):
             "Rollbacks halted by a failing compensation and not asked again since.",
             value=total("halted"),
         )
+
+    def _not_done(self):
+        # One GROUP BY over the live calls of ended runs that did not take effect.
+        gauge = GaugeMetricFamily(
+            "countersign_calls_not_done",
+            "Calls of ended runs that did not take effect (failed, refused, denied, declined, ...).",
+            labels=["what"],
+        )
+        counts = not_done_counts_of_finished_runs()
+        for what in NOT_DONE:
+            gauge.add_metric([what], counts.get(what, 0))
+        yield gauge
 
     def _steps(self):
         # Both histograms from one scan of the live steps, grouped by (step bucket,

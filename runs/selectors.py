@@ -8,17 +8,29 @@ from collections import defaultdict
 from copy import copy
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation, localcontext
 from typing import Any
 
-from django.db.models import Count, F
+from django.db.models import Case, CharField, Count, F, Q, Value, When
 from django.utils import timezone
 
 from tools.payments import rupees
 from tools.registry import all_agents, arguments_in_order, find_tool
 
 from .history import transcript_messages
-from .models import CallStatus, Message, Run, RunGuard, RunStatus, Step, ToolCall
+from .models import (
+    FINISHED_RUN_STATUSES,
+    REASON_DUPLICATE_IN_REPLY,
+    REASON_OUTSIDE_STAGE,
+    REASON_REPEAT_OF_PENDING,
+    CallStatus,
+    Message,
+    Run,
+    RunGuard,
+    RunStatus,
+    Step,
+    ToolCall,
+)
 from .retention import retention_note
 from .saga import PERMISSION as UNDO_PERMISSION
 
@@ -351,10 +363,22 @@ class VerificationShown:
     accepted_by: str = ""
     accepted_reason: str = ""
 
+    @property
+    def before(self) -> list[dict]:
+        """The checks that held already before the run, not by anything it did: "already
+        true before this run", never a green check the run earned."""
+        return [check for check in self.checks if check["ok"] and check["before"]]
+
+    @property
+    def earned(self) -> list[dict]:
+        """The checks this run's own effects met."""
+        return [check for check in self.checks if check["ok"] and not check["before"]]
+
 
 def run_verification(run: Run) -> VerificationShown | None:
     """The run's verification against the world (None: nothing was checked). The JSON
-    is the engine's: {"checks": [{"name", "ok", "detail"}], "ok", "at", and
+    is the engine's: {"checks": [{"name", "ok", "detail", and "before": true for a
+    requirement that already held before the run}], "ok", "at", and
     "accepted": {"by", "reason"} once a person accepted a failed one}. Anything
     malformed in it is shown as text, never trusted."""
     data = run.verification if isinstance(run.verification, dict) else {}
@@ -364,6 +388,7 @@ def run_verification(run: Run) -> VerificationShown | None:
             "name": str(check.get("name", "")),
             "ok": check.get("ok") is True,
             "detail": str(check.get("detail") or ""),
+            "before": check.get("before") is True,
         }
         for check in raw
         if isinstance(check, dict)
@@ -442,20 +467,43 @@ def is_amount(name) -> bool:
 
 def format_rupees(value) -> str:
     """2900 -> ₹2,900.00 (``tools.payments.rupees``); anything that is not a number is
-    shown as it is. Paise are never rounded away: 2900.005 is ₹2,900.005."""
+    shown as it is. Paise are never rounded away: 2900.005 is ₹2,900.005.
+
+    Never raises, whatever reached the database: an amount no money column holds
+    (1e30, 10**5000) reads ₹1E+30 rather than taking its page down with it."""
     if value is None or isinstance(value, bool):
         return "" if value is None else str(value)
     try:
-        exact = Decimal(str(value))
-    except (InvalidOperation, ValueError):
-        return str(value)
+        exact = Decimal(value) if isinstance(value, int | Decimal) else Decimal(str(value))
+    except (InvalidOperation, ValueError, TypeError):
+        return _as_text(value)
     if not exact.is_finite():
-        return str(value)
-    sign = "-" if exact < 0 else ""
-    amount = exact.quantize(Decimal("0.01"))
-    if amount != exact:
-        return f"{sign}₹{abs(exact).normalize():,f}"
-    return sign + rupees(abs(amount))
+        return _as_text(value)
+    sign = "-" if exact.is_signed() and exact else ""
+    if exact and not -_TINY_EXPONENT <= exact.adjusted() < _HUGE_EXPONENT:
+        # Beyond any money column, either way: a short scientific form, not a wall of digits.
+        return f"{sign}₹{exact.copy_abs().normalize(_WIDE):E}"
+    with localcontext(_WIDE):
+        amount = exact.quantize(Decimal("0.01"))
+        if amount != exact:
+            return f"{sign}₹{exact.copy_abs().normalize():,f}"
+    return sign + rupees(amount.copy_abs())
+
+
+# format_rupees writes amounts out in full between 1e-8 and 1e18 rupees.
+_TINY_EXPONENT = 8
+_HUGE_EXPONENT = 18
+_WIDE = Context(prec=40, Emax=MAX_EMAX, Emin=MIN_EMIN)
+
+
+def _as_text(value) -> str:
+    """``value`` as it is (anything but text cut short); never raises (str() of a
+    5,000-digit int does)."""
+    try:
+        text = str(value)
+    except Exception:  # a value no one can show is said to be one
+        return f"({type(value).__name__} that cannot be shown)"
+    return text if isinstance(value, str) or len(text) <= 100 else text[:99] + "…"
 
 
 # "amount 2900.0 > 500", "amount > 500", "total amount per order_id over 24 h >= 2000":
@@ -549,20 +597,71 @@ def dry_run_preview(run: Run) -> list[PreviewLine]:
 
 
 # --- honest outcomes ----------------------------------------------------------------
-# What a run's badge and its requester's email admit besides its status: calls that
-# did not happen as the model asked (its final reply may still claim they did).
-OUTCOME_NOTES = (
-    (CallStatus.DECLINED, "declined"),
-    (CallStatus.DENIED, "denied"),
-    (CallStatus.COMPENSATED, "compensated"),
-)
+# What a run's badge, its requester's email, runstatus and the run.finished webhook admit
+# besides its status: every live call that did not take effect as the model asked (its
+# final reply may still claim it did). In the order the badge lists them:
+#   failed       a tool error, bad input, an unknown tool, arguments that changed after
+#                approval; a read that errored too (it did not happen either)
+#   refused      not allowed in the run's stage (never gated, never run)
+#   denied       a gate rule denied it
+#   declined     a reviewer declined it, or its approval timed out declining
+#   compensated  it ran, then a rollback undid it
+#   outcome unknown  nobody could tell whether it happened (counted once the run ended;
+#                while it runs a guard asks a person)
+# Resolved without running on purpose, and not counted: a repeat answered with the
+# earlier result (committed), a duplicate inside the same reply and a repeat of a call
+# still pending (the other call is the one that counts), a reviewer's answer given in the
+# tool's place (responded), a dry run's preview.
+NOT_DONE = ("failed", "refused", "denied", "declined", "compensated", "outcome unknown")
+# The engine's reasons (runs.models): a call refused by its stage, and the two resolved
+# on purpose that stand for another call.
+STAGE_REFUSAL = REASON_OUTSIDE_STAGE
+STANDS_FOR_ANOTHER = (REASON_DUPLICATE_IN_REPLY, REASON_REPEAT_OF_PENDING)
+_NOT_DONE_STATUS = {
+    CallStatus.DENIED: "denied",
+    CallStatus.DECLINED: "declined",
+    CallStatus.COMPENSATED: "compensated",
+    CallStatus.UNKNOWN: "outcome unknown",
+}
+
+
+def not_done_what(call: ToolCall, *, finished: bool = True) -> str:
+    """What became of ``call`` if it did not take effect ("failed", "refused", ...); ""
+    if it did, is still under way, or was resolved without running on purpose."""
+    if call.status == CallStatus.FAILED:
+        reason = call.verdict_reason or ""
+        if reason.startswith(STANDS_FOR_ANOTHER):
+            return ""
+        return "refused" if reason.startswith(STAGE_REFUSAL) else "failed"
+    if call.status == CallStatus.UNKNOWN and not finished:
+        return ""
+    return _NOT_DONE_STATUS.get(call.status, "")
+
+
+def not_done_filter() -> Q:
+    """``not_done_what`` as a filter on ToolCall (unknown outcomes included: the caller
+    drops them for a run that has not ended)."""
+    on_purpose = Q()
+    for reason in STANDS_FOR_ANOTHER:
+        on_purpose |= Q(verdict_reason__startswith=reason)
+    return Q(status__in=list(_NOT_DONE_STATUS)) | (Q(status=CallStatus.FAILED) & ~on_purpose)
+
+
+def _not_done_expression() -> Case:
+    return Case(
+        When(status=CallStatus.FAILED, verdict_reason__startswith=STAGE_REFUSAL, then=Value("refused")),
+        When(status=CallStatus.FAILED, then=Value("failed")),
+        *[When(status=status, then=Value(word)) for status, word in _NOT_DONE_STATUS.items()],
+        default=Value(""),
+        output_field=CharField(),
+    )
 
 
 @dataclass(frozen=True)
 class RunOutcome:
     status: str  # the run's status
-    label: str  # "Done", "Done, 1 declined", "Failed, 2 denied and 1 compensated"
-    notes: tuple[tuple[str, int], ...]  # (what, how many), in OUTCOME_NOTES order; none if clean
+    label: str  # "Done", "Done, 1 declined", "Done, 1 failed, 2 refused"
+    notes: tuple[tuple[str, int], ...]  # (what, how many), in NOT_DONE order; none if clean
     # Which calls: (what, tool, how many), e.g. ("declined", "refund_item", 1), for a tooltip.
     calls: tuple[tuple[str, str, int], ...] = ()
 
@@ -572,8 +671,13 @@ class RunOutcome:
 
     @property
     def notes_text(self) -> str:
-        """The notes alone: "1 declined", "2 denied and 1 compensated" ("" if clean)."""
-        return _and([f"{n} {word}" for word, n in self.notes])
+        """The notes alone: "1 declined", "1 failed, 2 refused" ("" if clean)."""
+        return ", ".join(f"{n} {word}" for word, n in self.notes)
+
+    @property
+    def not_done(self) -> int:
+        """How many calls did not take effect."""
+        return sum(n for _, n in self.notes)
 
     @property
     def calls_text(self) -> str:
@@ -584,36 +688,22 @@ class RunOutcome:
         return "; ".join(f"{what}: {', '.join(tools)}" for what, tools in by_what.items())
 
 
-def _and(parts: list[str]) -> str:
-    if len(parts) < 2:
-        return "".join(parts)
-    return ", ".join(parts[:-1]) + " and " + parts[-1]
-
-
 def run_outcomes(runs) -> dict[int, RunOutcome]:
     """Each run's honest outcome, by id, in one query for any number of runs. Only the
     live branch counts: a call a rewind superseded (or withdrew) is history."""
     runs = list(runs)
-    counts: dict[int, dict[str, int]] = defaultdict(dict)
-    calls: dict[int, list[tuple[str, str, int]]] = defaultdict(list)
-    words = dict(OUTCOME_NOTES)
     rows = (
         ToolCall.objects.live()
-        .filter(run_id__in=[r.pk for r in runs], status__in=list(words))
-        .values_list("run_id", "status", "tool_name")
+        .filter(not_done_filter(), run_id__in=[r.pk for r in runs])
+        .annotate(what=_not_done_expression())
+        .values_list("run_id", "what", "tool_name")
         .annotate(n=Count("id"))
-        .order_by("run_id", "status", "tool_name")
+        .order_by("run_id", "what", "tool_name")
     )
-    for run_id, status, tool, n in rows:
-        counts[run_id][status] = counts[run_id].get(status, 0) + n
-        calls[run_id].append((words[status], tool, n))
-    order = {word: i for i, (_, word) in enumerate(OUTCOME_NOTES)}
-    return {
-        run.pk: _outcome(
-            run, counts.get(run.pk, {}), sorted(calls.get(run.pk, []), key=lambda c: (order[c[0]], c[1]))
-        )
-        for run in runs
-    }
+    found: dict[int, list[tuple[str, str, int]]] = defaultdict(list)
+    for run_id, what, tool, n in rows:
+        found[run_id].append((what, tool, n))
+    return {run.pk: _outcome(run, found.get(run.pk, [])) for run in runs}
 
 
 def run_outcome(run: Run) -> RunOutcome:
@@ -623,81 +713,134 @@ def run_outcome(run: Run) -> RunOutcome:
 def outcome_of_calls(run: Run, calls) -> RunOutcome:
     """``run_outcome`` from its live calls already loaded (the run page's timeline has
     them): no query."""
-    words = dict(OUTCOME_NOTES)
-    counts: dict[str, int] = defaultdict(int)
     tools: dict[tuple[str, str], int] = defaultdict(int)
     for call in calls:
-        if call.status in words:
-            counts[call.status] += 1
-            tools[(words[call.status], call.tool_name)] += 1
-    order = {word: i for i, (_, word) in enumerate(OUTCOME_NOTES)}
-    listed = sorted(((what, tool, n) for (what, tool), n in tools.items()), key=lambda c: (order[c[0]], c[1]))
-    return _outcome(run, counts, listed)
+        what = not_done_what(call)
+        if what:
+            tools[(what, call.tool_name)] += 1
+    return _outcome(run, [(what, tool, n) for (what, tool), n in tools.items()])
 
 
-def _outcome(run: Run, counts: dict[str, int], calls=()) -> RunOutcome:
-    notes = tuple((word, counts[status]) for status, word in OUTCOME_NOTES if counts.get(status))
+def _outcome(run: Run, calls) -> RunOutcome:
+    order = {word: i for i, word in enumerate(NOT_DONE)}
+    calls = sorted(
+        (c for c in calls if c[0] in order and (run.is_finished or c[0] != "outcome unknown")),
+        key=lambda c: (order[c[0]], c[1]),
+    )
+    counts: dict[str, int] = defaultdict(int)
+    for what, _, n in calls:
+        counts[what] += n
+    notes = tuple((word, counts[word]) for word in NOT_DONE if counts.get(word))
     label = run.get_status_display().capitalize()
     if notes:
-        label += ", " + _and([f"{n} {word}" for word, n in notes])
+        label += ", " + ", ".join(f"{n} {word}" for word, n in notes)
     return RunOutcome(status=run.status, label=label, notes=notes, calls=tuple(calls))
 
 
 @dataclass(frozen=True)
 class OutcomeLine:
-    """One call that did not happen as the model asked, said plainly under its final
-    reply: "refund_item ₹2,900.00 was declined by bob: duplicate"."""
+    """One call that did not take effect, said plainly under the final reply:
+    "refund_item ₹2,900.00 was declined by bob: duplicate", "send_email was refused by
+    its stage: not allowed in stage acting"."""
 
     call: ToolCall
-    what: str  # "declined", "denied" or "compensated"
+    what: str  # one of NOT_DONE
     by: str  # who or what: a reviewer's name, a rule, "nobody (it expired)", "a rollback"
-    reason: str  # their comment, the rule's reason; "" if none
+    reason: str  # their comment, the rule's reason, the error; "" if none
     amount: Any = None  # the call's amount argument, if it has one
 
     @property
     def has_amount(self) -> bool:
         return self.amount is not None
 
+    @property
+    def sentence(self) -> str:
+        """The line as plain text (runstatus, emails): "refund_item failed: ..."."""
+        text = f"{self.call.tool_name} {self.what}"
+        if self.by:
+            text += f" (by {self.by})"
+        return text + (f": {self.reason}" if self.reason else "")
+
+    def as_dict(self) -> dict:
+        """For runstatus --json and the run.finished webhook (tool input is the model's:
+        receivers must treat it as untrusted text)."""
+        call = self.call
+        return {
+            "call": call.pk,
+            "step": call.step,
+            "tool": call.tool_name,
+            "status": call.status,
+            "what": self.what,
+            "by": self.by,
+            "reason": self.reason,
+            "input": call.input,
+        }
+
 
 def run_outcome_lines(run: Run) -> list[OutcomeLine]:
-    """The live calls of ``run`` that were declined, denied or compensated, in order,
-    with who decided and why: one query (the approvals follow by name, as in
-    run_timeline: runs never imports approvals)."""
-    words = dict(OUTCOME_NOTES)
+    """The live calls of ``run`` that did not take effect, in order, with who or what
+    stopped them and why: one query (the approvals follow by name, as in run_timeline:
+    runs never imports approvals)."""
     calls = (
         ToolCall.objects.live()
-        .filter(run=run, status__in=list(words))
+        .filter(not_done_filter(), run=run)
         .select_related("approval__decided_by")
         .order_by("step", "position")
     )
-    return outcome_lines_of_calls(calls)
+    return outcome_lines_of_calls(calls, finished=run.is_finished)
 
 
-def outcome_lines_of_calls(calls) -> list[OutcomeLine]:
+def outcome_lines_of_calls(calls, *, finished: bool = True) -> list[OutcomeLine]:
     """``run_outcome_lines`` from the run's live calls already loaded, in order, with
     their approvals and deciders (the run page's timeline): no query."""
-    words = dict(OUTCOME_NOTES)
     lines = []
     for call in calls:
-        if call.status not in words:
+        what = not_done_what(call, finished=finished)
+        if not what:
             continue
-        what = words[call.status]
         approval = getattr(call, "approval", None)
+        text = call.result if isinstance(call.result, str) else ""
         by, reason = "", ""
-        if call.status == CallStatus.DECLINED:
+        if what == "declined":
             if approval is not None and approval.decided_by is not None:
                 by, reason = approval.decided_by.get_username(), approval.comment
             elif approval is not None and approval.status == "expired":
                 by, reason = "nobody: it expired", ""
             else:
-                by = "the desk"
-                reason = call.result if isinstance(call.result, str) else ""
-        elif call.status == CallStatus.DENIED:
+                by, reason = "the desk", text
+        elif what == "denied":
             by = f"the rule “{call.verdict_rule}”" if call.verdict_rule else "the gate"
-            reason = call.verdict_reason or (call.result if isinstance(call.result, str) else "")
+            reason = call.verdict_reason or text
+        elif what == "refused":
+            stage = call.verdict_reason.removeprefix(STAGE_REFUSAL)
+            by, reason = "its stage", f"not allowed in stage {stage}"
+        elif what == "failed":
+            by, reason = "", _first_sentence(text) or "the call failed"
+        elif what == "outcome unknown":
+            by, reason = "", "nobody could tell whether it happened"
         else:
             by = "a rollback"
         inputs = call.input if isinstance(call.input, dict) else {}
         amount = next((value for key, value in inputs.items() if is_amount(key)), None)
         lines.append(OutcomeLine(call=call, what=what, by=by, reason=reason, amount=amount))
     return lines
+
+
+def _first_sentence(text: str, limit: int = 300) -> str:
+    """An error result on one line, cut at ``limit``: what the line says about a failure."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def not_done_counts_of_finished_runs() -> dict[str, int]:
+    """How many live calls of ended runs did not take effect, by what became of them
+    ({"failed": 3, "refused": 2, ...}): one query, for /metrics."""
+    rows = (
+        ToolCall.objects.live()
+        .filter(not_done_filter(), run__status__in=list(FINISHED_RUN_STATUSES))
+        .annotate(what=_not_done_expression())
+        .values_list("what")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return dict(rows)

@@ -130,6 +130,24 @@ def finished_demo(users) -> Run:
     return run
 
 
+def finished_refund(users, *, order="A-1002", amount=200, email="grace@example.com", ticket="T-2") -> Run:
+    """A scripted refund-desk run on another order than the demo's, to the end: for a
+    test that needs a second finished run (a second demo run finds A-1001 refunded
+    already, and says so)."""
+    steps = script(
+        turn(("get_order", {"order_id": order}), ("get_policy", {}), text="Reading."),
+        turn(("refund_item", {"order_id": order, "amount": amount, "reason": "damaged"}), text="Refunding."),
+        turn(("send_email", {"to": email, "subject": "Refund", "body": "Refunded."}), text="Emailing."),
+        turn(("close_ticket", {"ticket_id": ticket}), text="Closing."),
+        turn(text="Refunded, emailed and closed."),
+    )
+    run = approve_all(
+        start(steps, task=f"Refund order {order}", requester=users["requester"]), users["reviewer"]
+    )
+    assert run.status == Run.Status.DONE
+    return run
+
+
 def onboarding_with_a_permanent_delete(users) -> Run:
     """Onboarding that creates a scratch file (step 0), deletes it for good (step 1,
     irreversible, approved by the admin), then creates a user (step 2); done."""

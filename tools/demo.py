@@ -33,8 +33,10 @@ from .registry import (
     REVERSIBLE,
     AgentSpec,
     Budget,
+    CallRecord,
     Check,
     ReviewContext,
+    RunRecord,
     Stage,
     ToolContext,
     ToolError,
@@ -568,6 +570,7 @@ register_tool(
         preview=preview_refund,
         context=refund_context,
         warnings=refund_warnings,
+        money=("amount",),
     )
 )
 register_tool(
@@ -692,9 +695,15 @@ def refund_task_params(task: str) -> dict:
     return {"order_id": found.group()} if found else {}
 
 
-def refund_requirements(params: dict) -> list[Check]:
+def refund_requirements(params: dict, run: RunRecord | None = None) -> list[Check]:
     """What a finished run must have left in the world for its order: the ticket
-    closed, the customer emailed, no more refunded than the order's amount."""
+    closed, the customer emailed, no more refunded than the order's amount.
+
+    With ``run`` (what this run did, as the engine hands it over), a requirement about
+    an effect is met only by this run's own: an email this run sent (after its refund
+    was settled), a refund this run made or had refused; a state that already held and
+    that this run did nothing for (a ticket an earlier run closed) is marked ``before``.
+    Without it (a check outside a run), only the world's state is read."""
     order_id = params.get("order_id")
     if not order_id:
         return []
@@ -705,26 +714,112 @@ def refund_requirements(params: dict) -> list[Check]:
     if order.ticket is None:
         checks.append(Check(f"order {order_id}'s ticket is closed", True, f"{order_id} has no ticket"))
     else:
-        checks.append(_ticket_closed(order.ticket.ticket_id))
+        checks.append(_ticket_requirement(order.ticket.ticket_id, run))
     email = order.customer.email
-    sent = OutboxEmail.objects.filter(to__iexact=email).order_by("-pk")
-    latest = sent.first()
-    checks.append(
-        Check(
-            f"{email} received an email",
-            latest is not None,
-            f'{sent.count()} in the outbox, latest "{latest.subject}"' if latest else f"no email to {email}",
+    if run is None:
+        sent = OutboxEmail.objects.filter(to__iexact=email).order_by("-pk")
+        latest = sent.first()
+        checks.append(
+            Check(
+                f"{email} received an email",
+                latest is not None,
+                f'{sent.count()} in the outbox, latest "{latest.subject}"'
+                if latest
+                else f"no email to {email}",
+            )
         )
-    )
+    else:
+        checks.append(_email_requirement(email, order_id, run))
     refunded = payments.refunded_total(order)
-    checks.append(
-        Check(
-            f"refunds on {order_id} do not exceed {rupees(order.amount)}",
-            refunded <= order.amount,
-            f"refunded {rupees(refunded)} of {rupees(order.amount)}",
-        )
+    check = Check(
+        f"refunds on {order_id} do not exceed {rupees(order.amount)}",
+        refunded <= order.amount,
+        f"refunded {rupees(refunded)} of {rupees(order.amount)}",
     )
+    checks.append(check if run is None or not check.ok else _refund_requirement(check, order_id, run))
     return checks
+
+
+# What settles a refund this run asked for: it was made, or a person or a rule refused it.
+REFUND_REFUSED = ("declined", "denied", "responded")
+
+
+def _made(call: CallRecord) -> bool:
+    """A committed call that made its effect (a repeat answered with the earlier result
+    made nothing: the earlier call did)."""
+    return call.status == "committed" and not (
+        isinstance(call.result, dict) and "earlier_result" in call.result
+    )
+
+
+def _on(call: CallRecord, field: str, value: str) -> bool:
+    return isinstance(call.input, dict) and str(call.input.get(field, "")).lower() == value.lower()
+
+
+def _ticket_requirement(ticket_id: str, run: RunRecord | None) -> Check:
+    """Closed, and by this run: a close that found it closed already (its captured
+    pre-state), or no close at all, means it was true before this run."""
+    check = _ticket_closed(ticket_id)
+    if run is None or not check.ok:
+        return check
+    closes = [c for c in run.of("close_ticket") if _made(c) and _on(c, "ticket_id", ticket_id)]
+    if any(not (isinstance(c.pre_state, dict) and c.pre_state.get("status") == "closed") for c in closes):
+        return Check(check.name, True, f"{ticket_id} is closed (closed by this run)")
+    how = "this run's close_ticket found it closed" if closes else "this run did not close it"
+    return Check(check.name, True, f"{ticket_id} was already closed: {how}", before=True)
+
+
+def _refund_settled_at(order_id: str, run: RunRecord):
+    """When this run's refund on the order was last settled (made or refused); None if
+    it asked for none that settled."""
+    times = [
+        c.finished_at
+        for c in run.of("refund_item")
+        if _on(c, "order_id", order_id) and (_made(c) or c.status in REFUND_REFUSED) and c.finished_at
+    ]
+    return max(times, default=None)
+
+
+def _email_requirement(email: str, order_id: str, run: RunRecord) -> Check:
+    """An email this run sent to the customer, not retracted, and after its refund was
+    settled (if it had one): an earlier run's email is not this run's news."""
+    name = f"{email} received an email from this run"
+    settled = _refund_settled_at(order_id, run)
+    late = None
+    for call in run.of("send_email"):
+        if not (_made(call) and _on(call, "to", email)):
+            continue
+        message = found_for_call(OutboxEmail, call.ctx(run.run_id), call.result, "message_id", "MSG-")
+        if message is None or OutboxEmail.objects.by_key(compensation_key(message.idempotency_key)):
+            continue
+        if settled is not None and call.finished_at is not None and call.finished_at < settled:
+            late = message
+            continue
+        return Check(name, True, f'MSG-{message.pk} to {message.to}: "{message.subject}"')
+    if late is not None:
+        return Check(name, False, f"MSG-{late.pk} was sent before this run's refund was settled")
+    others = OutboxEmail.objects.filter(to__iexact=email).count()
+    detail = f"no email from this run to {email}"
+    if others:
+        detail += f"; {others} in the outbox, none of them this run's"
+    return Check(name, False, detail)
+
+
+def _refund_requirement(check: Check, order_id: str, run: RunRecord) -> Check:
+    """The order's refunds within its amount, and what this run did about a refund:
+    made one, had one refused, asked for one that never took effect (failed), or asked
+    for none (the limit then held before this run, and still does)."""
+    asked = [c for c in run.of("refund_item") if _on(c, "order_id", order_id)]
+    if any(_made(c) for c in asked):
+        return Check(check.name, True, f"{check.detail}, this run's refund included")
+    refused = [c for c in asked if c.status in REFUND_REFUSED]
+    if refused:
+        return Check(check.name, True, f"{check.detail}; this run's refund was {refused[-1].status}")
+    if asked:
+        last = asked[-1]
+        why = last.result if isinstance(last.result, str) else last.status
+        return Check(check.name, False, f"{check.detail}; this run's refund did not happen: {why}")
+    return Check(check.name, True, f"{check.detail}; this run made no refund", before=True)
 
 
 # A call is resolved when it ran, a reviewer declined it or answered in its place,

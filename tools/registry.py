@@ -19,6 +19,8 @@ from typing import Any
 
 import jsonschema
 
+from .inputs import money_problem
+
 READ = "read"
 WRITE = "write"
 
@@ -65,9 +67,45 @@ class Check:
     name: str
     ok: bool
     detail: str = ""
+    # Held already when the run started, and not by anything the run did (a ticket an
+    # earlier run closed): the run page says "already true before this run", not a
+    # check the run earned. Written to the verification JSON only when true.
+    before: bool = False
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "ok": self.ok, "detail": self.detail}
+        data = {"name": self.name, "ok": self.ok, "detail": self.detail}
+        return data | {"before": True} if self.before else data
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One live call of the run being verified, as an agent's requirements read it
+    (tools never import runs: the engine hands these over)."""
+
+    tool: str
+    input: Any
+    status: str
+    result: Any
+    idempotency_key: str
+    step: int
+    pre_state: Any = None
+    finished_at: Any = None  # a datetime, or None
+
+    def ctx(self, run_id: int) -> ToolContext:
+        return ToolContext(run_id=run_id, step=self.step, idempotency_key=self.idempotency_key)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What the run being verified did: its id and its live calls, in order. A
+    requirement about an effect is met only by an effect of these calls."""
+
+    run_id: int
+    calls: tuple[CallRecord, ...] = ()
+
+    def of(self, tool: str, *statuses: str) -> list[CallRecord]:
+        """The calls of ``tool`` (with one of ``statuses``, if any given)."""
+        return [c for c in self.calls if c.tool == tool and (not statuses or c.status in statuses)]
 
 
 ToolFunction = Callable[[ToolContext, dict], Any]
@@ -127,6 +165,9 @@ class ToolSpec:
     # For reviewers (writes): facts about the call from the world, and warnings.
     context: ContextFunction | None = None
     warnings: WarningsFunction | None = None
+    # Top-level input fields that are rupees: bounded, in ``validation_errors``, by what
+    # the desk's money columns hold and by two decimals (tools.inputs.money_problem).
+    money: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in (READ, WRITE):
@@ -139,6 +180,9 @@ class ToolSpec:
         elif self.undo or self.verify or self.preview:
             raise ValueError(f"read tool {self.name} has nothing to undo, verify or preview")
         jsonschema.Draft202012Validator.check_schema(self.input_schema)
+        unknown = set(self.money) - set(self.input_schema.get("properties", {}))
+        if unknown:
+            raise ValueError(f"tool {self.name}: money fields {sorted(unknown)} are not in its schema")
 
     @property
     def is_read(self) -> bool:
@@ -181,6 +225,15 @@ class ToolSpec:
         for error in errors:
             where = "/".join(str(p) for p in error.absolute_path) or "input"
             messages.append(f"{where}: {error.message}")
+        if isinstance(tool_input, dict):
+            # Every input passes here (the model's, an external caller's, a reviewer's
+            # edit): an amount the desk cannot hold, pay or show goes no further.
+            wrong = {str(error.absolute_path[0]) for error in errors if error.absolute_path}
+            for name in self.money:
+                if name in tool_input and name not in wrong:
+                    problem = money_problem(tool_input[name], name=name)
+                    if problem:
+                        messages.append(problem)
         return messages
 
     def gate_facts(self, tool_input: dict) -> dict:
@@ -240,8 +293,10 @@ class Transition:
         return all(any((tool, status) in seen for status in self.statuses) for tool in self.after)
 
 
-# requirements(params) -> the checks over the world a finished run must pass.
-RequirementsFunction = Callable[[dict], list[Check]]
+# requirements(params, run) -> the checks over the world a finished run must pass; ``run``
+# (a RunRecord: what this run did) may be None when called outside a run (then only the
+# world's state is checked).
+RequirementsFunction = Callable[[dict, "RunRecord | None"], list[Check]]
 # task_params(task) -> parameters an agent takes from its task's text.
 TaskParamsFunction = Callable[[str], dict]
 

@@ -88,7 +88,7 @@ def test_several_kinds_are_listed_in_one_label(users):
     run = refund_declined(users)
     ToolCall.objects.filter(run=run, tool_name="send_email").update(status="denied")
     ToolCall.objects.filter(run=run, tool_name="close_ticket").update(status="compensated")
-    assert run_outcome(run).label == "Done, 1 declined, 1 denied and 1 compensated"
+    assert run_outcome(run).label == "Done, 1 denied, 1 declined, 1 compensated"
     # The run page counts the calls its timeline loaded: the same outcome, no query.
     assert outcome_of_calls(run, list(ToolCall.objects.live().filter(run=run))) == run_outcome(run)
 

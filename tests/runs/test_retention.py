@@ -20,6 +20,7 @@ from runs.services import run_create
 from tests.helpers import (
     client_for,
     finished_demo,
+    finished_refund,
     get_html,
     run_command,
     script,
@@ -227,7 +228,7 @@ def test_redaction_replaces_the_named_fields_and_nothing_else(users, settings):
     settings.DESK_REDACT_FIELDS = ["to", "email"]
     settings.DESK_REDACT_AFTER_DAYS = 30
     run = age(finished_demo(users), 40)
-    recent = finished_demo(users)
+    recent = finished_refund(users)
     email = ToolCall.objects.get(run=run, tool_name="send_email")
     others = {c.pk: c.input for c in ToolCall.objects.filter(run=run).exclude(pk=email.pk)}
     results = {c.pk: c.result for c in ToolCall.objects.filter(run=run)}
@@ -250,7 +251,7 @@ def test_redaction_replaces_the_named_fields_and_nothing_else(users, settings):
     assert [u["input"]["to"] for u in uses] == ["[redacted]"]
     assert uses[0]["input"]["subject"] == email.input["subject"]
     assert Proposal.objects.get(approval__tool_call=email).input["to"] == "[redacted]"
-    assert ToolCall.objects.get(run=recent, tool_name="send_email").input["to"] == "ada@example.com"
+    assert ToolCall.objects.get(run=recent, tool_name="send_email").input["to"] == "grace@example.com"
     result = verify(run)
     assert result["ok"]
     assert result["note"].startswith(f"Some argument fields redacted on {run.redacted_at:%Y-%m-%d}")

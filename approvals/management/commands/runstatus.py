@@ -9,7 +9,7 @@ from approvals.selectors import group_names, guard_summary
 from runs.management.commands._common import run_by_id
 from runs.models import Run
 from runs.retention import retention_note
-from runs.selectors import dry_run_preview
+from runs.selectors import dry_run_preview, run_outcome, run_outcome_lines
 
 
 class Command(BaseCommand):
@@ -65,6 +65,13 @@ class Command(BaseCommand):
             "redacted_at": run.redacted_at.isoformat() if run.redacted_at else None,
             "retention": retention_note(run),
         }
+        # What this run did: every live call that did not take effect, with why.
+        outcome, not_done = run_outcome(run), run_outcome_lines(run)
+        data["outcome"] = {
+            "label": outcome.label,
+            "clean": outcome.clean,
+            "not_done": [line.as_dict() for line in not_done],
+        }
         preview = dry_run_preview(run) if run.dry_run else []
         if run.dry_run:
             # What each call would have done: the dry run's report.
@@ -78,6 +85,10 @@ class Command(BaseCommand):
             self.stdout.write(f"  {run.get_kind_display()}, session {run.session}")
         if data["retention"]:
             self.stdout.write(f"  {data['retention']}")
+        if not outcome.clean:
+            self.stdout.write(f"  outcome: {outcome.label}")
+            for line in not_done:
+                self.stdout.write(f"    step {line.call.step}: {line.sentence}")
         self.stdout.write(f"  usage: {run.input_tokens} in / {run.output_tokens} out tokens, ${run.cost}")
         if run.error:
             self.stdout.write(f"  error: {run.error}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ninja import Path, Query, Router
 
+from approvals.selectors import rule_api_fields
 from approvals.services import (
     AlreadyClaimed,
     AlreadyDecided,
@@ -52,9 +53,19 @@ DECISION_ERRORS: tuple[tuple[type[DecisionError], int, str], ...] = (
 )
 
 
-def _refusal(exc: DecisionError):
+def _refusal(exc: DecisionError, approval_id: int | None = None):
     status, code = next((status, code) for kind, status, code in DECISION_ERRORS if isinstance(exc, kind))
+    if isinstance(exc, StaleDecision) and approval_id is not None:
+        # The desk's own words are for a page ("reload"): an API caller reads it again.
+        return refuse(status, code, STALE_MESSAGE.format(id=approval_id))
     return refuse(status, code, str(exc))
+
+
+STALE_MESSAGE = (
+    "The arguments changed since you read them: args_hash is not the current proposal's. "
+    "GET /api/v1/approvals/{id} for the arguments that would run now and their args_hash, "
+    "review them, then decide again naming that args_hash."
+)
 
 
 def approval_id_path():
@@ -70,7 +81,8 @@ def _approval(request, approval_id: int):
 
 def _detail(request, approval_id: int) -> dict:
     """The approval as it is now (after a write), for the caller."""
-    return selectors.approval_detail(_approval(request, approval_id), user=request.auth)
+    approval = _approval(request, approval_id)
+    return selectors.approval_detail(approval, user=request.auth) | rule_api_fields(approval)
 
 
 @router.get("", response={200: ApprovalPage, **errors(422)}, summary="List approval requests")
@@ -82,7 +94,8 @@ def approval_list(request, filters: Query[ApprovalFilters]):
         "count": count,
         "limit": filters.limit,
         "offset": filters.offset,
-        "items": [selectors.approval_summary(approval) for approval in approvals],
+        # The rule as it was decided under (its snapshot), not as it is now.
+        "items": [selectors.approval_summary(approval) | rule_api_fields(approval) for approval in approvals],
     }
 
 
@@ -137,7 +150,7 @@ def approval_decide_route(request, body: DecideIn, approval_id: int = approval_i
             approval_id=approval.pk, reviewer=request.auth, decision=_decision(body, approval)
         )
     except DecisionError as exc:
-        raise _refusal(exc) from None
+        raise _refusal(exc, approval.pk) from None
     return {
         "summary": result.summary,
         "run_woken": result.run_woken,

@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from ninja import Field, Schema
-from pydantic import ConfigDict, StringConstraints
+from pydantic import ConfigDict, StrictBool, StrictInt, StringConstraints
 
 from approvals.models import ApprovalStatus, GuardAction
 from runs.forms import MAX_COST, MAX_PARAM_VALUE, MAX_PARAMS, MAX_STEPS, MAX_TOKENS
@@ -59,6 +59,8 @@ def errors(*statuses: int) -> dict[int, type[ErrorOut]]:
 
 # A route that reads a JSON body also answers 400 to a body that is not JSON.
 BODY_ERRORS = (400, 422)
+# A body's integers and booleans are strict (StrictInt, StrictBool): false is not the
+# step 0, 0 is not a dry run's false. Query and path values are text, and parsed.
 
 
 # --- runs -----------------------------------------------------------------------
@@ -166,14 +168,14 @@ class RunStartIn(Schema):
     llm: Literal[tuple(Run.LLMKind.values)] | None = Field(  # type: ignore[valid-type]
         None, description="Default: Anthropic when the server has a key and no script is given."
     )
-    max_steps: int | None = Field(None, ge=1, le=MAX_STEPS)
-    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    max_steps: StrictInt | None = Field(None, ge=1, le=MAX_STEPS)
+    max_tokens: StrictInt | None = Field(None, ge=1, le=MAX_TOKENS)
     max_cost: Decimal | None = Field(None, gt=0, le=MAX_COST, max_digits=12, decimal_places=6)
     params: dict[
         Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")],
         Annotated[PlainText, StringConstraints(min_length=1, max_length=MAX_PARAM_VALUE)],
     ] = Field(default_factory=dict, max_length=MAX_PARAMS, description="What the run is checked against.")
-    dry_run: bool = Field(False, description="Reads run; writes only say what they would do.")
+    dry_run: StrictBool = Field(False, description="Reads run; writes only say what they would do.")
 
 
 class TranscriptMessage(Schema):
@@ -196,17 +198,17 @@ class CancelOut(Schema):
 
 
 class RollbackIn(Schema):
-    to_step: int | None = Field(None, ge=0, le=MAX_ID, description="Keep the effects of steps up to N.")
-    dry_run: bool = Field(False, description="Only say what would be undone.")
+    to_step: StrictInt | None = Field(None, ge=0, le=MAX_ID, description="Keep the effects of steps up to N.")
+    dry_run: StrictBool = Field(False, description="Only say what would be undone.")
 
 
 class RewindIn(Schema):
-    to_step: int = Field(ge=0, le=MAX_ID)
-    dry_run: bool = False
+    to_step: StrictInt = Field(ge=0, le=MAX_ID)
+    dry_run: StrictBool = False
 
 
 class ForkIn(Schema):
-    step: int = Field(ge=0, le=MAX_ID)
+    step: StrictInt = Field(ge=0, le=MAX_ID)
 
 
 class UndoCall(Schema):
@@ -242,6 +244,34 @@ class ApprovalFilters(Schema):
     offset: int = Field(0, ge=0, le=MAX_OFFSET)
 
 
+class MatchedRuleOut(Schema):
+    rule: str = Field(description="'name (vN)', as it was when the gate reviewed the call.")
+    effect: str
+    priority: int | None
+    reason: str = Field(description="What was tested, with the actual value.")
+    detail: dict[str, Any] | None = Field(description="An aggregate rule's figures (so far, this, total).")
+    decided: bool = Field(description="True for the rule that decided (the highest priority that matched).")
+
+
+class RuleAsDecided(Schema):
+    """The rule a request was asked under, from the snapshot taken when it opened."""
+
+    name: str
+    version: int
+    condition: str = Field(description="As the rule read then: 'amount > 500'.")
+    field: str | None
+    operator: str | None
+    value: str | None
+    aggregate: str
+    effect: str
+    required_group: str | None
+    approvers_required: int | None
+    allow_self_approval: bool | None
+    matched: list[MatchedRuleOut] | None = Field(
+        description="Every rule whose condition held on the call, the deciding one first; None: not recorded."
+    )
+
+
 class ApprovalSummary(Schema):
     id: int
     kind: GuardKindName
@@ -252,6 +282,16 @@ class ApprovalSummary(Schema):
     input: Any = Field(description="The arguments that would run (the current proposal).")
     args_hash: str
     rule: str | None = Field(description="The rule that asked for it, as it was: 'name (vN)'.")
+    rule_as_decided: RuleAsDecided | None = Field(
+        description="Its terms as recorded when the request opened (None: a guard, no rule, or not recorded)."
+    )
+    rule_record: Literal["recorded", "none", "missing", "malformed"] = Field(
+        description="Whether the rule as decided was recorded: none for a guard or when no rule matched."
+    )
+    rule_changed_since: str | None = Field(
+        description="One line when the live rule is not the one recorded: 'rule since changed: v3, amount > "
+        "₹3,000.00', 'rule since deleted'."
+    )
     reason: str
     created_at: datetime
     expires_at: datetime | None
@@ -312,6 +352,19 @@ DecideAction = Literal[("approve", "decline", "respond", "edit", *(a for a in Gu
 
 
 class DecideIn(Schema):
+    # What the endpoint requires, the schema says: approving or editing names the
+    # arguments seen (``args_hash``); a decline, a response or a guard's action need not.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": {"properties": {"action": {"enum": ["approve", "edit"]}}, "required": ["action"]},
+                    "then": {"required": ["args_hash"]},
+                }
+            ]
+        }
+    )
+
     action: DecideAction  # type: ignore[valid-type]
     args_hash: Annotated[str, StringConstraints(max_length=64)] | None = Field(
         None,
@@ -328,7 +381,7 @@ class DecideIn(Schema):
     amount: Decimal | None = Field(
         None, gt=0, le=MAX_TOKENS, description="grant: how many more steps or tokens, or how much more cost."
     )
-    confirm_irreversible: bool = Field(False, description="Approving a call that cannot be undone.")
+    confirm_irreversible: StrictBool = Field(False, description="Approving a call that cannot be undone.")
 
 
 class DecideOut(Schema):

@@ -23,7 +23,10 @@ it was exported under.
 
 What is not in the file: the sandbox world (its own database: orders, payments, the
 outbox; the run's effects happened there and stay there), notifications, gate rules
-and groups (named; matched by name on import).
+and groups (named; matched by name on import). The rule each approval was asked
+under travels with it: its ``rule_version`` and ``rule_snapshot`` (the rule's terms
+then, and every rule that matched the call), sealed like every field; an approval
+whose snapshot is not an object is refused.
 """
 
 from __future__ import annotations
@@ -532,6 +535,10 @@ def _build(parsed: ImportFile, problems: list[Problem]) -> None:
                     problems.append(
                         Problem(row.line, f"({_label(kind, row.data)}) {f.name} {value} is not in the file")
                     )
+    for row in parsed.rows["approval"]:
+        if row.obj.rule_snapshot is not None and not isinstance(row.obj.rule_snapshot, dict):
+            what = f"({_label('approval', row.data)}) rule_snapshot is not an object"
+            problems.append(Problem(row.line, what))
     for row in parsed.rows["audit_event"]:
         if row.obj.subject != f"run:{run_id}":
             problems.append(Problem(row.line, f"(audit event) belongs to {row.obj.subject}, not this run"))

@@ -8,6 +8,7 @@ from django.utils.html import format_html, format_html_join
 
 from runs.admin import ReadOnlyAdmin
 
+from .audit import rule_record
 from .models import (
     ApprovalRequest,
     ApprovalVote,
@@ -105,15 +106,16 @@ class GateRuleAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         before = model_to_dict(GateRule.objects.get(pk=obj.pk), RULE_FIELDS) if change else {}
+        obj._recorded_by_admin = True  # recorded here, with who changed what (approvals.receivers)
         super().save_model(request, obj, form, change)  # save() bumps the version
         after = model_to_dict(obj, RULE_FIELDS)
         changed = {k: [before.get(k), v] for k, v in after.items() if before.get(k) != v}
-        AuditEvent.objects.create(
-            subject=f"rule:{obj.pk}",
+        # The version's content as a digest: verify holds the live rule against it.
+        rule_record(
+            obj,
             actor=request.user,
             action="rule.changed" if change else "rule.created",
             before=f"v{obj.version - 1}" if change else "",
-            after=f"v{obj.version}",
             detail=f"{obj.name}: "
             + "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items()),
         )

@@ -3,26 +3,40 @@
 Recording only: what a transition means for approvals (a run that ended closes
 its requests, a withdrawn call its own) is ``RuleGate.run_ended`` and
 ``RuleGate.call_withdrawn``, called by ``runs`` at the transition.
+
+What a decision depends on is recorded as a digest (``approvals.audit``): a run's task,
+agent version and params when it is created and on any change of the run that keeps
+its status (a repin); each call's verdict on every event of the call (the call is in
+hand: no query); a rule's content on every save that is not the admin's (the admin
+records its own event, with the same digest).
 """
 
 from __future__ import annotations
 
+from django.db.models.signals import post_save
 from django.dispatch import receiver
 
+from runs.models import Run
 from runs.signals import run_transitioned, tool_call_transitioned
 
-from .models import AuditEvent
+from .audit import call_facts, rule_record, run_facts, with_facts
+from .models import AuditEvent, GateRule
 
 
 @receiver(run_transitioned)
 def audit_run_transition(sender, *, run_id, old, new, actor, reason, **kwargs):
+    detail = reason
+    if not old or old == new:
+        # Created, or changed in place (repinned, its lease stolen): rare, one read.
+        run = Run.objects.only("task", "agent_version", "params").get(pk=run_id)
+        detail = with_facts(reason, "run", run_facts(run))
     AuditEvent.objects.create(
         actor=actor,
         action="run.created" if not old else f"run.{new}",
         run_id=run_id,
         before=old,
         after=new,
-        detail=reason,
+        detail=detail,
     )
 
 
@@ -35,5 +49,12 @@ def audit_tool_call_transition(sender, *, call, old, new, actor, reason, **kwarg
         tool_call_id=call.pk,
         before=old,
         after=new,
-        detail=f"{call.tool_name}: {reason}"[:2000],
+        detail=with_facts(f"{call.tool_name}: {reason}"[:2000], "call", call_facts(call)),
     )
+
+
+@receiver(post_save, sender=GateRule)
+def audit_rule_saved(sender, *, instance, raw=False, **kwargs):
+    # The admin records the version itself, with who changed what (approvals.admin).
+    if not getattr(instance, "_recorded_by_admin", False):
+        rule_record(instance)

@@ -35,6 +35,7 @@ from django.utils import timezone
 
 from runs.models import GuardKind
 
+from .audit import approval_with_facts
 from .models import ApprovalRequest, AuditEvent, GateRule
 from .notifications import Kind, notifications_mark_unknown, notifications_renudge, notify_reviewers
 from .selectors import ESCALATION_GROUP, approval_sla_minutes, group_names
@@ -99,7 +100,8 @@ def approval_escalate(*, approval_id: int, now: datetime, group: Group) -> bool:
             detail=(
                 f"pending over twice the SLA ({sla} min); " if (sla := approval_sla_minutes(approval)) else ""
             )
-            + f"who may decide: {old_group} -> {group_names(approval)}",
+            + f"who may decide: {old_group} -> {group_names(approval)}"
+            + approval_with_facts("", approval),
         )
         notify_reviewers(approval=approval, kind=Kind.APPROVAL_ESCALATED)
     return True

@@ -42,6 +42,7 @@ from runs.models import Run, ToolCall
 from tools.inputs import UnsafeJSON, finite_decimal
 from tools.registry import find_tool, input_hash
 
+from .audit import standing_with_facts
 from .models import ApprovalRequest, AuditEvent, GateRule, StandingApproval, finite_number, plain_number
 from .templatetags.desk import rupees
 
@@ -206,8 +207,11 @@ def standing_grant(*, approval: ApprovalRequest, reviewer, terms: StandingTerms,
         tool_call=approval.tool_call,
         approval=approval,
         after=grant.label[:30],
-        detail=f"{grant.label}: further {grant.tool} calls in run {approval.run_id}, {terms.describe()} "
-        f"(until {grant.expires_at:%Y-%m-%d %H:%M} UTC)",
+        detail=standing_with_facts(
+            f"{grant.label}: further {grant.tool} calls in run {approval.run_id}, {terms.describe()} "
+            f"(until {grant.expires_at:%Y-%m-%d %H:%M} UTC)",
+            grant,
+        ),
     )
     return grant
 
@@ -373,8 +377,11 @@ def standing_revoke(*, grant_id: int, user) -> StandingApproval:
             approval=grant.approval,
             before=grant.label[:30],
             after="revoked",
-            detail=f"{grant.label} ({grant.tool}) revoked after {used.count} call(s)"
-            + (f", {rupees(used.amount)}" if grant.max_amount is not None else ""),
+            detail=standing_with_facts(
+                f"{grant.label} ({grant.tool}) revoked after {used.count} call(s)"
+                + (f", {rupees(used.amount)}" if grant.max_amount is not None else ""),
+                StandingApproval.objects.select_related("granted_by", "revoked_by").get(pk=grant.pk),
+            ),
         )
     grant.refresh_from_db()
     return grant

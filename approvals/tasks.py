@@ -59,3 +59,13 @@ def deliver_webhook(delivery_id: int) -> str:
 def sweep_webhooks() -> dict:
     """Beat, every DESK_WEBHOOK_SWEEP_SECONDS: lost nudges and interrupted sends."""
     return webhooks_sweep()
+
+
+@shared_task(ignore_result=True)
+def anchor_chains() -> int:
+    """Beat, every DESK_ANCHOR_SECONDS: the chains' heads, signed, appended to a file
+    under DESK_ANCHOR_DIR and sent as the ``audit.anchor`` webhook (``verify --against``
+    checks the database against them). Returns the number of chains anchored."""
+    from .audit import anchor_append
+
+    return len(anchor_append(directory=settings.DESK_ANCHOR_DIR)["chains"])

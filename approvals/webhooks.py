@@ -29,12 +29,17 @@ Events (``data`` has ``run`` and, for approval events, ``approval``; each with i
   (``services._close`` / ``services._act``);
 - ``approval.expired``: it timed out with no decision: ``approval.status`` expired
   (declined by the timeout) or approved (by policy, ``approval.by_policy`` true);
-- ``run.finished``: a run ended done; ``run.failed``: it failed;
+- ``run.finished``: a run ended done (``data.outcome``: its label, whether it is
+  clean, and ``not_done``: every call that did not take effect, with its status and
+  reason); ``run.failed``: it failed;
 - ``run.needs_attention``: a run waits for a person: a guard stopped it
   (``data.reason`` budget, stuck, verify or outcome, with its ``approval``), or it
   was handed over to a person (``data.reason`` handed_over,
   ``run.handed_over_to``) (``notifications.notify_run_finished`` for the run
   events, called by ``RuleGate.run_ended`` in the transition's transaction);
+- ``audit.anchor``: every DESK_ANCHOR_SECONDS, the audit chains' heads and the runs
+  and approvals that exist, signed (``approvals.audit.anchor_append``): keep them, and
+  ``verify --against`` a saved one finds what was erased since;
 - ``ping``: the admin's "send test event", to that one endpoint.
 
 A vote that leaves an approval waiting for more approvers, or an edit waiting for
@@ -86,6 +91,7 @@ import ipaddress
 import json
 import logging
 import random
+import re
 import secrets
 import socket
 import time
@@ -100,6 +106,8 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
+from runs.selectors import run_outcome, run_outcome_lines
+
 from .models import ApprovalRequest, WebhookDelivery, WebhookEndpoint
 
 log = logging.getLogger(__name__)
@@ -111,6 +119,7 @@ EVENTS = {
     "run.finished": "A run ended done",
     "run.failed": "A run failed",
     "run.needs_attention": "A run waits for a person (a guard stopped it, or it was handed over)",
+    "audit.anchor": "The audit chains' heads, signed, on a schedule (verify --against checks them)",
 }
 # The admin's "send test event": to one endpoint, whatever it subscribed to.
 TEST_EVENT = "ping"
@@ -151,21 +160,37 @@ def webhook_signature_verify(
 ) -> bool:
     """Whether ``header`` (a Countersign-Signature) signs ``body`` (the raw request
     body) with ``secret``, made within ``tolerance`` seconds of ``now``. Any ``v1``
-    of the header may match (a receiver rotating secrets gets one per secret)."""
-    timestamp, candidates = None, []
-    for part in (header or "").split(","):
-        key, _, value = part.strip().partition("=")
-        if key == "t" and value.isdigit():
-            timestamp = value
-        elif key == "v1" and value:
-            candidates.append(value)
-    if timestamp is None or not candidates:
+    of the header may match (a receiver rotating secrets gets one per secret).
+
+    False, never an exception, for any header that is not exactly ``t=<seconds>``
+    once and one or more ``v1=<64 hex digits>`` (other ``name=value`` parts are
+    ignored): a receiver using it must not answer an attacker with a 500."""
+    if not isinstance(header, str) or len(header) > _MAX_SIGNATURE_HEADER:
         return False
+    timestamps, candidates = [], []
+    for part in header.split(","):
+        key, equals, value = part.strip(" ").partition("=")
+        if not equals:
+            return False
+        if key == "t":
+            timestamps.append(value)
+        elif key == "v1" and _SIGNATURE_HEX.fullmatch(value):
+            candidates.append(value)
+    if len(timestamps) != 1 or not _TIMESTAMP.fullmatch(timestamps[0]) or not candidates:
+        return False
+    timestamp = timestamps[0]
     now = time.time() if now is None else now
-    if abs(now - int(timestamp)) > tolerance:
+    if not abs(now - int(timestamp)) <= tolerance:
         return False  # an old (replayed) or far-future signature
     expected = _mac(secret, timestamp, body)
     return any(hmac.compare_digest(expected, candidate) for candidate in candidates)
+
+
+# A signature header: ``t`` in whole seconds (ASCII digits, at most 12), each ``v1`` a
+# lowercase hex SHA-256; a few signatures fit in far less than this.
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
+_SIGNATURE_HEX = re.compile(r"[0-9a-f]{64}")
+_MAX_SIGNATURE_HEADER = 4096
 
 
 # --- where webhooks may go -------------------------------------------------------
@@ -391,6 +416,14 @@ def webhook_run_ended(*, run) -> list[WebhookDelivery]:
     if event is None:
         return []
     data = {"run": _run_data(run, ended=True)}
+    if event == "run.finished":
+        # Done is not "did it all": every call that did not take effect, and why.
+        outcome = run_outcome(run)
+        data["outcome"] = {
+            "label": outcome.label,
+            "clean": outcome.clean,
+            "not_done": [line.as_dict() for line in run_outcome_lines(run)],
+        }
     if run.status == Status.HANDED_OVER:
         data["reason"] = "handed_over"
         data["run"]["handed_over_to"] = _username(run.handed_over_to)

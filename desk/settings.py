@@ -354,6 +354,16 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(env_int("DESK_WEBHOOK_SWEEP_SECONDS", 30)),
     },
 }
+# The audit chains' heads, signed, written outside the database (approvals.audit):
+# appended to DESK_ANCHOR_DIR/anchors.jsonl (empty: no file) and sent as the
+# audit.anchor webhook; `manage.py verify --against FILE` checks against them.
+DESK_ANCHOR_DIR = env_str("DESK_ANCHOR_DIR", str(VAR_DIR / "anchors"))
+DESK_ANCHOR_SECONDS = env_int("DESK_ANCHOR_SECONDS", 3600)
+if DESK_ANCHOR_SECONDS > 0:
+    CELERY_BEAT_SCHEDULE["anchor-audit-chains"] = {
+        "task": "approvals.tasks.anchor_chains",
+        "schedule": float(DESK_ANCHOR_SECONDS),
+    }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 

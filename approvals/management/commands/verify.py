@@ -4,22 +4,58 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from approvals.audit import verify_everything, verify_run
+from approvals.audit import (
+    AnchorUnreadable,
+    anchor_read,
+    anchor_write,
+    verify_against,
+    verify_everything,
+    verify_run,
+)
 from runs.management.commands._common import run_by_id
 
 
 class Command(BaseCommand):
     help = (
         "Check the audit chains and every checkpoint digest; name the first broken link. "
+        "--anchor FILE also writes the chains' heads, signed, outside the database; --against FILE "
+        "reports what existed at that anchor and is gone or different now. "
         "Exits 1 if the record was changed."
     )
 
     def add_arguments(self, parser):
         parser.add_argument("run_id", nargs="?", help="one run (default: every run and every chain)")
         parser.add_argument("--json", action="store_true", dest="as_json")
+        parser.add_argument(
+            "--anchor",
+            metavar="FILE",
+            help="write every chain head and the runs and approvals, signed, to FILE",
+        )
+        parser.add_argument(
+            "--against",
+            metavar="FILE",
+            help="an anchor file (or the anchor task's appended file: its latest line) to check against",
+        )
 
-    def handle(self, *args, run_id, as_json, **options):
+    def handle(self, *args, run_id, as_json, anchor=None, against=None, **options):
+        if against:
+            try:
+                anchored = anchor_read(against)
+            except AnchorUnreadable as exc:
+                raise CommandError(str(exc)) from None
         results = [verify_run(run_by_id(run_id))] if run_id is not None else verify_everything()
+        if against:
+            results.insert(0, verify_against(anchored, name=f"anchor {against}"))
+        if anchor:
+            try:
+                written = anchor_write(anchor)
+            except OSError as exc:
+                raise CommandError(f"cannot write the anchor to {anchor}: {exc.strerror or exc}") from None
+            if not as_json:
+                self.stdout.write(
+                    f"Anchored {len(written['chains'])} audit chain(s), {len(written['runs'])} run(s) and "
+                    f"{len(written['approvals'])} approval(s) to {anchor}."
+                )
         broken = [r for r in results if not r.ok]
         if as_json:
             self.stdout.write(

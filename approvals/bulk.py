@@ -9,7 +9,11 @@ fails leaves the others decided.
 
 Bulk approve is for the plain cases only. It leaves out, and says why, what a person
 should look at on its own page: an edited proposal, a call that cannot be undone, an
-item that needs more than one approver, and a guard (which takes its own actions).
+item that needs more than one approver, an item that shows a warning (the ones its
+queue row and its page show), and a guard (which takes its own actions). These are
+checked here, when each item is decided, whatever the form posted: the confirm step
+(``approvals_bulk_preview``, what will be approved and what will be left out) is for
+the person, not the guard.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 from tools.registry import find_tool
 
 from .models import ApprovalRequest
-from .selectors import approvals_visible_to
+from .selectors import approvals_visible_to, call_notes, decide_refusal
 from .services import AlreadyDecided, Decision, DecisionError, StaleDecision, approval_decide
 
 APPROVE, DECLINE = "approve", "decline"
@@ -51,7 +55,22 @@ def bulk_approve_refusal(approval: ApprovalRequest) -> str | None:
         return f"{spec.name} cannot be undone"
     if approval.approvers_required > 1:
         return f"it needs {approval.approvers_required} approvers"
+    warnings = shown_warnings(approval)
+    if warnings:
+        quoted = "; ".join(f"“{w}”" for w in warnings)
+        return f"it shows {'a warning' if len(warnings) == 1 else f'{len(warnings)} warnings'}: {quoted}"
     return None
+
+
+def shown_warnings(approval: ApprovalRequest) -> list[str]:
+    """Every warning a person deciding ``approval`` is shown: those stored with its
+    current proposal (its queue row) and those its tool reads from the world now (its
+    page), each once."""
+    stored = approval.proposal.warnings if approval.proposal_id else None
+    warnings = [str(w) for w in stored if w] if isinstance(stored, list) else []
+    if approval.tool_call_id:
+        warnings += [str(w) for w in call_notes(approval)[1] if w]
+    return list(dict.fromkeys(warnings))
 
 
 def _decided(approval: ApprovalRequest) -> str:
@@ -70,13 +89,7 @@ def approvals_bulk_decide(
     if decision not in (APPROVE, DECLINE):
         raise DecisionError("Choose approve or decline.")
     verb = "approved" if decision == APPROVE else "declined"
-    ids = [approval_id for approval_id, _ in items]
-    visible = {
-        a.pk: a
-        for a in approvals_visible_to(reviewer)
-        .filter(pk__in=ids)
-        .select_related("tool_call", "run", "decided_by", "proposal")
-    }
+    visible = _visible(reviewer, items)
     outcomes = []
     for approval_id, args_hash in items:
         approval = visible.get(approval_id)
@@ -87,12 +100,63 @@ def approvals_bulk_decide(
     return outcomes
 
 
-def _decide_one(approval, reviewer, decision, comment, args_hash, verb, *, enqueue) -> BulkOutcome:
-    what = (
+@dataclass(frozen=True)
+class BulkPreview:
+    """What a bulk approve of the ticked items would do, shown before it is done:
+    ``approve``, the items it would approve (each with the args hash to confirm: the
+    one its row showed, which is the current one), and ``left_out``, the others, each
+    saying why. Approving the confirmed items checks everything again."""
+
+    approve: list[tuple[ApprovalRequest, str]]
+    left_out: list[BulkOutcome]
+
+
+def approvals_bulk_preview(*, reviewer, items: list[tuple[int, str]]) -> BulkPreview:
+    """What ``approvals_bulk_decide(decision="approve")`` would do with ``items`` now,
+    deciding nothing."""
+    visible = _visible(reviewer, items)
+    approve, left_out = [], []
+    for approval_id, args_hash in items:
+        approval = visible.get(approval_id)
+        if approval is None:
+            left_out.append(BulkOutcome(approval_id, False, f"#{approval_id} not approved: no such approval"))
+            continue
+        what = _what(approval)
+        if approval.status != ApprovalRequest.Status.PENDING:
+            left_out.append(BulkOutcome(approval.pk, False, _decided(approval), what))
+            continue
+        why = bulk_approve_refusal(approval) or (
+            "its arguments changed since the queue was shown"
+            if args_hash != approval.args_hash
+            else decide_refusal(user=reviewer, approval=approval)
+        )
+        if why:
+            left_out.append(BulkOutcome(approval.pk, False, f"#{approval.pk} not approved: {why}", what))
+        else:
+            approve.append((approval, args_hash))
+    return BulkPreview(approve=approve, left_out=left_out)
+
+
+def _visible(reviewer, items: list[tuple[int, str]]) -> dict[int, ApprovalRequest]:
+    ids = [approval_id for approval_id, _ in items]
+    return {
+        a.pk: a
+        for a in approvals_visible_to(reviewer)
+        .filter(pk__in=ids)
+        .select_related("tool_call", "run", "decided_by", "proposal")
+    }
+
+
+def _what(approval: ApprovalRequest) -> str:
+    return (
         f"{approval.tool_call.tool_name}, run #{approval.run_id}"
         if approval.tool_call_id
         else f"{approval.get_kind_display()}, run #{approval.run_id}"
     )
+
+
+def _decide_one(approval, reviewer, decision, comment, args_hash, verb, *, enqueue) -> BulkOutcome:
+    what = _what(approval)
 
     def outcome(done: bool, text: str) -> BulkOutcome:
         return BulkOutcome(approval.pk, done, text, what)

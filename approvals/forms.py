@@ -147,6 +147,9 @@ class BulkDecisionForm(forms.Form):
         },
     )
     comment = forms.CharField(required=False, max_length=5000, strip=True)
+    # Approve: the person saw the confirmation (what will be approved, what is left
+    # out) and pressed its button; without it an approve only shows that confirmation.
+    confirmed = forms.BooleanField(required=False)
 
     def __init__(self, data=None, *args, **kwargs):
         super().__init__(data, *args, **kwargs)

@@ -13,11 +13,11 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
-from django_htmx.http import trigger_client_event
+from django_htmx.http import reswap, retarget, trigger_client_event
 
 from tools.registry import all_agents
 
-from .bulk import approvals_bulk_decide
+from .bulk import approvals_bulk_decide, approvals_bulk_preview
 from .forms import ALL, YOURS, BulkDecisionForm, QueueFilterForm
 from .models import ApprovalRequest, GateRule
 from .selectors import (
@@ -46,7 +46,9 @@ def queue(request):
     return _queue_page(request)
 
 
-def _queue_page(request, *, bulk_form: BulkDecisionForm | None = None, status: int = 200):
+def _queue_page(
+    request, *, bulk_form: BulkDecisionForm | None = None, bulk_confirm: dict | None = None, status: int = 200
+):
     form = QueueFilterForm(request.GET)
     rows_only = bool(request.htmx) and request.htmx.target == "queue-rows"
     if not rows_only:
@@ -84,6 +86,7 @@ def _queue_page(request, *, bulk_form: BulkDecisionForm | None = None, status: i
         "may_decide": request.user.has_perm(DECIDE_PERMISSION),
         "bulk_url": reverse("approvals-bulk") + (f"?{urlencode(applied)}" if applied else ""),
         "bulk_form": bulk_form,
+        "bulk_confirm": bulk_confirm,
         "ticked": bulk_form.ticked if bulk_form is not None else set(),
         "bulk_summary": None if rows_only else request.session.pop(BULK_SUMMARY, None),
         "nav_section": "queue",
@@ -190,6 +193,8 @@ def bulk_decide(request):
             return render(request, "approvals/queue.html#bulk-summary", {"bulk_errors": errors})
         return _queue_page(request, bulk_form=form, status=400)
     decision = form.cleaned_data["decision"]
+    if decision == "approve" and not form.cleaned_data["confirmed"]:
+        return _bulk_confirm(request, form)
     outcomes = approvals_bulk_decide(
         reviewer=request.user,
         decision=decision,
@@ -198,12 +203,37 @@ def bulk_decide(request):
     )
     summary = _summary(decision, outcomes)
     if request.htmx:
-        response = render(request, "approvals/queue.html#bulk-summary", {"bulk_summary": summary})
+        response = render(
+            request,
+            "approvals/queue.html#bulk-summary",
+            # A confirmed approve: the confirmation it came from goes (an out-of-band swap).
+            {"bulk_summary": summary, "bulk_confirmed": form.cleaned_data["confirmed"]},
+        )
         # The rows and the nav's counts refresh themselves on this event.
         return trigger_client_event(response, "approvalDecided", {"bulk": len(outcomes)})
     request.session[BULK_SUMMARY] = summary
     query = request.GET.urlencode()
     return redirect(reverse("queue") + (f"?{query}" if query else ""))
+
+
+def _bulk_confirm(request, form: BulkDecisionForm):
+    """Approve selected, first step: what will be approved and what will be left out
+    and why, with a button that posts the ids (and hashes) it lists. Nothing is decided."""
+    preview = approvals_bulk_preview(reviewer=request.user, items=form.cleaned_data["items"])
+    query = request.GET.urlencode()
+    confirm = {
+        "approve": [approval for approval, _ in preview.approve],
+        "items": [f"{approval.pk}:{args_hash}" for approval, args_hash in preview.approve],
+        "left_out": [{"id": o.approval_id, "text": o.text, "what": o.what} for o in preview.left_out],
+        "comment": form.cleaned_data["comment"],
+        "url": reverse("approvals-bulk") + (f"?{query}" if query else ""),
+        "cancel_url": reverse("queue") + (f"?{query}" if query else ""),
+    }
+    if request.htmx:
+        # Shown above the bulk form, outside it: the confirmation is a form of its own.
+        response = render(request, "approvals/queue.html#bulk-confirm", {"bulk_confirm": confirm})
+        return reswap(retarget(response, "#bulk-confirm"), "innerHTML")
+    return _queue_page(request, bulk_form=form, bulk_confirm=confirm)
 
 
 def _summary(decision: str, outcomes) -> dict:

@@ -10,6 +10,7 @@ over ₹500; ``senior`` (also a reviewer) those over ₹5,000; ``admin`` is a su
 from __future__ import annotations
 
 import html
+import re
 
 import pytest
 from django.contrib.auth.models import Permission
@@ -46,19 +47,37 @@ def item(approval: ApprovalRequest, args_hash: str | None = None) -> str:
     return f"{approval.pk}:{approval.args_hash if args_hash is None else args_hash}"
 
 
-def post_bulk(client, decision: str, approvals, *, comment: str = "", htmx: bool = False, **extra):
+def post_bulk(
+    client,
+    decision: str,
+    approvals,
+    *,
+    comment: str = "",
+    htmx: bool = False,
+    confirmed: bool = False,
+    **extra,
+):
+    """Post the queue's bulk form; ``confirmed``: the confirmation's button (an approve
+    without it only shows what it would approve)."""
     data = {
         "decision": decision,
         "comment": comment,
         "item": [a if isinstance(a, str) else item(a) for a in approvals],
     }
+    if confirmed:
+        data["confirmed"] = "1"
     headers = {"HX-Request": "true", "HX-Target": "bulk-summary"} if htmx else {}
     return client.post("/desk/bulk", data, headers=headers, **extra)
 
 
 def outcomes(response) -> list[str]:
     """The summary's lines, from an htmx response (the fragment)."""
-    lines = response.content.decode().split('data-testid="bulk-outcome">')[1:]
+    return outcomes_of(response, "bulk-outcome")
+
+
+def outcomes_of(response, testid: str) -> list[str]:
+    """The text of each line marked ``testid`` ("bulk-outcome", "bulk-left-out")."""
+    lines = response.content.decode().split(f'data-testid="{testid}">')[1:]
     text = []
     for line in lines:
         line = line.split("</li>", 1)[0]
@@ -156,7 +175,9 @@ def test_bulk_approve_leaves_out_what_needs_its_own_page_and_says_why(users, set
         run=run, kind=GuardKind.BUDGET, reason="spent", detail={"budget": "tokens", "used": 2, "limit": 1}
     )
     approvals = [plain, edited, two_person, irreversible, guard]
-    response = post_bulk(client_for(users["senior"]), "approve", approvals, comment="Looks right", htmx=True)
+    response = post_bulk(
+        client_for(users["senior"]), "approve", approvals, comment="Looks right", htmx=True, confirmed=True
+    )
     lines = outcomes(response)
     assert lines[0].startswith(f"#{plain.pk} approved")
     assert lines[1].startswith(
@@ -170,6 +191,152 @@ def test_bulk_approve_leaves_out_what_needs_its_own_page_and_says_why(users, set
     assert "1 approved, 4 not approved." in response.content.decode()
     assert [status(a) for a in approvals] == ["approved", "pending", "pending", "pending", "pending"]
     assert not ApprovalRequest.objects.get(pk=two_person.pk).votes.exists()
+
+
+# --- bulk approve: warnings, and a confirmation first ------------------------------------
+WRONG_CUSTOMER = "The email goes to ada@example.com, not to Grace Hopper <grace@example.com>"
+NO_SUCH_REFUND = "The email mentions ₹2,900.00, but no refund of ₹2,900.00 stands on order A-1002"
+
+
+def warned_email(requester) -> ApprovalRequest:
+    """The model emails Ada about Grace's order, claiming a refund that never happened:
+    its row (and page) shows two warnings."""
+    email = {"to": "ada@example.com", "subject": "Your refund", "body": "We refunded ₹2,900.00 to your card."}
+    return waiting(
+        requester,
+        script(turn(("send_email", email)), {"text": "Done."}),
+        task="Grace (ticket T-2): order A-1002 arrived late, refund it.",
+    )
+
+
+def confirmed_items(response) -> list[str]:
+    """The items the confirmation's button posts (its hidden fields)."""
+    form = response.content.decode().split('data-testid="bulk-confirm-form"', 1)[1].split("</form>", 1)[0]
+    return re.findall(r'name="item" value="([^"]+)"', form)
+
+
+def test_approve_selected_first_shows_what_it_will_approve_and_leaves_out_a_warned_item(users):
+    plain, warned = waiting(users["requester"]), warned_email(users["requester"])
+    assert WRONG_CUSTOMER in " ".join(warned.proposal.warnings)  # what its row shows
+    client = client_for(users["reviewer"])
+    # Select all, then Approve selected: a confirmation, nothing approved yet.
+    shown = post_bulk(client, "approve", [plain, warned], comment="Fine", htmx=True)
+    assert shown.status_code == 200 and shown["HX-Retarget"] == "#bulk-confirm"
+    assert "HX-Trigger" not in shown.headers
+    page = html.unescape(shown.content.decode())
+    assert "Approve 1 item?" in page and "₹600.00" in page and "with the comment “Fine”" in page
+    left_out = outcomes_of(shown, "bulk-left-out")
+    assert left_out[0].startswith(f"#{warned.pk} not approved: it shows 2 warnings: “{WRONG_CUSTOMER}")
+    assert NO_SUCH_REFUND in left_out[0]
+    assert [status(plain), status(warned)] == ["pending", "pending"]
+    assert confirmed_items(shown) == [item(plain)]
+    # Its button approves what it listed, and only that.
+    done = post_bulk(client, "approve", confirmed_items(shown), comment="Fine", htmx=True, confirmed=True)
+    assert "approvalDecided" in done.headers["HX-Trigger"]
+    assert '<div id="bulk-confirm" aria-live="polite" hx-swap-oob="true"></div>' in done.content.decode()
+    assert outcomes(done) == [f"#{plain.pk} approved refund_item, run #{plain.run_id}"]
+    assert [status(plain), status(warned)] == ["approved", "pending"]
+
+
+def test_a_forged_confirmed_post_does_not_approve_a_warned_item(users):
+    """The rule is the service's: a post that skips the confirmation (or lists what it
+    did not) is checked the same, item by item."""
+    warned = warned_email(users["requester"])
+    response = post_bulk(client_for(users["reviewer"]), "approve", [warned], htmx=True, confirmed=True)
+    assert outcomes(response)[0].startswith(
+        f"#{warned.pk} not approved: it shows 2 warnings: “{WRONG_CUSTOMER}"
+    )
+    assert "0 approved, 1 not approved." in response.content.decode()
+    assert status(warned) == "pending" and not warned.votes.exists()
+
+
+def test_the_service_leaves_out_a_warned_item_whoever_calls_it(users):
+    warned = warned_email(users["requester"])
+    [result] = approvals_bulk_decide(
+        reviewer=users["reviewer"],
+        decision="approve",
+        comment="",
+        items=[(warned.pk, warned.args_hash)],
+        enqueue=False,
+    )
+    assert not result.done and "it shows 2 warnings" in result.text and "decide it on its page" in result.text
+    assert status(warned) == "pending"
+
+
+def test_a_warning_that_appears_after_the_confirmation_keeps_the_item_out(users):
+    """The page reads the world when it is shown: a refund made since the row was
+    proposed (another run's, here) is a warning the confirmed post meets too."""
+    approval = waiting(users["requester"], refund(2900))
+    client = client_for(users["reviewer"])
+    shown = post_bulk(client, "approve", [approval], htmx=True)
+    assert confirmed_items(shown) == [item(approval)]
+    other = waiting(users["requester"], refund(2900))
+    decide(other, users["reviewer"])
+    run_advance_until_settled(other.run_id)
+    assert Payment.objects.count() == 1
+    done = post_bulk(client, "approve", confirmed_items(shown), htmx=True, confirmed=True)
+    assert outcomes(done)[0].startswith(
+        f"#{approval.pk} not approved: it shows 2 warnings: “Repeats an earlier"
+    )
+    assert status(approval) == "pending"
+
+
+def test_an_item_edited_after_the_confirmation_is_not_approved(users):
+    approval = waiting(users["requester"], refund(900))
+    client = client_for(users["senior"])
+    shown = post_bulk(client, "approve", [approval], htmx=True)
+    assert confirmed_items(shown) == [item(approval)]
+    # Meanwhile a reviewer edits it onto ₹6,000 (a proposal for a senior).
+    decide(approval, users["reviewer"], Decision.approve(edit={**approval.proposal.input, "amount": 6000}))
+    done = post_bulk(client, "approve", confirmed_items(shown), htmx=True, confirmed=True)
+    assert outcomes(done)[0].startswith(f"#{approval.pk} not approved: its arguments are a person's edit")
+    assert status(approval) == "pending" and not Payment.objects.exists()
+
+
+def test_a_confirmation_bound_to_an_older_hash_approves_nothing(users):
+    """What the confirmation posts is the hash its list showed: a post with any other
+    is stale, even one the bulk rules would let through."""
+    approval = waiting(users["requester"])
+    response = post_bulk(
+        client_for(users["reviewer"]), "approve", [item(approval, "0" * 64)], htmx=True, confirmed=True
+    )
+    assert outcomes(response)[0].startswith(f"#{approval.pk} not approved: its arguments changed since")
+    shown = post_bulk(client_for(users["reviewer"]), "approve", [item(approval, "0" * 64)], htmx=True)
+    assert confirmed_items(shown) == []
+    assert outcomes_of(shown, "bulk-left-out")[0].startswith(
+        f"#{approval.pk} not approved: its arguments changed since the queue was shown"
+    )
+    assert "bulk-confirm-approve" not in shown.content.decode()
+    assert status(approval) == "pending"
+
+
+def test_without_htmx_the_confirmation_is_the_queue_page_and_its_form_approves(users):
+    plain, warned = waiting(users["requester"]), warned_email(users["requester"])
+    client = client_for(users["reviewer"])
+    shown = client.post(
+        "/desk/bulk?tab=all", {"decision": "approve", "comment": "", "item": [item(plain), item(warned)]}
+    )
+    assert shown.status_code == 200
+    page = shown.content.decode()
+    assert 'data-testid="bulk-confirm"' in page and 'action="/desk/bulk?tab=all"' in page
+    assert page.count('data-testid="row-pick" checked') == 2  # the selection is kept
+    assert confirmed_items(shown) == [item(plain)]
+    assert [status(plain), status(warned)] == ["pending", "pending"]
+    done = client.post(
+        "/desk/bulk?tab=all", {"decision": "approve", "confirmed": "1", "item": confirmed_items(shown)}
+    )
+    assert done.status_code == 302 and done.url == "/desk/?tab=all"
+    assert "1 approved." in get_html(client, done.url)
+    assert [status(plain), status(warned)] == ["approved", "pending"]
+
+
+def test_a_bulk_decline_needs_no_confirmation(users):
+    warned = warned_email(users["requester"])
+    response = post_bulk(
+        client_for(users["reviewer"]), "decline", [warned], comment="Wrong customer", htmx=True
+    )
+    assert outcomes(response)[0].startswith(f"#{warned.pk} declined")
+    assert status(warned) == "declined"
 
 
 def test_a_guard_is_not_declined_in_bulk_either(users):
@@ -187,7 +354,7 @@ def test_a_guard_is_not_declined_in_bulk_either(users):
 # --- the attacks ------------------------------------------------------------------------
 def test_a_requester_cannot_bulk_approve_their_own_run(users):
     approval = waiting(users["requester"])
-    response = post_bulk(client_for(users["requester"]), "approve", [approval])
+    response = post_bulk(client_for(users["requester"]), "approve", [approval], confirmed=True)
     assert response.status_code == 403
     assert status(approval) == "pending"
 
@@ -195,7 +362,7 @@ def test_a_requester_cannot_bulk_approve_their_own_run(users):
 def test_a_reviewer_cannot_bulk_approve_the_run_they_requested(users):
     own = waiting(users["reviewer"])
     other = waiting(users["requester"])
-    response = post_bulk(client_for(users["reviewer"]), "approve", [own, other], htmx=True)
+    response = post_bulk(client_for(users["reviewer"]), "approve", [own, other], htmx=True, confirmed=True)
     assert outcomes(response)[0].startswith(
         f"#{own.pk} not approved: You requested this run; someone else must decide it."
     )
@@ -204,8 +371,8 @@ def test_a_reviewer_cannot_bulk_approve_the_run_they_requested(users):
 
 
 def test_a_senior_only_item_posted_by_a_plain_reviewer_is_refused(users):
-    senior_only = waiting(users["requester"], refund(6000, "A-1003"))
-    response = post_bulk(client_for(users["reviewer"]), "approve", [senior_only], htmx=True)
+    senior_only = waiting(users["requester"], refund(6000, "A-1003"), task="Refund order A-1003")
+    response = post_bulk(client_for(users["reviewer"]), "approve", [senior_only], htmx=True, confirmed=True)
     assert outcomes(response)[0].startswith(
         f"#{senior_only.pk} not approved: Only members of senior-reviewers may decide this approval."
     )
@@ -239,7 +406,9 @@ def test_a_double_posted_form_decides_once_and_says_who_did(users):
     approvals = [waiting(users["requester"], refund(600 + i)) for i in range(2)]
     client = client_for(users["reviewer"])
     post_bulk(client, "decline", approvals, comment="First", htmx=True)
-    again = post_bulk(client_for(users["senior"]), "approve", approvals, comment="Second", htmx=True)
+    again = post_bulk(
+        client_for(users["senior"]), "approve", approvals, comment="Second", htmx=True, confirmed=True
+    )
     assert [line.split(" refund_item")[0] for line in outcomes(again)] == [
         f"#{a.pk} already declined by reviewer" for a in approvals
     ]

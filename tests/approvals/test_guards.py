@@ -485,6 +485,175 @@ def test_an_unknown_outcome_in_a_reply_with_another_gated_call_waits_for_both(us
     assert email_approval.status == "pending"
 
 
+# --- authority for grants: the agent's ceiling, the column's size -------------------
+# refund-desk's ceiling (tools/demo.py): 200 steps, 2,000,000 tokens, $20.
+def steps_spent(run: Run, step: int = 50) -> ApprovalRequest:
+    """The run took all ``step`` steps of its budget and waits on a grant."""
+    Run.objects.filter(pk=run.pk).update(step=step, max_steps=step)
+    detail = {"budget": "steps", "limit": step, "used": step, "next_worst_case": step + 1}
+    return trip(run, GuardKind.BUDGET, reason=f"step budget spent: {step} of {step} steps", detail=detail)
+
+
+def cost_spent(run: Run) -> ApprovalRequest:
+    Run.objects.filter(pk=run.pk).update(cost="2", max_cost="2")
+    detail = {"budget": "cost", "limit": "2", "used": "2", "next_worst_case": "2.01"}
+    return trip(run, GuardKind.BUDGET, reason="cost budget spent", detail=detail)
+
+
+def limits(run: Run) -> tuple:
+    run.refresh_from_db()
+    return (run.status, run.max_steps, run.max_tokens, run.max_cost)
+
+
+@pytest.mark.parametrize("who", ["reviewer", "senior"])
+def test_a_reviewer_cannot_grant_steps_past_the_agents_ceiling(users, who):
+    run = a_run(users["requester"])
+    approval = steps_spent(run)
+    before, held = snapshot(run, approval), limits(run)
+    with pytest.raises(DecisionError) as refused:
+        act(approval, users[who], "grant", amount=5000)
+    assert str(refused.value) == (
+        "The agent refund-desk's ceiling is 200 steps; this run has 50 steps; grant at most 150 more, "
+        "or ask an admin. Nothing was changed."
+    )
+    assert snapshot(run, approval) == before and limits(run) == held
+
+
+def test_a_reviewer_cannot_grant_tokens_or_cost_past_the_ceiling(users):
+    run = a_run(users["requester"], max_tokens=200000)
+    spend_tokens(run)
+    approval = trip(run, GuardKind.BUDGET, reason="token budget spent", detail=TOKENS_SPENT)
+    with pytest.raises(DecisionError, match=r"ceiling is 2,000,000 tokens; this run has 201,345 tokens; "):
+        act(approval, users["reviewer"], "grant", amount=999999999)
+    assert limits(run)[2] == 200000
+    other = a_run(users["requester"])
+    approval = cost_spent(other)
+    with pytest.raises(
+        DecisionError, match=r"ceiling is \$20.00; this run has \$2.00; grant at most \$18.00"
+    ):
+        act(approval, users["reviewer"], "grant", amount=100)
+    assert limits(other)[3] == 2
+
+
+def test_a_reviewer_may_grant_up_to_the_ceiling_and_no_further(users):
+    run = a_run(users["requester"])
+    act(steps_spent(run), users["reviewer"], "grant", amount=150)
+    assert limits(run) == (RunStatus.QUEUED, 200, 200000, 2)
+    # The next grant finds the run at the ceiling: nothing more for a reviewer.
+    approval = steps_spent(run, step=200)
+    with pytest.raises(DecisionError, match="this run has 200 steps; only an admin may grant more"):
+        act(approval, users["reviewer"], "grant", amount=1)
+
+
+def test_an_admin_may_grant_past_the_ceiling(users):
+    run = a_run(users["requester"])
+    result = act(steps_spent(run), users["admin"], "grant", amount=1000)
+    assert result.run_woken and limits(run)[:2] == (RunStatus.QUEUED, 1050)
+    assert AuditEvent.objects.get(run=run, action="approval.grant").actor == users["admin"]
+
+
+def test_a_run_an_admin_started_above_the_ceiling_gets_no_more_from_a_reviewer(users):
+    run = a_run(users["admin"], max_steps=300)
+    approval = steps_spent(run, step=300)
+    with pytest.raises(DecisionError, match="ceiling is 200 steps; this run has 300 steps; only an admin"):
+        act(approval, users["reviewer"], "grant", amount=1)
+    assert limits(run)[1] == 300
+
+
+def test_the_page_refuses_a_grant_past_the_ceiling_and_names_it(users):
+    run = a_run(users["requester"])
+    approval = steps_spent(run)
+    response = client_for(users["reviewer"]).post(
+        f"/desk/approvals/{approval.pk}/decide", {"action": "grant", "amount": "5000"}
+    )
+    assert response.status_code == 400
+    assert b"ceiling is 200 steps; this run has 50 steps; grant at most 150 more, or ask an admin" in (
+        response.content
+    )
+    assert limits(run)[:2] == (RunStatus.WAITING_APPROVAL, 50)
+    approval.refresh_from_db()
+    assert approval.status == "pending"
+
+
+def test_the_api_refuses_a_grant_past_the_ceiling_and_names_it(users):
+    from tests.api.api_client import Api, error_code
+
+    run = a_run(users["requester"])
+    approval = steps_spent(run)
+    response = Api(users["reviewer"]).post(
+        f"/approvals/{approval.pk}/decide", {"action": "grant", "amount": 1000000}
+    )
+    assert response.status_code == 422 and error_code(response) == "invalid_decision"
+    assert (
+        "ceiling is 200 steps; this run has 50 steps; grant at most 150 more"
+        in (response.json()["error"]["message"])
+    )
+    assert limits(run)[:2] == (RunStatus.WAITING_APPROVAL, 50)
+
+
+def test_the_api_bounds_an_admins_grant_by_the_column_with_a_422(users):
+    from tests.api.api_client import Api, error_code
+
+    run = a_run(users["requester"])
+    approval = steps_spent(run)
+    response = Api(users["admin"]).post(
+        f"/approvals/{approval.pk}/decide", {"action": "grant", "amount": 10**17}
+    )
+    assert response.status_code == 422 and error_code(response) == "invalid_decision"
+    assert "steps budget holds at most 2,147,483,647 steps" in response.json()["error"]["message"]
+    assert limits(run)[:2] == (RunStatus.WAITING_APPROVAL, 50)
+
+
+def test_the_command_refuses_a_grant_past_the_ceiling_and_names_it(users):
+    run = a_run(users["requester"], max_tokens=200000)
+    spend_tokens(run)
+    approval = trip(run, GuardKind.BUDGET, reason="token budget spent", detail=TOKENS_SPENT)
+    with pytest.raises(CommandError, match="ceiling is 2,000,000 tokens; this run has 201,345 tokens"):
+        run_command(
+            "decide", str(approval.pk), "--act", "grant", "--amount", "999999999", "--user", "reviewer"
+        )
+    assert limits(run)[:3] == (RunStatus.WAITING_APPROVAL, 50, 200000)
+
+
+@pytest.mark.parametrize(
+    ("budget", "amount", "message"),
+    [
+        (
+            "steps",
+            "1e30",
+            "steps budget holds at most 2,147,483,647 steps; this run has 50 steps, "
+            "so grant at most 2,147,483,597 more",
+        ),
+        ("steps", "2147483598", "grant at most 2,147,483,597 more"),
+        ("tokens", "1e30", "tokens budget holds at most 9,223,372,036,854,775,807 tokens"),
+        ("cost", "1e30", "cost budget holds at most $999,999.999999; this run has $2.00"),
+        ("cost", "0.0000001", "to at most 6 decimal places"),
+        ("steps", "2.5", "whole numbers"),
+        ("steps", "-5", "more than 0"),
+        ("steps", "0", "more than 0"),
+        ("steps", "1e-30", "whole numbers"),
+    ],
+)
+def test_even_an_admins_grant_is_bounded_by_the_column_it_lands_in(users, budget, amount, message):
+    run = a_run(users["requester"], max_tokens=200000)
+    if budget == "steps":
+        approval = steps_spent(run)
+    elif budget == "cost":
+        approval = cost_spent(run)
+    else:
+        spend_tokens(run)
+        approval = trip(run, GuardKind.BUDGET, reason="token budget spent", detail=TOKENS_SPENT)
+    held = limits(run)
+    response = client_for(users["admin"]).post(
+        f"/desk/approvals/{approval.pk}/decide", {"action": "grant", "amount": amount}
+    )
+    assert response.status_code == 400, response.content[:300]
+    assert message in response.content.decode()
+    assert limits(run) == held
+    approval.refresh_from_db()
+    assert approval.status == "pending"
+
+
 # --- hand over (every kind, calls too) --------------------------------------------
 def test_hand_over_on_a_call_ends_the_run_names_who_and_tells_the_requester(users):
     run = a_run(users["requester"])

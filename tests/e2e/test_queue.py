@@ -180,6 +180,35 @@ def test_a_reviewer_declines_three_items_at_once(page, desk, users, tmp_path):
     assert ApprovalRequest.objects.get(pk=keep.pk).status == "pending"
 
 
+def test_select_all_and_approve_confirms_first_and_leaves_out_the_warned_item(page, desk, users, tmp_path):
+    items = a_busy_queue(users)  # "repeat" shows its warnings; "overdue" and "later" are plain
+    sign_in(page, "reviewer")
+    page.goto("/desk/")
+    page.locator("[data-select-all]").check()
+    assert page.get_by_test_id("bulk-picked").inner_text() == "3 selected"
+    page.get_by_role("button", name="Approve selected").click()
+    confirm = page.get_by_test_id("bulk-confirm")
+    confirm.get_by_text("Approve 2 items?").wait_for()
+    assert confirm.get_by_test_id("bulk-confirm-item").count() == 2
+    left_out = confirm.get_by_test_id("bulk-left-out").inner_text()
+    assert left_out.startswith(
+        f"#{items['repeat'].pk} not approved: it shows 2 warnings: “Repeats an earlier"
+    )
+    screenshot(page, "queue-bulk-confirm", tmp_path)
+    # Nothing is approved until the confirmation's button is pressed.
+    assert (
+        ApprovalRequest.objects.filter(pk__in=[a.pk for a in items.values()], status="approved").count() == 0
+    )
+    confirm.get_by_test_id("bulk-confirm-approve").click()
+    summary = page.get_by_test_id("bulk-summary")
+    summary.get_by_text("2 approved.").wait_for()
+    expect(page.get_by_test_id("bulk-confirm")).to_have_count(0)
+    expect(page.get_by_test_id("queue-row")).to_have_count(1)
+    assert row(page, items["repeat"]).count() == 1
+    for name, expected in (("overdue", "approved"), ("later", "approved"), ("repeat", "pending")):
+        assert ApprovalRequest.objects.get(pk=items[name].pk).status == expected, name
+
+
 def test_the_queue_fits_a_400_px_screen(page, desk, users, tmp_path):
     a_busy_queue(users)
     sign_in(page, "reviewer")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, InvalidOperation, localcontext
 from typing import Any
 
 # Deeper than any tool input needs; shallow enough for every recursive walk.
@@ -20,6 +20,12 @@ MAX_DEPTH = 32
 # An integer longer than this is not an amount, an id or a count.
 MAX_INT_DIGITS = 40
 _INT_LIMIT = 10**MAX_INT_DIGITS
+# Money: what the desk's money columns hold (tools.models Order.amount, Payment.amount:
+# DecimalField(max_digits=12, decimal_places=2); a test keeps the two in step). An
+# amount beyond it can be neither paid, stored nor shown.
+MONEY_MAX_DIGITS = 12
+MONEY_DECIMAL_PLACES = 2
+MONEY_MAX = Decimal(10 ** (MONEY_MAX_DIGITS - MONEY_DECIMAL_PLACES)) - Decimal(10) ** -MONEY_DECIMAL_PLACES
 
 
 class UnsafeJSON(ValueError):
@@ -119,3 +125,30 @@ def finite_decimal(text: str) -> Decimal:
     if abs(number.adjusted()) > MAX_INT_DIGITS:
         raise UnsafeJSON(f"{raw} is out of range")
     return number
+
+
+def money_problem(value: Any, *, name: str = "amount") -> str | None:
+    """Why ``value`` cannot be an amount of rupees the desk holds (more than
+    ``MONEY_MAX`` either way, or more than two decimals), or None. What is not a
+    number at all is the schema's to refuse (None here)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | Decimal | str):
+        return None
+    if isinstance(value, int) and abs(value) >= _INT_LIMIT:
+        return f"{name} has more than {MAX_INT_DIGITS} digits"
+    try:
+        number = Decimal(value if isinstance(value, str | Decimal) else str(value))
+    except (InvalidOperation, ValueError):
+        return None
+    if not number.is_finite():
+        return f"{name} {value} is not a finite number"
+    shown = str(value)[:40]
+    if number.adjusted() >= MONEY_MAX_DIGITS or abs(number) > MONEY_MAX:
+        if number < 0:
+            return f"{name} {shown} is less than -₹{MONEY_MAX:,}, the smallest amount the desk holds"
+        return f"{name} {shown} is more than ₹{MONEY_MAX:,}, the largest amount the desk holds"
+    with localcontext() as context:
+        context.prec = 2 * MAX_INT_DIGITS
+        exact = number.quantize(Decimal(1).scaleb(-MONEY_DECIMAL_PLACES)) == number
+    if not exact:
+        return f"{name} {shown} has more than two decimals (rupees and paise)"
+    return None

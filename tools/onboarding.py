@@ -771,6 +771,7 @@ register_tool(
             "required": ["account", "amount", "description"],
             "additionalProperties": False,
         },
+        money=("amount",),
         function=charge_card,
         reconcile=reconcile_charge,
         honours_key=True,

@@ -13,7 +13,7 @@ can be reversed only once.
 from __future__ import annotations
 
 import contextlib
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import MAX_EMAX, MIN_EMIN, ROUND_HALF_UP, Context, Decimal, InvalidOperation
 
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
@@ -43,8 +43,20 @@ def money(value) -> Decimal:
 
 
 def rupees(amount: Decimal) -> str:
-    """An amount as people read it: ₹2,900.00."""
-    return f"₹{amount:,.2f}"
+    """An amount as people read it: ₹2,900.00. Never raises: what is not a number is
+    shown as it is, a number no money column holds (1e30) as ₹1E+30."""
+    try:
+        number = Decimal(amount) if isinstance(amount, int | Decimal) else Decimal(str(amount))
+        if isinstance(amount, bool) or not number.is_finite():
+            raise ValueError(amount)
+        if abs(number.adjusted()) >= 18:
+            return f"₹{number.normalize(Context(prec=40, Emax=MAX_EMAX, Emin=MIN_EMIN)):E}"
+        return f"₹{number:,.2f}"
+    except (ArithmeticError, ValueError, TypeError):
+        try:
+            return str(amount)
+        except ValueError:  # an int too long for str()
+            return "(a number too long to show)"
 
 
 def amount_to_pay(value) -> Decimal:

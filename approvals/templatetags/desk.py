@@ -43,7 +43,7 @@ def arg_text(value) -> str:
         return json.dumps(value)
     if isinstance(value, (int, float, Decimal)):
         return str(value)
-    return json.dumps(value, indent=2, ensure_ascii=False)
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 
 @register.filter

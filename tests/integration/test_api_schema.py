@@ -1,7 +1,8 @@
 """The JSON API keeps its own contract: schemathesis sends every operation of the LIVE
 schema (/api/v1/openapi.json, served by a real web process) requests generated from it,
 as the admin (who may reach everything), and checks that no answer is a server error
-and that every answer, errors included, matches the schema declared for its status.
+and that every answer, errors included, has a status, content type and headers the
+operation declares and a body that matches the schema declared for its status.
 
 Bounded and deterministic: a few examples per operation, derandomized, so a failure
 is the same failure on the next run.
@@ -17,7 +18,13 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.generation.modes import GenerationMode
-from schemathesis.specs.openapi.checks import response_schema_conformance
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from api.tokens import apitoken_create, apitoken_revoke
 from tests.helpers import client_for, script, start, turn
@@ -28,6 +35,29 @@ pytestmark = [
 ]
 
 EXAMPLES_PER_OPERATION = 12
+# Every answer: not a 5xx, a status the operation declares, the content type it declares,
+# its declared headers, and a body that matches the schema for that status; and a
+# request that does not fit the schema (false for an integer, 0 for a boolean) refused.
+CHECKS = [
+    not_a_server_error,
+    negative_data_rejection,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
+# What the run did, for the record (printed at the end: pytest -s).
+TALLY = {"cases": 0, "checks passed": 0, "checks failed": 0}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tally_report():
+    yield
+    if TALLY["cases"]:
+        print(
+            f"\nschemathesis: {TALLY['cases']} cases; "
+            + ", ".join(f"{v} {k}" for k, v in TALLY.items() if k != "cases")
+        )
 
 
 @pytest.fixture
@@ -71,11 +101,17 @@ schema = schemathesis.pytest.from_fixture("api_schema")
     suppress_health_check=list(HealthCheck),
 )
 def test_every_answer_matches_the_schema_and_none_is_a_server_error(case, live_api):
-    case.call_and_validate(
-        headers={"Authorization": f"Bearer {live_api.token}"},
-        checks=[not_a_server_error, response_schema_conformance],
-        timeout=15,
-    )
+    TALLY["cases"] += 1
+    try:
+        case.call_and_validate(
+            headers={"Authorization": f"Bearer {live_api.token}"}, checks=CHECKS, timeout=15
+        )
+    except Exception as exc:
+        failed = len(getattr(exc, "exceptions", None) or [exc])
+        TALLY["checks failed"] += failed
+        TALLY["checks passed"] += len(CHECKS) - min(failed, len(CHECKS))
+        raise
+    TALLY["checks passed"] += len(CHECKS)
 
 
 def test_a_decision_round_trip_answers_as_declared(api_schema, live_api):

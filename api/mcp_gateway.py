@@ -236,11 +236,14 @@ def gateway_call(
 
 
 def wait_for_decision(call: ToolCall, *, seconds: float, progress: Progress | None = None) -> ToolCall:
-    """Poll ``call`` until it is resolved or ``seconds`` pass, telling ``progress``
-    every so often that it still waits (and on what)."""
+    """Poll ``call`` until it is resolved or ``seconds`` pass, telling ``progress`` at
+    once that it waits (and on what), then every so often that it still does: a client
+    hears that its call waits for a person even when the decision comes a moment later."""
     started = time.monotonic()
     approval = _approval_for(call)
     what = f"approval {approval.pk}" if approval is not None else f"call {call.pk}"
+    if progress is not None and not call.is_resolved:
+        progress(0.0, seconds, f"waiting for a person to decide ({what})")
     while True:
         elapsed = time.monotonic() - started
         left = seconds - elapsed

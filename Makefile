@@ -70,6 +70,7 @@ bench: install
 	$(BIN)/python bench/stuck.py
 	$(BIN)/python bench/analytics.py
 	$(BIN)/python bench/external_calls.py
+	$(BIN)/python bench/record_cost.py
 
 clean:
 	rm -rf var/ .pytest_cache

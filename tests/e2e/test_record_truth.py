@@ -1,0 +1,62 @@
+"""The record in a real browser, on its unhappy paths: a second refund run that did
+nothing still reads as what it was, and a decision made under a rule an admin has since
+raised shows the rule it was asked under."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect
+
+from approvals.models import ApprovalRequest, GateRule
+from approvals.services import Decision, approval_decide
+from runs.engine import run_advance_until_settled
+from runs.models import Run
+from tests.helpers import approve_all, finished_demo, pending, start
+
+from .conftest import screenshot, sign_in
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(databases=["default", "world"], transaction=True)]
+
+
+def test_a_second_refund_run_reads_as_failed_and_refused_not_as_verified(page, users, tmp_path):
+    finished_demo(users)  # A-1001 is refunded, its customer emailed, T-1 closed
+    # The reviewer approves its refund, which then fails; its email and close are refused
+    # by stage; its claim is not checked green against the first run's effects.
+    again = approve_all(start(requester=users["requester"]), users["reviewer"])
+    assert again.status == Run.Status.WAITING_APPROVAL and again.guard == "verify"
+    approval_decide(
+        approval_id=ApprovalRequest.objects.get(run=again, kind="verify", status="pending").pk,
+        reviewer=users["reviewer"],
+        decision=Decision.act("accept", text="A-1001 was refunded by the run before; nothing to do."),
+        enqueue=False,
+    )
+    run_advance_until_settled(again.pk)
+    sign_in(page, "requester")
+    page.goto(f"/runs/{again.pk}/")
+    expect(page.get_by_test_id("run-outcome")).to_have_text("Done, 1 failed, 2 refused")
+    note = page.get_by_test_id("not-happened")
+    expect(note).to_contain_text("refund_item ₹2,900.00 failed")
+    expect(note).to_contain_text("send_email was refused by its stage")
+    verification = page.get_by_test_id("verification")
+    expect(verification).to_contain_text("Accepted as done by reviewer")
+    expect(verification.get_by_test_id("check-before").first).to_contain_text("already true before this run")
+    note.scroll_into_view_if_needed()
+    screenshot(page, "run-outcome-failed", tmp_path)
+
+
+def test_an_approval_shows_the_rule_it_was_asked_under_after_an_admin_raised_it(page, users, tmp_path):
+    run = start(requester=users["requester"])
+    approval = pending(run)
+    rule = GateRule.objects.get(name="Refunds over ₹500")
+    rule.value = "3000"
+    rule.save()  # as the admin's form does: a new version
+    sign_in(page, "reviewer")
+    page.set_viewport_size({"width": 1366, "height": 768})
+    page.goto(f"/desk/approvals/{approval.pk}/")
+    expect(page.get_by_test_id("decided-rule")).to_contain_text("Refunds over ₹500 (v1)")
+    changed = page.get_by_test_id("rule-changed-since")
+    expect(changed).to_contain_text("rule since changed: v2, amount > ₹3,000.00")
+    expect(page.get_by_test_id("proposal-threshold")).to_contain_text("₹500.00")
+    expect(page.get_by_test_id("matched-rules")).to_contain_text("Refunds per order over ₹500 in total")
+    page.get_by_test_id("decided-rule").scroll_into_view_if_needed()
+    screenshot(page, "approval-rule-changed", tmp_path)

@@ -54,7 +54,7 @@ from django.db import IntegrityError, router, transaction
 from django.utils import timezone
 
 from runs.integrity import Finding, keyed_hash, verify_steps
-from runs.models import Run
+from runs.models import SEEDED_HISTORY_VERSION, Run
 from runs.retention import RETENTION_ACTIONS, retention_note, seal_in
 from tools.registry import canonical_json, input_hash
 
@@ -330,6 +330,7 @@ class Verification:
     events: int = 0
     findings: list[Finding] = field(default_factory=list)
     note: str = ""  # a run whose content was purged or redacted says so
+    checked: bool = True  # False: there was nothing to check (seeded history); see note
 
     @property
     def ok(self) -> bool:
@@ -344,6 +345,7 @@ class Verification:
             "first_broken": self.findings[0].as_dict() if self.findings else None,
             "findings": [f.as_dict() for f in self.findings],
             "note": self.note,
+            "checked": self.checked,
         }
 
 
@@ -357,6 +359,13 @@ def verify_run(run: Run) -> Verification:
     steps, step_findings = verify_steps(run, seal=seals[-1] if seals else None)
     count, event_findings = verify_chain(f"run:{run.pk}", events)
     findings = step_findings + event_findings
+    if count == 0 and not findings and _seeded_history(run):
+        return Verification(
+            subject=f"run:{run.pk}",
+            checked=False,
+            note="seeded history (seedhistory): written without checkpoints or an audit chain, "
+            "for the analytics; nothing to check",
+        )
     if count == 0:
         findings.append(Finding(f"audit chain run:{run.pk}", "is empty: the run's history was deleted"))
     else:
@@ -365,6 +374,22 @@ def verify_run(run: Run) -> Verification:
     if note:
         note += ": checkpoint chain intact, content not checkable" if not step_findings else ""
     return Verification(subject=f"run:{run.pk}", steps=steps, events=count, findings=findings, note=note)
+
+
+def _seeded_history(run: Run) -> bool:
+    """A run ``seedhistory`` wrote: its version says so, and it never had a checkpoint or
+    a chain head. A run of the desk's own that lost its chain still has its head (the
+    triggers refuse to delete it), so it is reported, not excused; one erased whole is
+    what an anchor is for."""
+    from runs.models import Step
+
+    from .models import AuditChain
+
+    return (
+        run.agent_version == SEEDED_HISTORY_VERSION
+        and not Step.objects.filter(run=run).exists()
+        and not AuditChain.objects.filter(subject=f"run:{run.pk}").exists()
+    )
 
 
 def cross_check(run: Run, events: list) -> list[Finding]:

@@ -363,6 +363,10 @@ class ToolCall(models.Model):
         return not (self.verdict == self.Verdict.ALLOW and not self.idempotency_key)
 
 
+# The agent version of the runs ``seedhistory`` writes for gate analytics: rows only, no
+# checkpoints and no audit chain (history to look at, not runs that happened here).
+SEEDED_HISTORY_VERSION = "history"
+
 # Why the engine resolved a call without running it, as its ``verdict_reason`` starts
 # (the run's honest outcome reads them): a write its stage does not allow, and the two
 # that stand for another call of the run.

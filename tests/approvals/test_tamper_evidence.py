@@ -301,3 +301,34 @@ def test_what_the_desk_shows_from_plain_rows_is_held_against_the_history(users, 
     elif change == "run_status":
         Run.objects.filter(pk=run.pk).update(status="rolled_back")
     assert broken_links(run), change
+
+
+# --- seeded history: nothing to check, and nothing to hide behind ----------------------
+def test_a_fresh_demo_with_its_seeded_history_verifies_and_says_what_it_did_not_check(users):
+    run = finished_demo(users)
+    run_command("seedhistory", "--calls", "20")
+    history = Run.objects.filter(agent_version="history")
+    assert history.count() > 1
+    report, error = verify()
+    assert error == "" and report["ok"] is True
+    shown = {c["subject"]: c for c in report["checked"]}
+    assert shown[f"run:{run.pk}"]["checked"] is True
+    seeded = shown[f"run:{history.first().pk}"]
+    assert seeded["checked"] is False and seeded["note"].startswith("seeded history (seedhistory)")
+    text = run_command("verify", str(history.first().pk))
+    assert "not checked; seeded history" in text and "verified" not in text
+    page = get_html(client_for(users["reviewer"]), f"/runs/{history.first().pk}/integrity")
+    assert "Not checked:" in page and "Verified:" not in page
+
+
+def test_a_real_run_passed_off_as_seeded_history_after_its_chain_was_deleted_is_still_reported(users):
+    run = finished_demo(users)
+    drop_append_only_triggers(connection)
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM approvals_auditevent WHERE run_id = %s", [run.pk])
+    Run.objects.filter(pk=run.pk).update(agent_version="history")
+    install_append_only_triggers(connection)
+    # Its checkpoints and its chain's head are still there: not seeded history.
+    assert broken_links(run)
+    report, error = verify(str(run.pk))
+    assert report is None and f"run:{run.pk}" in error

@@ -33,10 +33,10 @@ from approvals.gate import RULE_COLUMNS, RuleGate, RuleTerms, enabled_rules_by_m
 from approvals.models import ApprovalRequest, ApprovalVote, GateRule, Proposal, RuleMode
 from approvals.shadow import shadow_verdicts
 from runs.gate import ALLOW, NEEDS_APPROVAL
-from runs.models import Run, ToolCall
+from runs.models import SEEDED_HISTORY_VERSION, Run, ToolCall
 from tools.registry import find_tool, idempotency_key, input_hash
 
-AGENT_VERSION = "history"
+AGENT_VERSION = SEEDED_HISTORY_VERSION
 # (reviewer, full name, groups, median seconds to a decision, share of harmful calls declined)
 REVIEWERS = (
     ("reviewer", None, None, 4 * 60, 0.85),

@@ -70,7 +70,9 @@ class Command(BaseCommand):
                 counts = (
                     f"{result.steps} checkpoint{'s' * (result.steps != 1)}, " if result.steps else ""
                 ) + (f"{result.events} audit event{'s' * (result.events != 1)}")
-                if result.ok:
+                if not result.checked:
+                    self.stdout.write(f"{result.subject}: not checked; {result.note}")
+                elif result.ok:
                     note = f"; {result.note}" if result.note else ""
                     self.stdout.write(f"{result.subject}: verified ({counts}){note}")
                 else:

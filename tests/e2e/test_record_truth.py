@@ -60,3 +60,18 @@ def test_an_approval_shows_the_rule_it_was_asked_under_after_an_admin_raised_it(
     expect(page.get_by_test_id("matched-rules")).to_contain_text("Refunds per order over ₹500 in total")
     page.get_by_test_id("decided-rule").scroll_into_view_if_needed()
     screenshot(page, "approval-rule-changed", tmp_path)
+
+
+def test_the_rule_as_decided_and_the_outcome_fit_a_400_px_screen(page, users, tmp_path):
+    finished_demo(users)
+    again = approve_all(start(requester=users["requester"]), users["reviewer"])
+    run = start(requester=users["requester"])
+    GateRule.objects.filter(name="Refunds over ₹500").update(value="3000", version=2)
+    sign_in(page, "reviewer")
+    page.set_viewport_size({"width": 400, "height": 800})
+    for url in (f"/desk/approvals/{pending(run).pk}/", f"/runs/{again.pk}/"):
+        page.goto(url)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 400, url
+    page.goto(f"/desk/approvals/{pending(run).pk}/")
+    expect(page.get_by_test_id("matched-rules")).to_be_visible()
+    screenshot(page, "approval-rule-changed-narrow", tmp_path)

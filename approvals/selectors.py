@@ -1200,7 +1200,9 @@ def _text(value) -> bool:
 
 
 def _whole(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """A count a rule column can hold (version, priority, approvers): an int within the
+    columns' range, so 1e308 stored in jsonb (read back as 309 digits) is not one."""
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**31) < value < 2**31
 
 
 def _matched_rules(raw) -> tuple[tuple[MatchedRule, ...], bool]:

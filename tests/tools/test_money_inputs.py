@@ -15,7 +15,10 @@ from django.core.management import CommandError, call_command
 from api.mcp_gateway import Gateway, gateway_call
 from approvals.models import ApprovalRequest
 from approvals.services import Decision, DecisionError
+from runs.engine import run_advance_until_settled
+from runs.llm import ScriptedLLM
 from runs.models import Run, ToolCall
+from runs.services import run_create
 from tests.api.api_client import Api, error_code
 from tests.helpers import (
     client_for,
@@ -84,10 +87,15 @@ def test_refund_item_declares_amount_as_money_and_its_schema_check_refuses_it(am
 def test_the_model_is_told_its_refund_amount_cannot_be_held_and_nothing_is_done(
     users, plain_refund_desk, amount
 ):
-    run = start(
-        script(turn(("refund_item", refund(amount))), {"text": "Done."}), requester=users["requester"]
+    # The model's reply comes straight from the model, not from a stored scenario: a
+    # scenario saved in PostgreSQL's jsonb would come back with 1e308 as 309 digits.
+    run = run_create(
+        agent_name="refund-desk", task="Refund A-1001", requester=users["requester"], enqueue=False
     )
-    assert run.status == Run.Status.DONE
+    llm = ScriptedLLM(script(turn(("refund_item", refund(amount))), {"text": "Done."}))
+    run_advance_until_settled(run.pk, llm=llm)
+    run.refresh_from_db()
+    assert run.status == Run.Status.DONE, run.error
     [result] = tool_results(run)
     assert result["is_error"] is True
     assert result["content"].startswith("Invalid input for refund_item: amount ")

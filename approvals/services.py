@@ -347,19 +347,10 @@ def approval_open(
         needed=needed,
     )
     ApprovalRequest.objects.filter(pk=approval.pk).update(proposal=approval.proposal)
-    AuditEvent.objects.create(
-        actor=None,
-        action="approval.opened",
-        run_id=run.pk,
-        tool_call=call,
-        approval=approval,
-        before="",
+    _audit_opened(
+        approval,
         after="proposal 1",
-        # Who may decide it and the rule it was asked under, as a digest (approvals.audit).
-        detail=approval_with_facts(
-            f"{call.tool_name}: {verdict.effect} ({verdict.rule or 'no rule'}); args {call.input_hash}",
-            approval,
-        ),
+        detail=f"{call.tool_name}: {verdict.effect} ({verdict.rule or 'no rule'}); args {call.input_hash}",
     )
     notify_reviewers(approval=approval, kind=Kind.APPROVAL_OPENED)
     webhook_approval_opened(approval=approval)
@@ -406,19 +397,25 @@ def approval_open_guard(
         expires_at=None,
     )
     approval.required_groups.add(group)
-    AuditEvent.objects.create(
-        actor=None,
-        action="approval.opened",
-        run_id=run.pk,
-        tool_call=call,
-        approval=approval,
-        before="",
-        after=kind,
-        detail=approval_with_facts(f"{kind}: {reason}"[:2000], approval),
-    )
+    _audit_opened(approval, after=kind, detail=f"{kind}: {reason}"[:2000])
     notify_reviewers(approval=approval, kind=Kind.APPROVAL_OPENED)
     webhook_approval_opened(approval=approval)
     return approval
+
+
+def _audit_opened(approval: ApprovalRequest, *, after: str, detail: str) -> None:
+    """``approval.opened``, ending with a digest of who may decide it and the rule it was
+    asked under (approvals.audit), so a later edit of either is caught by verify."""
+    AuditEvent.objects.create(
+        actor=None,
+        action="approval.opened",
+        run_id=approval.run_id,
+        tool_call_id=approval.tool_call_id or approval.outcome_call_id,
+        approval=approval,
+        before="",
+        after=after,
+        detail=approval_with_facts(detail, approval),
+    )
 
 
 def _json_safe(value) -> dict:

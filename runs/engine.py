@@ -40,7 +40,9 @@ from django.utils import timezone
 
 from tools.inputs import UnsafeJSON, check_json
 from tools.registry import (
+    CallRecord,
     Check,
+    RunRecord,
     ToolContext,
     ToolError,
     ToolSpec,
@@ -742,8 +744,6 @@ class _Loop:
 
     def _run_record(self):
         """This run's live calls, as the agent's requirements read them (one query)."""
-        from tools.registry import CallRecord, RunRecord
-
         calls = ToolCall.objects.live().filter(run=self.run).order_by("step", "position")
         return RunRecord(
             run_id=self.run.pk,

@@ -244,8 +244,10 @@ class FileOperation(models.Model):
         return f"{self.action} {self.path}"
 
 
-class WebhookDelivery(models.Model):
-    """A webhook call, delivered to this local sink instead of the network."""
+class ReceivedWebhook(models.Model):
+    """A webhook call as the world's receiver got it: this local sink stands in for the network.
+
+    Not the desk's own outgoing webhooks (``approvals.WebhookDelivery``)."""
 
     url = models.CharField(max_length=500)
     payload = models.JSONField()

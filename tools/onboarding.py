@@ -37,7 +37,7 @@ from .keyed import (
     would,
     would_fail,
 )
-from .models import FileOperation, Payment, WebhookDelivery, WorldUser
+from .models import FileOperation, Payment, ReceivedWebhook, WorldUser
 from .payments import rupees
 from .registry import (
     COMPENSABLE,
@@ -431,7 +431,7 @@ def compensate_charge(ctx: ToolContext, args: dict, result, pre_state) -> str:
 
 
 # --- webhooks ----------------------------------------------------------------
-def _delivery_result(delivery: WebhookDelivery) -> dict:
+def _delivery_result(delivery: ReceivedWebhook) -> dict:
     return {"delivery_id": f"WH-{delivery.pk}", "url": delivery.url, "status": "delivered"}
 
 
@@ -442,11 +442,11 @@ def call_webhook(ctx: ToolContext, args: dict) -> dict:
     if parts.scheme != "https" or parts.hostname != WEBHOOK_HOST:
         raise ToolError(f"webhooks go to https://{WEBHOOK_HOST}/... only, not {url}.")
     # Delivered to the local sink, never the network; keyed, so a retry is one delivery.
-    delivery, _ = WebhookDelivery.objects.create_once(ctx.idempotency_key, url=url, payload=args["payload"])
+    delivery, _ = ReceivedWebhook.objects.create_once(ctx.idempotency_key, url=url, payload=args["payload"])
     return _delivery_result(delivery)
 
 
-reconcile_webhook = reconcile_by_key("call_webhook", WebhookDelivery.objects.by_key, _delivery_result)
+reconcile_webhook = reconcile_by_key("call_webhook", ReceivedWebhook.objects.by_key, _delivery_result)
 
 
 # --- guards: what a write would do (dry runs), whether its effect holds ----------
@@ -667,7 +667,7 @@ def preview_webhook(args: dict) -> dict:
 
 def verify_webhook(ctx: ToolContext, args: dict, result) -> Check:
     name = f"the webhook to {args['url']} was delivered"
-    delivery = found_for_call(WebhookDelivery, ctx, result, "delivery_id", "WH-")
+    delivery = found_for_call(ReceivedWebhook, ctx, result, "delivery_id", "WH-")
     if delivery is None:
         return Check(name, False, "no delivery made by this call is in the sink")
     return Check(name, True, f"WH-{delivery.pk} to {delivery.url}")

@@ -29,8 +29,8 @@ from tools.models import (
     OutboxEmail,
     Payment,
     ProviderFault,
+    ReceivedWebhook,
     Ticket,
-    WebhookDelivery,
     WorldFault,
     WorldUser,
 )
@@ -502,7 +502,7 @@ def test_a_webhook_is_delivered_to_the_local_sink_once():
     assert spec.is_irreversible and spec.compensate is None
     result, _ = do("call_webhook", WEBHOOK)
     assert do("call_webhook", WEBHOOK)[0] == result
-    delivery = WebhookDelivery.objects.get()
+    delivery = ReceivedWebhook.objects.get()
     assert (delivery.url, delivery.payload) == (WEBHOOK["url"], {"user": "marie"})
 
 
@@ -518,7 +518,7 @@ def test_a_webhook_is_delivered_to_the_local_sink_once():
 def test_a_webhook_to_any_other_host_is_refused(url):
     with pytest.raises(ToolError, match=r"hooks\.example\.test"):
         do("call_webhook", {**WEBHOOK, "url": url})
-    assert not WebhookDelivery.objects.exists()
+    assert not ReceivedWebhook.objects.exists()
 
 
 # --- faults ------------------------------------------------------------------
@@ -584,7 +584,7 @@ WRITES = [
     ("create_user", USER, lambda sandbox: WorldUser.objects.count()),
     ("create_file", FILE, lambda sandbox: len(files(sandbox))),
     ("charge_card", CHARGE, lambda sandbox: Payment.objects.count()),
-    ("call_webhook", WEBHOOK, lambda sandbox: WebhookDelivery.objects.count()),
+    ("call_webhook", WEBHOOK, lambda sandbox: ReceivedWebhook.objects.count()),
 ]
 
 
@@ -633,7 +633,7 @@ SAME_KEY_OTHER_ARGUMENTS = [
         "call_webhook",
         WEBHOOK,
         {"payload": {"user": "pierre"}},
-        lambda: WebhookDelivery.objects.get().payload,
+        lambda: ReceivedWebhook.objects.get().payload,
         WEBHOOK["payload"],
     ),
 ]

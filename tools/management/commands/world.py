@@ -5,7 +5,7 @@ import json
 from django.core.management.base import BaseCommand
 
 from tools import counters
-from tools.models import Note, Order, OutboxEmail, Payment, Ticket, WebhookDelivery, WorldUser
+from tools.models import Note, Order, OutboxEmail, Payment, ReceivedWebhook, Ticket, WorldUser
 from tools.onboarding import sandbox_files, sandbox_root
 from tools.payments import account_balance, refunded_total
 
@@ -86,7 +86,7 @@ class Command(BaseCommand):
                     "payload": delivery.payload,
                     "idempotency_key": delivery.idempotency_key,
                 }
-                for delivery in WebhookDelivery.objects.order_by("pk")
+                for delivery in ReceivedWebhook.objects.order_by("pk")
             ],
             "counters": counters.snapshot(),
         }

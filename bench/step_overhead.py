@@ -92,7 +92,7 @@ def setup_django(db_dir: Path, *, debug: bool) -> None:
     if not debug:
         # Pages link the hashed names of the collected static files, as in production.
         call_command("collectstatic", interactive=False, verbosity=0)
-    from tools.demo import seed_world
+    from tools.refund_desk.agent import seed_world
 
     seed_world()
 

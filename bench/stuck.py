@@ -92,7 +92,7 @@ class Order:
 
 
 def load_world() -> dict[str, Order]:
-    from tools.demo import WORLD
+    from tools.refund_desk.agent import WORLD
 
     return {
         order_id: Order(order_id, item, float(amount), name, email, ticket)

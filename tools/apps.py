@@ -1,6 +1,12 @@
 from __future__ import annotations
 
+from importlib import import_module
+
 from django.apps import AppConfig
+
+# Importing an agent's module registers it and its tools. In this order: onboarding's
+# agent names refund-desk's send_email (one tool, one registry entry).
+BUILT_IN_AGENTS = ("tools.refund_desk.agent", "tools.onboarding.agent")
 
 
 class ToolsConfig(AppConfig):
@@ -8,5 +14,5 @@ class ToolsConfig(AppConfig):
     verbose_name = "Tools and sandbox world"
 
     def ready(self) -> None:
-        # Register the built-in tools and agents; onboarding reuses demo's send_email.
-        from . import demo, onboarding  # noqa: F401
+        for module in BUILT_IN_AGENTS:
+            import_module(module)

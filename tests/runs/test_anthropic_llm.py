@@ -26,7 +26,7 @@ from runs.llm import AnthropicLLM, PermanentLLMError, TransientLLMError, price
 from runs.models import Message, Run, Step, ToolCall
 from runs.services import run_create
 from runs.tasks import advance_run
-from tools.demo import DEMO_TASK
+from tools.refund_desk.agent import DEMO_TASK
 from tools.registry import get_agent
 
 # The gate, not the agent's workflow, is under test here: refund-desk without stages.

@@ -18,7 +18,7 @@ from runs.engine import run_advance_until_settled
 from runs.models import Run
 from runs.services import run_create
 from tests.helpers import client_for, decide, decide_and_advance, get_html, script, start, turn
-from tools.demo import DEMO_SCRIPT, DEMO_TASK
+from tools.refund_desk.agent import DEMO_SCRIPT, DEMO_TASK
 from tools.registry import all_agents
 
 # The gate, not the agent's workflow, is under test here: refund-desk without stages.

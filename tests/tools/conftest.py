@@ -1,6 +1,6 @@
 import pytest
 
-from tools.demo import seed_world
+from tools.refund_desk.agent import seed_world
 
 
 @pytest.fixture

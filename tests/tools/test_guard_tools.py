@@ -18,9 +18,9 @@ from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
 from tools import counters
-from tools.demo import DEMO_SCRIPT, DEMO_TASK, seed_world
 from tools.models import FileOperation, Payment, ProviderFault, Ticket
 from tools.payments import ProviderTimeout, find_by_key
+from tools.refund_desk.agent import DEMO_SCRIPT, DEMO_TASK, seed_world
 from tools.registry import (
     ToolContext,
     ToolError,

@@ -17,8 +17,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from tools import keyed
-from tools.demo import seed_world
 from tools.models import Order, Payment, WorldUser
+from tools.refund_desk.agent import seed_world
 from tools.registry import ReviewContext, get_tool
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])

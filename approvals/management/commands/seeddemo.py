@@ -12,7 +12,7 @@ from approvals.models import GateRule
 from runs.engine import run_advance_until_settled
 from runs.models import Run
 from runs.services import run_create
-from tools.demo import DEMO_TASK, seed_world
+from tools.refund_desk.agent import DEMO_TASK, seed_world
 
 GROUPS = ("reviewers", "senior-reviewers", "admins")
 # username, groups, superuser

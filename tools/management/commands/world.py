@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand
 
 from tools import counters
 from tools.models import Note, Order, OutboxEmail, Payment, ReceivedWebhook, Ticket, WorldUser
-from tools.onboarding import sandbox_files, sandbox_root
+from tools.onboarding.actions import sandbox_files, sandbox_root
 from tools.payments import account_balance, refunded_total
 
 

@@ -1,0 +1,135 @@
+"""The house rules of docs/architecture.md, read from the code's own imports (grimp):
+every module stands on a floor, imports only from its floor or below, and no files
+import each other in a circle, imports inside functions and TYPE_CHECKING included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grimp
+import pytest
+
+PACKAGES = ("tools", "runs", "approvals", "api", "desk")
+
+# Longest prefix wins. Lower numbers are lower floors; a module may import its own
+# floor and those below it, never one above.
+FLOORS = {
+    "desk.logs": 0,  # log context: the ground floor, imports nothing of ours
+    "tools": 1,  # the world and the tools over it
+    "runs": 2,  # the loop
+    "approvals": 3,  # the gate and the desk
+    "api": 4,
+    "ops": 4,  # operator commands that read across the apps
+    "desk": 5,  # the project: settings, urls, metrics, Celery app
+}
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return grimp.build_graph(*PACKAGES)
+
+
+def floor(module: str) -> int:
+    for prefix in sorted(FLOORS, key=len, reverse=True):
+        if module == prefix or module.startswith(prefix + "."):
+            return FLOORS[prefix]
+    raise AssertionError(f"{module} stands on no floor: add it to FLOORS")
+
+
+def where(graph, importer: str, imported: str) -> str:
+    lines = sorted({d["line_number"] for d in graph.get_import_details(importer=importer, imported=imported)})
+    return f"{importer} imports {imported} (line {', '.join(map(str, lines))})"
+
+
+def test_no_module_imports_from_a_floor_above_its_own(graph):
+    upward = [
+        where(graph, importer, imported)
+        for importer in sorted(graph.modules)
+        for imported in sorted(graph.find_modules_directly_imported_by(importer))
+        if floor(imported) > floor(importer)
+    ]
+    assert not upward, "arrows that run back up:\n" + "\n".join(upward)
+
+
+def circles(graph) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph.modules):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.find_modules_directly_imported_by(child)))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_files_import_each_other_in_a_circle(graph):
+    found = circles(graph)
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_circle_finder_finds_a_circle_of_three():
+    """The check above cannot pass for want of seeing: a planted circle is found."""
+    planted = grimp.ImportGraph()
+    for name in ("a.one", "a.two", "a.three", "a.four"):
+        planted.add_module(name)
+    planted.add_import(importer="a.one", imported="a.two")
+    planted.add_import(importer="a.two", imported="a.three")
+    planted.add_import(importer="a.three", imported="a.one")
+    planted.add_import(importer="a.four", imported="a.one")
+    assert circles(planted) == [["a.one", "a.three", "a.two"]]
+
+
+ROOT = Path(__file__).resolve().parents[1]
+LONG = 700  # lines
+
+
+def long_files() -> list[str]:
+    """Python files over LONG lines, bench/ and migrations aside."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        if relative.startswith((".venv/", "bench/", "var/")) or "/migrations/" in relative:
+            continue
+        if path.read_text(encoding="utf-8").count("\n") > LONG:
+            found.append(relative)
+    return found
+
+
+def test_every_long_file_says_in_the_architecture_why_it_is_long():
+    architecture = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    unexplained = [name for name in long_files() if f"`{name}`" not in architecture]
+    assert not unexplained, (
+        f"over {LONG} lines with no sentence in docs/architecture.md (section 'Long files') "
+        "saying why: " + ", ".join(unexplained)
+    )

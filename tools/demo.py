@@ -26,7 +26,7 @@ from .keyed import (
     would_fail,
 )
 from .models import Customer, Note, Order, OutboxEmail, Payment, Ticket, WorldUser
-from .payments import rupees
+from .money import rupees
 from .registry import (
     COMPENSABLE,
     READ,

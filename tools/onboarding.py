@@ -38,7 +38,7 @@ from .keyed import (
     would_fail,
 )
 from .models import FileOperation, Payment, WebhookDelivery, WorldUser
-from .payments import rupees
+from .money import rupees
 from .registry import (
     COMPENSABLE,
     IRREVERSIBLE,

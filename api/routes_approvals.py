@@ -10,20 +10,12 @@ from __future__ import annotations
 
 from ninja import Path, Query, Router
 
-from approvals.selectors import rule_api_fields
-from approvals.services import (
-    AlreadyClaimed,
-    AlreadyDecided,
-    Decision,
-    DecisionError,
-    NotAllowed,
-    RunMovedOn,
-    StaleDecision,
-    WrongAction,
-    approval_claim,
-    approval_decide,
-    approval_release,
-)
+from approvals.decisions.claims import approval_claim, approval_release
+from approvals.decisions.decision import Decision
+from approvals.decisions.errors import AlreadyClaimed, AlreadyDecided, RunMovedOn, StaleDecision, WrongAction
+from approvals.decisions.services import approval_decide
+from approvals.policy.decided import rule_api_fields
+from approvals.policy.errors import DecisionError, NotAllowed
 
 from . import selectors
 from .routes_runs import refuse

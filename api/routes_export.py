@@ -9,7 +9,8 @@ from __future__ import annotations
 from django.http import StreamingHttpResponse
 from ninja import Path, Router
 
-from approvals.export import CONTENT_TYPE, ExportRefused, run_export_lines
+from approvals.record.errors import ExportRefused
+from approvals.record.export import CONTENT_TYPE, run_export_lines
 from runs.selectors import run_get
 
 from .errors import ApiError

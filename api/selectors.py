@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from django.contrib.auth import get_user_model
 
-from approvals.models import ApprovalRequest
-from approvals.selectors import (
+from approvals.decisions.selectors import (
     APPROVAL_PAGE_RELATIONS,
     approvals_decidable_by,
     approvals_visible_to,
@@ -20,6 +19,7 @@ from approvals.selectors import (
     group_names,
     has_approved_current,
 )
+from approvals.models import ApprovalRequest
 from runs.history import transcript_messages
 from runs.models import Run, Step, ToolCall
 from runs.selectors import run_get, run_search, run_step_checkpoint

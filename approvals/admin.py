@@ -6,10 +6,7 @@ from django.db import transaction
 from django.forms.models import model_to_dict
 from django.utils.html import format_html, format_html_join
 
-from runs.admin import ReadOnlyAdmin
-
-from .audit import rule_record
-from .models import (
+from approvals.models import (
     ApprovalRequest,
     ApprovalVote,
     AuditEvent,
@@ -19,8 +16,10 @@ from .models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
-from .notifications import notifications_resend
-from .webhooks import webhook_retry, webhook_send_test
+from approvals.notify.notifications import notifications_resend
+from approvals.notify.webhooks import webhook_retry, webhook_send_test
+from approvals.record.audit import rule_record
+from runs.admin import ReadOnlyAdmin
 
 RULE_FIELDS = [
     "name",

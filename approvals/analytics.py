@@ -34,13 +34,12 @@ from django.contrib.auth import get_user_model
 from django.db.models import Q
 from django.utils import timezone
 
+from approvals.models import ApprovalRequest, ApprovalStatus, ApprovalVote, GateRule, RuleMode
+from approvals.policy.rules import RULE_COLUMNS, RuleTerms
+from approvals.policy.shadow import NO_MATCH
 from runs.gate import ALLOW, DENY, NEEDS_APPROVAL
 from runs.models import GuardKind, ToolCall
 from tools.registry import find_tool
-
-from .gate import RULE_COLUMNS, RuleTerms
-from .models import ApprovalRequest, ApprovalStatus, ApprovalVote, GateRule, RuleMode
-from .shadow import NO_MATCH
 
 # A reviewer "rubber-stamps" who approves at least this share of at least this many
 # decisions, spending a median of less than this many seconds on each.

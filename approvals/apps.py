@@ -10,4 +10,4 @@ class ApprovalsConfig(AppConfig):
     def ready(self) -> None:
         # Receivers record the audit trail only; what a transition means (emails,
         # cancelled approvals) is called by name where it happens.
-        from . import receivers  # noqa: F401
+        from approvals.record import receivers  # noqa: F401

@@ -6,12 +6,15 @@ from decimal import Decimal, InvalidOperation
 from django.conf import settings
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
-from django.db import models
+from django.db import IntegrityError, models, router, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from approvals.notify.endpoints import webhook_endpoint_refusals
+from approvals.record.chain import event_content, event_hash, event_subject
 from runs.gate import GUARD_ACTIONS
 from runs.models import GuardKind, Run, ToolCall
+from tools.locks import lock_scope
 
 
 # Choices used by database constraints are module-level: a model's Meta cannot see
@@ -708,9 +711,30 @@ class AuditEvent(models.Model):
     def save(self, *args, **kwargs):
         if self.pk is not None:
             raise ValueError("audit events are append-only")
-        from .audit import audit_append
+        self._append(save=super().save, **kwargs)
 
-        audit_append(self, save=super().save, **kwargs)
+    def _append(self, *, save, **kwargs) -> None:
+        """Append this event to its subject's chain: the chain's head locked (so it never
+        forks), the event hashed over its content and the head before it."""
+        self.subject = event_subject(self)
+        with transaction.atomic(using=router.db_for_write(type(self)), savepoint=False):
+            # PostgreSQL: rows are locked, but a chain's first event has no row to lock yet.
+            lock_scope(f"audit:{self.subject}")
+            chain = AuditChain.objects.select_for_update().filter(subject=self.subject).first()
+            if chain is None:
+                try:
+                    with transaction.atomic():
+                        chain = AuditChain.objects.create(subject=self.subject, seq=0, head="")
+                except IntegrityError:
+                    chain = AuditChain.objects.select_for_update().get(subject=self.subject)
+            self.seq = chain.seq + 1
+            self.prev_hash = chain.head
+            self.created_at = timezone.now()
+            self.hash = event_hash(self.prev_hash, event_content(self))
+            save(**kwargs)
+            AuditChain.objects.filter(subject=self.subject, seq=chain.seq).update(
+                seq=self.seq, head=self.hash
+            )
 
 
 class AuditChain(models.Model):
@@ -767,9 +791,6 @@ class WebhookEndpoint(models.Model):
         return self.description or self.url
 
     def clean(self) -> None:
-        # approvals.webhooks imports this module: the rules are read when they apply.
-        from .webhooks import webhook_endpoint_refusals
-
         errors = webhook_endpoint_refusals(url=self.url, events=self.events)
         if errors:
             raise ValidationError(errors)

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 from django.urls import path
 
-from . import views, views_analytics, views_mail, views_queue
+from approvals import views_analytics
+from approvals.decisions import views, views_queue
+from approvals.notify import views_mail
 
 # <id:...> is desk.converters.IdConverter (at most 18 digits), registered in desk/urls.py.
 urlpatterns = [

@@ -16,9 +16,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from runs.gate import NEEDS_APPROVAL
-
-from .analytics import (
+from approvals.analytics import (
     HARM_LISTED,
     RUBBER_STAMP_APPROVE_SHARE,
     RUBBER_STAMP_MEDIAN_SECONDS,
@@ -30,7 +28,8 @@ from .analytics import (
     shadow_figures,
     what_if,
 )
-from .models import GateRule, RuleMode
+from approvals.models import GateRule, RuleMode
+from runs.gate import NEEDS_APPROVAL
 
 PERIODS = {"24h": ("Last 24 hours", timedelta(hours=24)), "7d": ("Last 7 days", timedelta(days=7))}
 PERIODS["30d"] = ("Last 30 days", timedelta(days=30))

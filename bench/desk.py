@@ -235,7 +235,7 @@ def seed(start: int, stop: int) -> None:
 def middle_approval() -> int:
     from django.contrib.auth import get_user_model
 
-    from approvals.selectors import queue_pending
+    from approvals.decisions.queue import queue_pending
 
     reviewer = get_user_model().objects.get(username="reviewer")
     shown = queue_pending(user=reviewer, yours=True)

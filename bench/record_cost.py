@@ -63,8 +63,9 @@ def worker(root: Path, kind: str, n: int, out: Path) -> None:
     call_command("seeddemo", verbosity=0)
     from django.contrib.auth import get_user_model
 
+    from approvals.decisions.decision import Decision
+    from approvals.decisions.services import approval_decide
     from approvals.models import ApprovalRequest, AuditEvent
-    from approvals.services import Decision, approval_decide
     from runs.engine import run_advance_until_settled
     from runs.services import run_create
     from tools import registry

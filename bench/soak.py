@@ -612,8 +612,10 @@ class Trial:
 
     # --- the decider ----------------------------------------------------------------
     def decide(self, run_ids: list[int]) -> None:
+        from approvals.decisions.decision import Decision
+        from approvals.decisions.services import approval_decide
         from approvals.models import ApprovalRequest
-        from approvals.services import Decision, DecisionError, approval_decide
+        from approvals.policy.errors import DecisionError
 
         now = time.time()
         pending = ApprovalRequest.objects.filter(run_id__in=run_ids, status="pending").select_related(
@@ -679,7 +681,7 @@ class Trial:
     def check(self, plans: list[Planned], began: float) -> None:
         from datetime import UTC, datetime
 
-        from approvals.audit import verify_run
+        from approvals.record.verify import verify_run
         from runs.models import Message, Run, Step, ToolCall
         from tools.models import FileOperation, Note, OutboxEmail, Payment, Ticket, WorldUser
 

@@ -856,8 +856,9 @@ class RunResult:
 def run_one(script: Script, reviewer) -> RunResult:
     """Run the script to its end or until a guard stops it; a note waiting for a
     reviewer is decided (approved, or declined if it says so) and the run resumed."""
+    from approvals.decisions.decision import Decision
+    from approvals.decisions.services import approval_decide
     from approvals.models import ApprovalRequest
-    from approvals.services import Decision, approval_decide
     from runs.engine import run_advance_until_settled
     from runs.models import Run, Step, ToolCall
     from runs.services import run_create
@@ -916,7 +917,7 @@ def setup(db_dir: Path):
     os.environ["EMAIL_URL"] = "locmem://"
     setup_django(db_dir, debug=False)
     # The scratch database has no reviewers: "nobody may decide it" is expected.
-    logging.getLogger("approvals.notifications").setLevel(logging.ERROR)
+    logging.getLogger("approvals.notify.notifications").setLevel(logging.ERROR)
     from approvals.models import GateRule
 
     # Nothing waits for a reviewer but the notes that ask for one: the bench measures

@@ -397,8 +397,10 @@ def fmt_ms(values: list[float]) -> str:
 def throughput(args, env: dict, order_ids: list[str], log_dir: Path) -> dict:
     from django.db import connection
 
+    from approvals.decisions.decision import Decision
+    from approvals.decisions.services import approval_decide
     from approvals.models import ApprovalRequest
-    from approvals.services import Decision, DecisionError, approval_decide
+    from approvals.policy.errors import DecisionError
     from runs.models import Run, Step
     from runs.tasks import advance_run
 

@@ -154,7 +154,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "approvals.context_processors.nav",
+                "approvals.decisions.context_processors.nav",
             ],
         },
     }

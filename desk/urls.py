@@ -4,8 +4,8 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path, register_converter
 
-from approvals import views as approval_views
-from approvals import views_standing
+from approvals.decisions import views as approval_views
+from approvals.decisions import views_standing
 
 from . import health, metrics
 from .converters import IdConverter

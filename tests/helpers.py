@@ -19,9 +19,10 @@ from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
+from approvals.decisions.decision import Decision, DecisionResult
+from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest, Notification
-from approvals.notifications import notification_send
-from approvals.services import Decision, DecisionResult, approval_decide
+from approvals.notify.notifications import notification_send
 from runs.engine import run_advance_until_settled
 from runs.models import Message, Run, ToolCall
 from runs.services import run_create

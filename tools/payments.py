@@ -13,13 +13,14 @@ can be reversed only once.
 from __future__ import annotations
 
 import contextlib
-from decimal import MAX_EMAX, MIN_EMIN, ROUND_HALF_UP, Context, Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
 
 from . import faults
 from .models import Order, Payment, ProviderFault
+from .money import rupees  # noqa: F401 (runs.selectors imports it from here until it moves to tools.money)
 from .registry import ToolError, UnknownOutcome
 
 CENT = Decimal("0.01")
@@ -40,23 +41,6 @@ def money(value) -> Decimal:
     if amount != amount.quantize(CENT, rounding=ROUND_HALF_UP):
         raise ToolError(f"amount {value} has more than two decimals.")
     return amount.quantize(CENT)
-
-
-def rupees(amount: Decimal) -> str:
-    """An amount as people read it: ₹2,900.00. Never raises: what is not a number is
-    shown as it is, a number no money column holds (1e30) as ₹1E+30."""
-    try:
-        number = Decimal(amount) if isinstance(amount, int | Decimal) else Decimal(str(amount))
-        if isinstance(amount, bool) or not number.is_finite():
-            raise ValueError(amount)
-        if abs(number.adjusted()) >= 18:
-            return f"₹{number.normalize(Context(prec=40, Emax=MAX_EMAX, Emin=MIN_EMIN)):E}"
-        return f"₹{number:,.2f}"
-    except (ArithmeticError, ValueError, TypeError):
-        try:
-            return str(amount)
-        except ValueError:  # an int too long for str()
-            return "(a number too long to show)"
 
 
 def amount_to_pay(value) -> Decimal:

@@ -7,14 +7,14 @@ from django.db import migrations, models
 
 
 def install_triggers(apps, schema_editor):
-    """The audit trail is append-only in the database itself (approvals/audit.py)."""
-    from approvals.audit import install_append_only_triggers
+    """The audit trail is append-only in the database itself (approvals/record/audit.py)."""
+    from approvals.record.audit import install_append_only_triggers
 
     install_append_only_triggers(schema_editor.connection)
 
 
 def remove_triggers(apps, schema_editor):
-    from approvals.audit import drop_append_only_triggers
+    from approvals.record.audit import drop_append_only_triggers
 
     drop_append_only_triggers(schema_editor.connection)
 

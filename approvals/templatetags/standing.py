@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django import template
 
-from approvals.standing import standing_offer as _standing_offer
+from approvals.policy.standing import standing_offer as _standing_offer
 
 register = template.Library()
 

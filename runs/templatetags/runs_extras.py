@@ -1,17 +1,16 @@
 """Formatting for the run pages. Everything returns plain text: autoescaping stays on.
 
-Runs never imports approvals (tools <- runs <- approvals), so the run pages format
-amounts here rather than with the desk's filters; the numbers come out the same
-(``tools.payments.rupees``: ₹2,900.00).
+Runs never imports approvals (tools <- runs <- approvals); amounts come out as
+everywhere else, from the one formatter (``tools.money.rupees``: ₹2,900.00).
 """
 
 from __future__ import annotations
 
 from django import template
 
-from runs.selectors import format_rupees
 from runs.selectors import money_reason as selectors_money_reason
 from runs.selectors import session_label as selectors_session_label
+from tools import money
 from tools.registry import UNDO_KIND_HELP, UNDO_KINDS
 
 register = template.Library()
@@ -20,7 +19,7 @@ register = template.Library()
 @register.filter
 def rupees(value) -> str:
     """2900 -> ₹2,900.00; anything that is not a number is shown as it is."""
-    return format_rupees(value)
+    return money.rupees(value)
 
 
 money_reason = register.filter("money_reason", selectors_money_reason)

@@ -13,8 +13,8 @@ from django.db import connection
 from django.test import Client
 
 from api.tokens import apitoken_create, apitoken_revoke
+from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest
-from approvals.services import Decision
 from runs.engine import CALLER_RUNS_IT
 from runs.models import Run, ToolCall
 from runs.services import run_cancel

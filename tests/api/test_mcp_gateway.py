@@ -17,8 +17,9 @@ from mcp import Client
 from api.mcp_gateway import Gateway, gateway_call, gateway_server, gateway_tools
 from api.mcp_proxy import proxied_tool_spec, result_value
 from api.tokens import apitoken_create, apitoken_revoke
+from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest
-from approvals.services import Decision, NotAllowed
+from approvals.policy.errors import NotAllowed
 from runs.models import Run, ToolCall
 from tests.helpers import decide_and_advance, run_async
 from tools import registry

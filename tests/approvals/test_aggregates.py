@@ -13,8 +13,8 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
+from approvals.decisions.decision import Decision
 from approvals.models import GateRule
-from approvals.services import Decision
 from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
 from runs.saga import run_rollback

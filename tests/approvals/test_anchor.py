@@ -13,7 +13,6 @@ import pytest
 from django.core.management.base import CommandError
 from django.db import connection
 
-from approvals.audit import drop_append_only_triggers, install_append_only_triggers
 from approvals.models import (
     ApprovalRequest,
     AuditChain,
@@ -22,7 +21,8 @@ from approvals.models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
-from approvals.tasks import anchor_chains
+from approvals.notify.tasks import anchor_chains
+from approvals.record.audit import drop_append_only_triggers, install_append_only_triggers
 from runs.models import Run
 from tests.helpers import finished_demo, run_command, start
 

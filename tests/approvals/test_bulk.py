@@ -15,10 +15,11 @@ import re
 import pytest
 from django.contrib.auth.models import Permission
 
-from approvals.bulk import approvals_bulk_decide
-from approvals.forms import BULK_LIMIT
+from approvals.decisions.bulk import approvals_bulk_decide
+from approvals.decisions.decision import Decision
+from approvals.decisions.forms import BULK_LIMIT
+from approvals.decisions.opening import approval_open_guard
 from approvals.models import ApprovalRequest, AuditEvent, GateRule
-from approvals.services import Decision, approval_open_guard
 from runs.engine import run_advance_until_settled
 from runs.models import GuardKind, Run
 from runs.services import run_create

@@ -2,15 +2,11 @@ from __future__ import annotations
 
 import pytest
 
+from approvals.decisions.decision import Decision
+from approvals.decisions.errors import AlreadyDecided, StaleDecision
+from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest, AuditEvent, GateRule
-from approvals.services import (
-    AlreadyDecided,
-    Decision,
-    DecisionError,
-    NotAllowed,
-    StaleDecision,
-    approval_decide,
-)
+from approvals.policy.errors import DecisionError, NotAllowed
 from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
 from runs.services import run_cancel
@@ -142,7 +138,7 @@ PER_ORDER = "Refunds per order over ₹500 in total need approval"
 
 
 def test_the_gate_sees_rule_changes_at_once_and_skips_disabled_rules(users):
-    from approvals.gate import enabled_rules
+    from approvals.policy.rules import enabled_rules
 
     names = [r.name for r in enabled_rules("refund_item")]
     assert names == ["Refunds over ₹5,000", "Refunds over ₹500", PER_ORDER, "Refunds up to ₹500"]
@@ -184,7 +180,7 @@ def test_a_call_of_a_tool_this_process_does_not_know_is_approved_only_with_the_c
     what it does is unknown, so it is treated as what cannot be undone."""
     run = start(script(turn(("refund_item", {"order_id": "A-1001", "amount": 900, "reason": "x"}))))
     approval = the_approval(run)
-    monkeypatch.setattr("approvals.services.find_tool", lambda name: None)
+    monkeypatch.setattr("approvals.decisions.services.find_tool", lambda name: None)
     with pytest.raises(DecisionError, match="refund_item cannot be undone: confirm"):
         decide(approval, users["reviewer"])
     decide(approval, users["reviewer"], Decision.approve(confirm_irreversible=True))
@@ -256,7 +252,7 @@ def test_someone_who_approved_may_not_then_decline_alone(users):
 def test_the_gate_reads_exactly_the_rule_terms_it_needs(users):
     """The gate's rules come from plain SQL: each term is the stored value, and a
     field the gate does not read cannot be read (it would be a model's default)."""
-    from approvals.gate import RuleTerms, enabled_rules
+    from approvals.policy.rules import RuleTerms, enabled_rules
 
     rule = GateRule.objects.create(
         name="Refunds per order",

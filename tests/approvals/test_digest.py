@@ -15,10 +15,16 @@ import pytest
 from django.core import mail
 from django.db import connection
 
+from approvals.decisions.decision import Decision
 from approvals.models import Notification, NotificationPreference
-from approvals.notifications import Kind, digest_record, digests_record, notifications_record
-from approvals.services import Decision
-from approvals.tasks import send_digests, send_notification
+from approvals.notify.kinds import Kind
+from approvals.notify.notifications import (
+    digest_record,
+    digests_record,
+    notifications_record,
+    send_notification,
+)
+from approvals.notify.tasks import send_digests
 from tests.helpers import decide, deliver, start, the_approval
 
 pytestmark = [

@@ -17,9 +17,12 @@ from django.db import connection
 from django.test import Client
 
 from api.tokens import apitoken_create, apitoken_revoke
-from approvals.audit import install_append_only_triggers, verify_run
-from approvals.export import FORMAT, HEADER_TYPE, ImportRefused, read_import_file
 from approvals.models import ApprovalRequest, ApprovalVote, AuditEvent, Proposal
+from approvals.record.audit import install_append_only_triggers
+from approvals.record.errors import ImportRefused
+from approvals.record.export import FORMAT, HEADER_TYPE
+from approvals.record.importer import read_import_file
+from approvals.record.verify import verify_run
 from runs.models import Message, Run, Step, ToolCall
 from runs.saga import RollbackRefused, run_fork, run_rewind, run_rollback
 from tests.helpers import finished_demo, run_command, start
@@ -218,7 +221,7 @@ def test_a_changed_message_is_refused_and_so_is_a_removed_line(users):
 
 
 def test_keeping_ids_is_refused_when_a_person_has_another_id_here(users):
-    from approvals.export import _users
+    from approvals.record.importer import _users
 
     parsed_file = read_import_file(io.StringIO("".join(export(finished_demo(users)))))
     for row in parsed_file.users:  # as if the source desk had made its people in another order
@@ -257,7 +260,7 @@ def test_a_fork_whose_parent_is_missing_is_refused(users):
     lines = parsed(export(run))
     # A file as a fork of a run this desk never had would be (re-sealed with the key,
     # as its desk would have: the refusal is about the missing parent, not the seal).
-    from approvals.export import SEAL_START, _sealed
+    from approvals.record.export import SEAL_START, _sealed
     from runs.integrity import keyed_hash
     from tools.registry import canonical_json
 

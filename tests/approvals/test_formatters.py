@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import pytest
 
-from approvals.templatetags import desk
+from approvals.templatetags import approvals_format as desk
 from runs import selectors
 from runs.templatetags import runs_extras
 from tools import payments

@@ -21,20 +21,15 @@ from django.core import mail
 from django.core.management.base import CommandError
 from django.db import transaction
 
-from approvals.audit import verify_run
+from approvals.decisions.claims import approval_claim
+from approvals.decisions.decision import Decision
+from approvals.decisions.errors import AlreadyDecided, RunMovedOn, WrongAction
+from approvals.decisions.services import approval_decide
 from approvals.gate import RuleGate
 from approvals.models import ApprovalRequest, AuditEvent, GuardAction, Notification
-from approvals.services import (
-    AlreadyDecided,
-    Decision,
-    DecisionError,
-    NotAllowed,
-    RunMovedOn,
-    WrongAction,
-    approval_claim,
-    approval_decide,
-)
-from approvals.sla import approvals_sweep_sla
+from approvals.notify.sla import approvals_sweep_sla
+from approvals.policy.errors import DecisionError, NotAllowed
+from approvals.record.verify import verify_run
 from runs.gate import GUARD_ACTIONS, get_gate, review_call
 from runs.models import GuardKind, Message, Run, RunGuard, RunStatus, ToolCall
 from runs.services import run_cancel, run_create, run_transition

@@ -17,17 +17,17 @@ from django.core.mail.backends.locmem import EmailBackend
 from django.urls import reverse
 from django.utils import timezone
 
+from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest, AuditEvent, Notification
-from approvals.notifications import (
+from approvals.notify.kinds import Kind
+from approvals.notify.notifications import (
     SENDING_DEADLINE,
-    Kind,
     notification_send,
     notifications_record,
     notifications_renudge,
+    send_notification,
 )
-from approvals.services import Decision
-from approvals.sla import approvals_sweep_sla
-from approvals.tasks import send_notification
+from approvals.notify.sla import approvals_sweep_sla
 from runs.engine import run_advance, run_advance_until_settled
 from runs.llm import PermanentLLMError
 from runs.models import Run
@@ -391,7 +391,7 @@ def test_an_email_that_cannot_be_rendered_fails_once_and_is_not_retried(users, m
     def broken(note):
         raise KeyError("facts")
 
-    monkeypatch.setattr("approvals.notifications.notification_message", broken)
+    monkeypatch.setattr("approvals.notify.notifications.notification_message", broken)
     assert notification_send(notification_id=note.pk) == "failed"
     note.refresh_from_db()
     assert note.status == "failed" and note.last_error == "not rendered: KeyError: 'facts'"

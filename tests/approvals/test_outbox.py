@@ -9,7 +9,8 @@ from django.core.mail import EmailMultiAlternatives, mailers
 from django.urls import reverse
 
 from approvals.models import Notification, NotificationPreference, OutboxEmail
-from approvals.notifications import Kind, digests_record
+from approvals.notify.kinds import Kind
+from approvals.notify.notifications import digests_record
 from desk.mail import DatabaseBackend
 from tests.helpers import client_for, deliver, get_html, start, the_approval
 

@@ -13,10 +13,11 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
+from approvals.decisions.decision import Decision
+from approvals.decisions.queue import next_decidable
+from approvals.decisions.selectors import approval_context, call_notes
 from approvals.models import ApprovalRequest
-from approvals.selectors import approval_context, call_notes, next_decidable
-from approvals.services import Decision
-from approvals.templatetags.desk import arg_text, elapsed, money_reason, rupees, undo_kind_help
+from approvals.templatetags.approvals_format import arg_text, elapsed, money_reason, rupees, undo_kind_help
 from tests.helpers import client_for, decide, get_html, pending, post_decision, script, start, turn
 from tools import registry
 

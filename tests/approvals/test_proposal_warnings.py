@@ -10,9 +10,9 @@ from django.db import connections
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from approvals.decisions.decision import Decision
+from approvals.decisions.selectors import call_notes
 from approvals.models import Proposal
-from approvals.selectors import call_notes
-from approvals.services import Decision
 from tests.helpers import decide_and_advance, pending, script, start, turn
 from tools.models import Payment
 

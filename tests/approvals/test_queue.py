@@ -16,17 +16,12 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.utils import timezone
 
-from approvals import views_queue
+from approvals.decisions import views_queue
+from approvals.decisions.claims import approval_claim
+from approvals.decisions.opening import approval_open_guard
+from approvals.decisions.queue import neighbours, queue_pending, queue_rows
+from approvals.decisions.selectors import approvals_visible_to, decide_refusal, has_approved_current
 from approvals.models import ApprovalRequest, GateRule, Proposal
-from approvals.selectors import (
-    approvals_visible_to,
-    decide_refusal,
-    has_approved_current,
-    neighbours,
-    queue_pending,
-    queue_rows,
-)
-from approvals.services import approval_claim, approval_open_guard
 from runs.models import GuardKind
 from runs.services import run_create
 from tests.helpers import client_for, decide, get_html, pending, script, start, turn
@@ -309,7 +304,7 @@ def test_search_reads_the_proposal_that_would_run_and_text_in_any_script(users):
 
 
 def _edit_to_senior(approval):
-    from approvals.services import Decision
+    from approvals.decisions.decision import Decision
 
     return Decision.approve(edit={**approval.proposal.input, "amount": 6000, "reason": "Edited by reviewer"})
 

@@ -18,9 +18,9 @@ import pytest
 from django.core import mail
 from django.db import connection
 
+from approvals.decisions.opening import approval_open_guard
 from approvals.models import ApprovalRequest, GateRule
-from approvals.selectors import rule_as_decided
-from approvals.services import approval_open_guard
+from approvals.policy.decided import rule_as_decided
 from tests.api.api_client import Api
 from tests.helpers import (
     client_for,
@@ -268,7 +268,7 @@ def exported(run) -> list[str]:
 
 def resealed(lines: list[str]) -> list[str]:
     """The file sealed again under this desk's key (as a holder of the key could)."""
-    from approvals.export import SEAL_START, _sealed
+    from approvals.record.export import SEAL_START, _sealed
     from runs.integrity import keyed_hash
     from tools.registry import canonical_json
 

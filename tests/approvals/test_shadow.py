@@ -10,8 +10,8 @@ import pytest
 from django.utils import timezone
 
 from approvals.analytics import Period, shadow_figures
+from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest, GateRule, RuleMode
-from approvals.services import Decision
 from runs.models import Run, ToolCall
 from tests.helpers import client_for, decide_and_advance, get_html, script, start, turn
 from tools.models import Payment

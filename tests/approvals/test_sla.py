@@ -12,9 +12,10 @@ from django.core import mail
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, AuditEvent, GateRule, Notification
-from approvals.services import NotAllowed
-from approvals.sla import approval_remind, approvals_sweep_sla
-from approvals.tasks import send_notification, sweep_sla
+from approvals.notify.notifications import send_notification
+from approvals.notify.sla import approval_remind, approvals_sweep_sla
+from approvals.notify.tasks import sweep_sla
+from approvals.policy.errors import NotAllowed
 from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
 from tests.helpers import decide, deliver, start, the_approval, tool_results

@@ -12,9 +12,10 @@ from django.contrib.auth.models import Group
 from django.core.management.base import CommandError
 from django.utils import timezone
 
+from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest, AuditEvent, GateRule, StandingApproval
-from approvals.services import Decision, DecisionError
-from approvals.standing import StandingTerms, standing_revoke, standing_terms_from_form, standing_used
+from approvals.policy.errors import DecisionError
+from approvals.policy.standing import StandingTerms, standing_revoke, standing_terms_from_form, standing_used
 from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
 from tests.helpers import (

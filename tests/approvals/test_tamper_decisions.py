@@ -14,10 +14,11 @@ from django.contrib.auth.models import Group
 from django.core.management.base import CommandError
 from django.db import connection
 
-from approvals.audit import install_append_only_triggers, verify_everything, verify_run
+from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest, GateRule, Proposal, StandingApproval
-from approvals.services import Decision
-from approvals.standing import StandingTerms, standing_revoke
+from approvals.policy.standing import StandingTerms, standing_revoke
+from approvals.record.audit import install_append_only_triggers
+from approvals.record.verify import verify_everything, verify_run
 from runs.models import Run, ToolCall
 from tests.helpers import (
     client_for,
@@ -118,7 +119,7 @@ def test_a_pending_approvals_authority_changed_in_the_database_is_named(users, c
 def test_an_escalation_and_an_edit_are_legitimate_changes_of_authority(users):
     from django.utils import timezone
 
-    from approvals.sla import approval_escalate
+    from approvals.notify.sla import approval_escalate
 
     run = a_waiting_refund(users)
     approval = pending(run)

@@ -14,9 +14,10 @@ import pytest
 from django.core.management.base import CommandError
 from django.db import DatabaseError, IntegrityError, connection, transaction
 
-from approvals.audit import drop_append_only_triggers, install_append_only_triggers, verify_run
+from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest, AuditChain, AuditEvent
-from approvals.services import Decision
+from approvals.record.audit import drop_append_only_triggers, install_append_only_triggers
+from approvals.record.verify import verify_run
 from runs.engine import run_advance_until_settled
 from runs.models import Message, Run, Step, ToolCall
 from runs.saga import run_rewind

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from approvals.webhooks import webhook_signature, webhook_signature_verify
+from approvals.notify.webhooks import webhook_signature, webhook_signature_verify
 
 SECRET = "whsec_test-secret"
 BODY = b'{"event": "approval.opened", "data": {"approval": {"id": 1}}}'

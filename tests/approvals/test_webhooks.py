@@ -20,13 +20,14 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from approvals import webhooks
+from approvals.decisions.decision import Decision
+from approvals.decisions.services import approval_expire
 from approvals.models import ApprovalRequest, WebhookDelivery, WebhookEndpoint
-from approvals.services import Decision, approval_expire
-from approvals.webhooks import (
+from approvals.notify import webhooks
+from approvals.notify.endpoints import webhook_address
+from approvals.notify.errors import UnsafeWebhookURL
+from approvals.notify.webhooks import (
     MAX_ATTEMPTS,
-    UnsafeWebhookURL,
-    webhook_address,
     webhook_deliver,
     webhook_retry,
     webhook_signature,
@@ -61,7 +62,7 @@ def nudged(monkeypatch):
     transaction never commits: capture its on-commit callbacks to see them."""
     nudges = []
     monkeypatch.setattr(
-        "approvals.tasks.deliver_webhook.apply_async",
+        "approvals.notify.webhooks.deliver_webhook.apply_async",
         lambda args, countdown=None: nudges.append((args[0], countdown)),
     )
     return nudges

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from approvals.services import Decision
+from approvals.decisions.decision import Decision
 from runs.external import external_call_submit, external_session_open
 from tests.helpers import decide_and_advance
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
+from approvals.decisions.decision import Decision
+from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest, GateRule
-from approvals.services import Decision, approval_decide
 from runs.engine import run_advance_until_settled
 from runs.models import Run
 from tests.helpers import approve_all, finished_demo, pending, start

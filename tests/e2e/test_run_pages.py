@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from approvals.services import Decision
+from approvals.decisions.decision import Decision
 from runs.models import Run
 from tests.helpers import decide_and_advance, finished_demo, start
 

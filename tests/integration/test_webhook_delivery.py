@@ -11,7 +11,7 @@ import pytest
 from django.urls import reverse
 
 from approvals.models import ApprovalRequest, WebhookDelivery, WebhookEndpoint
-from approvals.webhooks import webhook_signature_verify
+from approvals.notify.webhooks import webhook_signature_verify
 from tests.helpers import client_for, get_html
 from tests.webhook_receiver import WebhookReceiver
 

@@ -10,8 +10,8 @@ import re
 import pytest
 from django.core.management import CommandError
 
+from approvals.decisions.errors import AlreadyDecided
 from approvals.models import ApprovalRequest
-from approvals.services import AlreadyDecided
 from runs.models import Run, ToolCall
 from tests.helpers import (
     decide,

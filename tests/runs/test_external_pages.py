@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from approvals.services import Decision
+from approvals.decisions.decision import Decision
 from runs.external import external_call_submit, external_session_open
 from runs.models import Run
 from tests.helpers import client_for, decide_and_advance, get_html, start

@@ -9,7 +9,7 @@ import threading
 import pytest
 from django.db import connections
 
-from approvals.audit import verify_run
+from approvals.record.verify import verify_run
 from runs.engine import CALLER_RUNS_IT
 from runs.external import (
     InvalidInput,

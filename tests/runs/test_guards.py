@@ -11,8 +11,9 @@ from decimal import Decimal
 
 import pytest
 
+from approvals.decisions.decision import Decision
+from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest
-from approvals.services import Decision, approval_decide
 from runs.engine import Outcome, run_advance, run_advance_until_settled
 from runs.llm import Reply, ScriptedLLM, Usage
 from runs.models import Message, Run, Step, ToolCall

@@ -12,8 +12,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from approvals.decisions.decision import Decision
 from approvals.models import GateRule
-from approvals.services import Decision
 from runs.models import Run, ToolCall
 from runs.saga import run_rollback
 from runs.selectors import args_summary, outcome_of_calls, run_outcome, run_outcome_lines, run_outcomes

@@ -10,8 +10,9 @@ import pytest
 from django.core.management import CommandError
 from django.utils import timezone
 
-from approvals.export import ExportRefused, run_export_lines
 from approvals.models import ApprovalVote, Proposal
+from approvals.record.errors import ExportRefused
+from approvals.record.export import run_export_lines
 from runs.engine import run_advance_until_settled
 from runs.models import Message, Run, Step, ToolCall
 from runs.retention import redact_value

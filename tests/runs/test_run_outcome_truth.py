@@ -13,8 +13,9 @@ import pytest
 from django.core import mail
 from django.utils import timezone
 
+from approvals.decisions.decision import Decision
+from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest, WebhookDelivery, WebhookEndpoint
-from approvals.services import Decision, approval_decide
 from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
 from runs.selectors import outcome_of_calls, run_outcome, run_outcome_lines, run_verification

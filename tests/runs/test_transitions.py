@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
+from approvals.decisions.transitions import ApprovalMoved, IllegalApprovalTransition, approval_transition
 from approvals.models import ApprovalRequest, AuditEvent
-from approvals.transitions import ApprovalMoved, IllegalApprovalTransition, approval_transition
 from runs.models import Run, ToolCall
 from runs.saga import run_rewind
 from runs.services import IllegalTransition, TransitionConflict, call_transition, run_cancel

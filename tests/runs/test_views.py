@@ -12,8 +12,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest, GateRule
-from approvals.services import Decision
 from runs.engine import run_advance_until_settled
 from runs.models import Run
 from runs.services import run_create

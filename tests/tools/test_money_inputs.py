@@ -13,8 +13,9 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from api.mcp_gateway import Gateway, gateway_call
+from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest
-from approvals.services import Decision, DecisionError
+from approvals.policy.errors import DecisionError
 from runs.engine import run_advance_until_settled
 from runs.llm import ScriptedLLM
 from runs.models import Run, ToolCall

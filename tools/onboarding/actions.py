@@ -31,7 +31,7 @@ from tools.keyed import (
     would_fail,
 )
 from tools.models import FileOperation, Payment, ReceivedWebhook, WorldUser
-from tools.payments import rupees
+from tools.money import rupees
 from tools.registry import (
     Check,
     ToolContext,

@@ -19,7 +19,7 @@ from tools.keyed import (
     would_fail,
 )
 from tools.models import Customer, Note, Order, OutboxEmail, Payment, Ticket
-from tools.payments import rupees
+from tools.money import rupees
 from tools.registry import (
     Check,
     ToolContext,

@@ -17,7 +17,7 @@ from tools.keyed import (
     found_for_call,
 )
 from tools.models import Customer, Order, OutboxEmail, Ticket
-from tools.payments import rupees
+from tools.money import rupees
 from tools.refund_desk.actions import (
     SEARCH_LIMIT,
     _ticket_closed,

@@ -4,10 +4,12 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from approvals.decisions.decision import Decision
+from approvals.decisions.guards import actions_text
+from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest, GuardAction, StandingApproval
-from approvals.selectors import actions_text
-from approvals.services import Decision, DecisionError, approval_decide
-from approvals.standing import standing_terms
+from approvals.policy.errors import DecisionError
+from approvals.policy.standing import standing_terms
 from runs.engine import run_advance_until_settled
 from runs.management.commands._common import is_id, text_argument, user_by_name
 from runs.tasks import broker_warm

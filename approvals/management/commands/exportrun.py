@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from approvals.export import ExportRefused, run_export_lines
+from approvals.record.errors import ExportRefused
+from approvals.record.export import run_export_lines
 from runs.management.commands._common import run_by_id
 
 

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from approvals.export import ImportRefused, run_import
+from approvals.record.errors import ImportRefused
+from approvals.record.importer import run_import
 
 
 class Command(BaseCommand):

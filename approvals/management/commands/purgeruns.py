@@ -6,8 +6,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from approvals.audit import verify_run
 from approvals.models import AuditEvent, GateRule, Proposal
+from approvals.record.verify import verify_run
 from runs import retention
 
 

@@ -4,8 +4,9 @@ import json
 
 from django.core.management.base import BaseCommand
 
+from approvals.decisions.guards import guard_summary
+from approvals.decisions.selectors import group_names
 from approvals.models import ApprovalRequest
-from approvals.selectors import group_names, guard_summary
 from runs.management.commands._common import run_by_id
 from runs.models import Run
 from runs.retention import retention_note

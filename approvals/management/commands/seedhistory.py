@@ -29,9 +29,10 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.utils import timezone
 
-from approvals.gate import RULE_COLUMNS, RuleGate, RuleTerms, enabled_rules_by_mode
+from approvals.gate import RuleGate
 from approvals.models import ApprovalRequest, ApprovalVote, GateRule, Proposal, RuleMode
-from approvals.shadow import shadow_verdicts
+from approvals.policy.rules import RULE_COLUMNS, RuleTerms, enabled_rules_by_mode
+from approvals.policy.shadow import shadow_verdicts
 from runs.gate import ALLOW, NEEDS_APPROVAL
 from runs.models import SEEDED_HISTORY_VERSION, Run, ToolCall
 from tools.registry import find_tool, idempotency_key, input_hash

@@ -4,14 +4,9 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from approvals.audit import (
-    AnchorUnreadable,
-    anchor_read,
-    anchor_write,
-    verify_against,
-    verify_everything,
-    verify_run,
-)
+from approvals.record.anchors import anchor_read, anchor_write
+from approvals.record.errors import AnchorUnreadable
+from approvals.record.verify import verify_against, verify_everything, verify_run
 from runs.management.commands._common import run_by_id
 
 

@@ -33,13 +33,15 @@ from django.db.models import Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from approvals.decisions.claims import release_claim_if_ineligible
+from approvals.decisions.errors import AlreadyDecided
+from approvals.decisions.selectors import ESCALATION_GROUP, approval_sla_minutes, group_names
+from approvals.decisions.services import approval_expire
+from approvals.models import ApprovalRequest, AuditEvent, GateRule
+from approvals.notify.kinds import Kind
+from approvals.notify.notifications import notifications_mark_unknown, notifications_renudge, notify_reviewers
+from approvals.record.audit import approval_with_facts
 from runs.models import GuardKind
-
-from .audit import approval_with_facts
-from .models import ApprovalRequest, AuditEvent, GateRule
-from .notifications import Kind, notifications_mark_unknown, notifications_renudge, notify_reviewers
-from .selectors import ESCALATION_GROUP, approval_sla_minutes, group_names
-from .services import AlreadyDecided, approval_expire, release_claim_if_ineligible
 
 log = logging.getLogger(__name__)
 

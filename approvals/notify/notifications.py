@@ -43,38 +43,27 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
+import smtplib
 from datetime import UTC, timedelta
-from urllib.parse import urlparse
 
+from celery import shared_task
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.mail import EmailMultiAlternatives, mailers
+from django.core.mail import mailers
 from django.db import transaction
 from django.db.models import OuterRef, Subquery
-from django.template.loader import render_to_string
-from django.urls import reverse
 from django.utils import timezone
 
-from runs.history import live_at
-from runs.models import CallStatus, Message, Run, ToolCall
-from runs.selectors import args_summary, not_done_filter, not_done_what, outcome_lines_of_calls, run_outcome
-from tools.registry import arguments_in_order
-
-from .models import ApprovalRequest, Notification, NotificationPreference
-from .selectors import (
-    approval_sla_minutes,
-    eligible_reviewers,
-    group_names,
-    guard_context,
-    guard_headline,
-    input_changes,
-    proposal_threshold,
-    rule_as_decided,
-)
-from .templatetags.desk import arg_value, money_reason
-from .webhooks import webhook_run_ended
+from approvals.decisions.guards import guard_headline
+from approvals.decisions.selectors import eligible_reviewers
+from approvals.models import ApprovalRequest, Notification, NotificationPreference
+from approvals.notify.kinds import PREFERENCE_KIND_NAMES, REVIEWER_KINDS, Kind
+from approvals.notify.messages import _name, notification_message
+from approvals.notify.webhooks import webhook_run_ended
+from desk.logs import log_context
+from runs.models import Run
+from runs.selectors import money_reason, run_outcome
 
 log = logging.getLogger(__name__)
 
@@ -83,30 +72,6 @@ MAX_ATTEMPTS = 6
 # A row "sending" this long after its claim lost its worker: the SMTP exchange has
 # a 10 s timeout (EMAIL_URL), so no live send takes this long.
 SENDING_DEADLINE = timedelta(minutes=2)
-
-
-class Kind:
-    APPROVAL_OPENED = "approval_opened"
-    APPROVAL_REMINDER = "approval_reminder"
-    APPROVAL_ESCALATED = "approval_escalated"
-    APPROVAL_DECLINED = "approval_declined"
-    APPROVAL_PROPOSED = "approval_proposed"
-    RUN_FINISHED = "run_finished"
-    # The hourly digest itself: always sent (a preference for it would lose mail).
-    DIGEST = "digest"
-
-
-# The kinds a person may choose a delivery for, in the order the preferences page
-# lists them: (kind, what it is, who gets it).
-PREFERENCE_KINDS = (
-    (Kind.APPROVAL_OPENED, "A call waits for your approval", "reviewers"),
-    (Kind.APPROVAL_REMINDER, "Reminder: a call still waits", "reviewers"),
-    (Kind.APPROVAL_ESCALATED, "A call was escalated to senior reviewers", "reviewers"),
-    (Kind.APPROVAL_PROPOSED, "A reviewer proposed edited arguments", "reviewers"),
-    (Kind.APPROVAL_DECLINED, "A call in your run was declined", "requesters"),
-    (Kind.RUN_FINISHED, "Your run ended", "requesters"),
-)
-PREFERENCE_KIND_NAMES = frozenset(kind for kind, _, _ in PREFERENCE_KINDS)
 # When several accounts share an address, the one that wants the most email wins:
 # a preference never silences someone else.
 _DELIVERY_RANK = {
@@ -121,17 +86,9 @@ _STATUS_FOR_DELIVERY = {
 }
 
 
-REVIEWER_KINDS = {
-    Kind.APPROVAL_OPENED: "opened",
-    Kind.APPROVAL_REMINDER: "reminder",
-    Kind.APPROVAL_ESCALATED: "escalated",
-}
-
-
 # --- recording (inside the event's transaction) ----------------------------
 def notification_enqueue(notification_id: int) -> None:
     """Nudge a worker to send it, once the current transaction commits."""
-    from .tasks import send_notification
 
     transaction.on_commit(functools.partial(send_notification.delay, notification_id))
 
@@ -348,83 +305,6 @@ def _digest_subject(count: int) -> str:
     return f"[Countersign] Your hourly digest: {count} notification{'' if count == 1 else 's'}"
 
 
-# --- preferences and the in-app inbox --------------------------------------
-class PreferenceError(ValueError):
-    """A preferences form named a kind or a delivery that does not exist."""
-
-
-def preferences_of(user) -> dict[str, str]:
-    """Every preference kind with the user's delivery for it (default: each)."""
-    chosen = dict(NotificationPreference.objects.filter(user=user).values_list("kind", "delivery"))
-    return {kind: chosen.get(kind, NotificationPreference.Delivery.EACH) for kind, _, _ in PREFERENCE_KINDS}
-
-
-def preferences_save(*, user, choices: dict[str, str]) -> None:
-    """Set the user's delivery for each kind in ``choices``; all or nothing.
-
-    Raises PreferenceError, changing nothing, for an unknown kind or delivery."""
-    unknown = sorted(set(choices) - PREFERENCE_KIND_NAMES)
-    if unknown:
-        raise PreferenceError(f"There is no kind of email called {', '.join(map(repr, unknown))}.")
-    bad = sorted(set(choices.values()) - set(NotificationPreference.Delivery.values))
-    if bad:
-        allowed = ", ".join(NotificationPreference.Delivery.values)
-        raise PreferenceError(f"{bad[0]!r} is not a delivery; choose one of {allowed}.")
-    with transaction.atomic():
-        for kind, delivery in choices.items():
-            if delivery == NotificationPreference.Delivery.EACH:
-                # The default needs no row.
-                NotificationPreference.objects.filter(user=user, kind=kind).delete()
-            else:
-                NotificationPreference.objects.update_or_create(
-                    user=user, kind=kind, defaults={"delivery": delivery}
-                )
-
-
-def inbox_for(user):
-    """The notifications addressed to ``user`` (by their email), newest first: the
-    items a digest carried, not the digests themselves."""
-    if not user.email:
-        return Notification.objects.none()
-    return (
-        Notification.objects.filter(recipient=user.email)
-        .exclude(kind=Kind.DIGEST)
-        .select_related("digest")
-        .order_by("-id")
-    )
-
-
-def inbox_status(note: Notification) -> tuple[str, str]:
-    """What happened to one notification, as (slug, words) for its owner."""
-    Status = Notification.Status
-    if note.status == Status.DIGESTED and note.digest is not None:
-        if note.digest.status == Status.SENT:
-            return "digest", "in a digest, sent"
-        if note.digest.status == Status.FAILED:
-            return "failed", "in a digest that could not be sent"
-        return "digest", "in a digest, being sent"
-    return {
-        Status.PENDING: ("pending", "being sent"),
-        Status.SENDING: ("pending", "being sent"),
-        Status.UNKNOWN: ("unknown", "outcome unknown: the send was interrupted"),
-        Status.SENT: ("sent", "sent"),
-        Status.FAILED: ("failed", "failed: not delivered"),
-        Status.HELD: ("held", "held for your next hourly digest"),
-        Status.DIGESTED: ("digest", "in a digest"),
-        Status.MUTED: ("muted", "not emailed (your preference)"),
-    }.get(note.status, (note.status, note.status))
-
-
-def notification_path(note: Notification) -> str:
-    """Where the notification leads in the desk: the approval for reviewers, the run
-    for the requester."""
-    if note.approval_id and note.kind != Kind.APPROVAL_DECLINED:
-        return reverse("approval-detail", args=[note.approval_id])
-    if note.run_id:
-        return reverse("run-detail", args=[note.run_id])
-    return ""
-
-
 # --- sending (a worker, after commit) --------------------------------------
 def notification_send(*, notification_id: int) -> str:
     """Send one pending notification: "sent", "skipped" (not pending: sent, failed
@@ -572,197 +452,20 @@ def notifications_resend(*, notification_ids, by) -> int:
     return len(chosen)
 
 
-# --- rendering -------------------------------------------------------------
-def approval_link(approval_id: int) -> str:
-    return settings.DESK_BASE_URL + reverse("approval-detail", args=[approval_id])
-
-
-def run_link(run_id: int) -> str:
-    return settings.DESK_BASE_URL + reverse("run-detail", args=[run_id])
-
-
-def _as_text(value) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
-def _final_text(run: Run, *, at) -> str:
-    """The run's last reply on the branch that was live at ``at`` (when the email's
-    event happened): a rewind after it does not change what the email reports, and
-    a rewound run's email reports its new branch, not the abandoned one."""
-    last = Message.objects.filter(live_at(at), run=run, role=Message.Role.ASSISTANT).order_by("-seq").first()
-    if last is None:
-        return ""
-    return "\n".join(b.get("text", "") for b in last.content if b.get("type") == "text").strip()
-
-
-def _name(user) -> str:
-    if user is None:
-        return "a person"
-    return user.get_full_name() or user.get_username()
-
-
-def digest_items(digest: Notification) -> list[dict]:
-    """What a digest carries, oldest first: each item's subject, link, and where it
-    stands now (an approval decided since is shown decided, not as a request)."""
-    items = []
-    for note in digest.digested.select_related("approval").order_by("id"):
-        if note.approval is not None and note.kind != Kind.APPROVAL_DECLINED:
-            approval = note.approval
-            waiting = approval.status == ApprovalRequest.Status.PENDING
-            state = (
-                "waiting for a decision"
-                if waiting
-                else f"decided since: {approval.get_status_display().lower()}"
-            )
-        else:
-            waiting = False
-            state = ""
-        path = notification_path(note)
-        items.append(
-            {
-                "subject": note.subject.removeprefix("[Countersign] "),
-                "link": settings.DESK_BASE_URL + path if path else "",
-                "waiting": waiting,
-                "state": state,
-                "at": note.created_at,
-            }
-        )
-    return items
-
-
-def unhonoured_calls(run: Run, *, at) -> list[ToolCall]:
-    """The calls of ``run`` that did not take effect as the model asked (failed,
-    refused, denied, declined, compensated: runs.selectors.not_done_what), on the branch
-    that was live at ``at``."""
-    calls = ToolCall.objects.filter(live_at(at), not_done_filter(), run=run).order_by("step", "position")
-    return [call for call in calls if not_done_what(call, finished=run.is_finished)]
-
-
-def _call_summary(call: ToolCall) -> str:
-    """One line of a call's arguments, for an email (amounts in rupees)."""
-    if not isinstance(call.input, dict):
-        return _as_text(call.input)[:200]
-    return args_summary(call.input, tool=call.tool_name, limit=200)
-
-
-def _why_unhonoured(call: ToolCall, decisions: dict[int, ApprovalRequest]) -> str:
-    """Who stopped the call and why: the reviewer's decline, the rule's denial, the undo."""
-    approval = decisions.get(call.pk)
-    if call.status == CallStatus.DECLINED and approval is not None:
-        who = f"declined by {_name(approval.decided_by)}" if approval.decided_by else "declined (timed out)"
-        return f"{who}: {approval.comment}" if approval.comment else who
-    if call.status == CallStatus.DENIED:
-        return f"denied by the rules: {call.verdict_reason}" if call.verdict_reason else "denied by the rules"
-    if call.status == CallStatus.COMPENSATED:
-        return "it ran, then was undone (compensated)"
-    if call.status in (CallStatus.FAILED, CallStatus.UNKNOWN):
-        # "failed: refund_item failed: ... exceeds the refundable 0.00", "refused by its stage: ..."
-        [line] = outcome_lines_of_calls([call])
-        return f"{line.what} by {line.by}: {line.reason}" if line.by else f"{line.what}: {line.reason}"
-    return CallStatus(call.status).label
-
-
-def notification_context(note: Notification) -> dict:
-    context: dict = {"note": note, "base_url": settings.DESK_BASE_URL}
-    if note.kind == Kind.DIGEST:
-        items = digest_items(note)
-        return context | {
-            "items": items,
-            "waiting": sum(1 for item in items if item["waiting"]),
-            "link": settings.DESK_BASE_URL + reverse("inbox"),
-        }
-    if note.approval_id:
-        approval = ApprovalRequest.objects.select_related(
-            "tool_call", "outcome_call", "run__requester", "rule", "decided_by", "proposal__proposed_by"
-        ).get(pk=note.approval_id)
-        run = approval.run
-    if note.approval_id and approval.is_guard:
-        # A guard: what it found and what the person may do; no call, no arguments.
-        context.update(
-            approval=approval,
-            guard=guard_context(approval),
-            who_may_decide=group_names(approval),
-            link=approval_link(approval.pk),
-            waited_minutes=int((timezone.now() - approval.created_at).total_seconds() // 60),
-            sla_minutes=approval_sla_minutes(approval),
-        )
-    elif note.approval_id:
-        proposal = approval.proposal
-        # What would run: the current proposal (the model's call, or a reviewer's edit).
-        shown = proposal.input if proposal is not None else approval.tool_call.input
-        original = approval.proposals.get(number=1).input if approval.is_edited else None
-        rule = rule_as_decided(approval)
-        context.update(
-            approval=approval,
-            call=approval.tool_call,
-            proposal=proposal,
-            # Amounts as rupees ("₹2,900.00", not 2900.0); text as text.
-            arguments=[
-                (k, arg_value(v, k)) for k, v in arguments_in_order(approval.tool_call.tool_name, shown)
-            ],
-            changes=[
-                (k, arg_value(before, k), arg_value(after, k))
-                for k, before, after in input_changes(original, shown)
-            ]
-            if original is not None
-            else [],
-            # The rule as recorded when the request opened, and whether it changed since.
-            rule=rule,
-            threshold=proposal_threshold(approval, proposal, rule),
-            who_may_decide=group_names(approval),
-            # The requester follows their run; reviewers go where they decide.
-            link=run_link(run.pk) if note.kind == Kind.APPROVAL_DECLINED else approval_link(approval.pk),
-            waited_minutes=int((timezone.now() - approval.created_at).total_seconds() // 60),
-            sla_minutes=approval_sla_minutes(approval),
-        )
-    else:
-        run = Run.objects.select_related("requester", "handed_over_to").get(pk=note.run_id)
-        outcome = run_outcome(run)
-        calls = unhonoured_calls(run, at=note.created_at)
-        decisions = {
-            a.tool_call_id: a
-            for a in ApprovalRequest.objects.filter(tool_call__in=calls)
-            .select_related("decided_by")
-            .order_by("created_at")
-        }
-        context.update(
-            link=run_link(run.pk),
-            outcome=outcome,
-            # What the model's last reply may claim but did not happen.
-            unhonoured=[
-                {"call": call, "why": _why_unhonoured(call, decisions), "arguments": _call_summary(call)}
-                for call in calls
-            ],
-            final_text=_final_text(run, at=note.created_at),
-            # From the event, not the run's status now (a handed-over run may be rewound later).
-            handed_over_to=_name(run.handed_over_to) if note.event.endswith(":handed_over") else "",
-        )
-    requester = run.requester
-    context.update(
-        run=run,
-        requester=(requester.get_full_name() or requester.get_username()) if requester else "nobody",
-        requester_email=requester.email if requester else "",
-    )
-    return context
-
-
-def notification_message(note: Notification) -> EmailMultiAlternatives:
-    """The email for a notification, text and HTML, rendered from the database now."""
-    context = notification_context(note)
-    text = render_to_string(f"email/{note.kind}.txt", context)
-    html = render_to_string(f"email/{note.kind}.html", context)
-    domain = urlparse(settings.DESK_BASE_URL).hostname or "countersign.local"
-    message = EmailMultiAlternatives(
-        note.subject,
-        text,
-        None,
-        [note.recipient],
-        headers={
-            # Stable per notification: a mail client can tell a repeat from a new email.
-            "Message-ID": f"<notification-{note.pk}@{domain}>",
-            "X-Countersign-Event": note.event,
-            "Auto-Submitted": "auto-generated",
-        },
-    )
-    message.attach_alternative(html, "text/html")
-    return message
+# Enqueued on commit of the event that recorded the notification (and re-enqueued
+# by the SLA sweep if that nudge was lost). notification_send claims the row, so a
+# repeated message sends nothing; an SMTP error is raised and retried with
+# exponential backoff (base DESK_EMAIL_RETRY_SECONDS, jittered), MAX_ATTEMPTS in all.
+@shared_task(
+    name="approvals.tasks.send_notification",
+    acks_late=True,
+    ignore_result=True,
+    autoretry_for=(smtplib.SMTPException, OSError),
+    retry_backoff=getattr(settings, "DESK_EMAIL_RETRY_SECONDS", 10),
+    retry_backoff_max=600,
+    retry_jitter=True,
+    max_retries=MAX_ATTEMPTS - 1,
+)
+def send_notification(notification_id: int) -> str:
+    with log_context(notification_id=notification_id):
+        return notification_send(notification_id=notification_id)

@@ -10,16 +10,16 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods
 
-from .models import NotificationPreference, OutboxEmail
-from .notifications import (
-    PREFERENCE_KINDS,
-    PreferenceError,
+from approvals.models import NotificationPreference, OutboxEmail
+from approvals.notify.errors import PreferenceError
+from approvals.notify.inbox import (
     inbox_for,
     inbox_status,
     notification_path,
     preferences_of,
     preferences_save,
 )
+from approvals.notify.kinds import PREFERENCE_KINDS
 
 PAGE_SIZE = 50
 # An email's HTML is untrusted (it quotes model output and tool arguments). It is

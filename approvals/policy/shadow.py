@@ -19,6 +19,9 @@ running total as a live one (``aggregate_matches``).
 
 from __future__ import annotations
 
+from approvals.models import RuleMode
+from approvals.policy.rules import aggregate_matches, enabled_rules
+
 NO_MATCH = "none"
 
 
@@ -28,8 +31,6 @@ def shadow_verdicts(*, run, call, spec, facts: dict, rules=None) -> tuple:
     matches ``call``, ``"none"`` if not. () when there is no shadow rule. ``rules``: the
     shadow rules, if the caller read them already (the gate reads both modes at once)."""
     # Imported here: the gate imports this module.
-    from .gate import aggregate_matches, enabled_rules
-    from .models import RuleMode
 
     entries = []
     if rules is None:

@@ -1,289 +1,32 @@
-"""The tamper-evident record: hash-chained audit events, chained checkpoints, and
-``verify``, which checks both and names the first broken link.
-
-- Every ``AuditEvent`` belongs to one chain (its ``subject``: ``run:<id>`` for
-  everything about a run, ``rule:<id>`` for a gate rule's changes, ``desk`` for the
-  rest). Appending locks the chain's head (``AuditChain``), takes the next ``seq``,
-  stores the head's hash as ``prev_hash`` and ``hash = HMAC-SHA-256(prev_hash |
-  canonical content)`` under ``DESK_INTEGRITY_KEY``, and moves the head on.
-  Unrelated chains never wait on each other.
-- The database refuses UPDATE and DELETE of audit events, and any change of a chain
-  head other than moving it on by one (triggers on SQLite and PostgreSQL).
-- Each checkpoint (``Step.digest``) is chained over the messages it closed and its
-  calls (``runs.integrity``).
-
-- ``verify`` also holds what the desk shows from plain rows (a run's status and
-  requester, its live steps, each write's status, who decided an approval and what
-  they wrote, every vote, every edit) against the chain (``cross_check``).
-- What a decision depends on is recorded in the chain when it is set, as a keyed
-  digest at the end of the event's detail (``[facts <hmac>]``, no plaintext copy):
-  an approval's authority (required groups, approvers, self-approval, escalation),
-  its rule snapshot and version and the model's own proposal (``approval.opened``,
-  re-recorded by each edit and escalation); a run's task, agent version and params
-  (``run.created``, and a repin); each call's verdict, rule and reason (every call
-  event); a standing approval's terms, grantor and revocation (``standing.granted``
-  / ``standing.revoked``); every version of a gate rule (its ``rule:<id>`` chain, on
-  every save, admin or not). ``cross_check`` and ``verify_rule`` recompute each digest
-  from the live rows and compare it with the last one recorded, naming the record.
-  Records written before these digests existed carry none and are not checked.
-- Anchors (``anchor_heads``): every chain's head and the runs and approvals that
-  exist, signed, written outside the database (``verify --anchor FILE``; the beat
-  task ``anchor_chains`` appends them under ``DESK_ANCHOR_DIR`` and sends the
-  ``audit.anchor`` webhook). ``verify --against FILE`` reports what existed at the
-  anchor and is gone, shorter or different now.
-
-Someone who can write to the database cannot recompute a hash without the integrity
-key, which the database does not hold. What the chains cannot show: a whole run
-erased with its chain, or a chain's newest events deleted and its head moved back, by
-someone who also dropped the triggers, since the last anchor (only ``--against`` an
-anchor taken after it shows it); a purged or redacted run's arguments (their hashes
-are still held against the record); a rule or approval recorded before the digests
-existed, until its next recorded change.
-"""
+"""approvals.record.verify."""
 
 from __future__ import annotations
 
 import hmac
-import json
-import re
 from dataclasses import dataclass, field
-from datetime import UTC
 
-from django.core.serializers.json import DjangoJSONEncoder
-from django.db import IntegrityError, router, transaction
-from django.utils import timezone
-
-from runs.integrity import Finding, keyed_hash, verify_steps
+from approvals.models import ApprovalRequest, AuditChain, AuditEvent, GateRule, StandingApproval
+from approvals.record.anchors import anchor_sign
+from approvals.record.audit import (
+    approval_facts,
+    call_facts,
+    facts_digest,
+    recorded_facts,
+    rule_facts,
+    run_facts,
+    standing_facts,
+)
+from approvals.record.chain import event_content, event_hash
+from runs.integrity import Finding, verify_steps
 from runs.models import SEEDED_HISTORY_VERSION, Run
 from runs.retention import RETENTION_ACTIONS, retention_note, seal_in
-from tools.registry import canonical_json, input_hash
-
-
-def event_subject(event) -> str:
-    if event.run_id:
-        return f"run:{event.run_id}"
-    return event.subject or "desk"
-
-
-def event_content(event) -> dict:
-    """What an event's hash covers: everything it says, and where it sits."""
-    created = event.created_at.astimezone(UTC).isoformat()
-    return {
-        "subject": event.subject,
-        "seq": event.seq,
-        "created_at": created,
-        "actor": event.actor_id,
-        "action": event.action,
-        "run": event.run_id,
-        "tool_call": event.tool_call_id,
-        "approval": event.approval_id,
-        "before": event.before,
-        "after": event.after,
-        "detail": event.detail,
-    }
-
-
-def event_hash(prev_hash: str, content: dict) -> str:
-    return keyed_hash(f"{prev_hash}|{canonical_json(content)}")
-
-
-# --- facts: what a decision depends on, recorded as a keyed digest -------------------
-# An event that sets what a decision depends on (who may decide an approval, a
-# standing approval's terms, a run's task, a call's verdict, a rule's version) ends its
-# detail with " [facts <digest>]": a keyed hash of those facts as they stood, never
-# their text. ``cross_check`` recomputes it from the live rows and compares it with the
-# last one recorded. No ids that an import renumbers: names, hashes and versions.
-FACTS = re.compile(r" \[facts ([0-9a-f]{64})\]$")
-
-
-def facts_digest(kind: str, facts: dict) -> str:
-    return keyed_hash(f"facts {kind}|{canonical_json(facts)}")
-
-
-def with_facts(detail: str, kind: str, facts: dict) -> str:
-    """``detail`` with the digest of ``facts`` appended (after any truncation)."""
-    return f"{detail} [facts {facts_digest(kind, facts)}]"
-
-
-def recorded_facts(event) -> str | None:
-    match = FACTS.search(event.detail or "")
-    return match.group(1) if match else None
-
-
-def _when(value) -> str | None:
-    return value.astimezone(UTC).isoformat() if value is not None else None
-
-
-def approval_facts(approval) -> dict:
-    """Who may decide ``approval`` and under which rule, and what the model asked for
-    (proposal 1's argument hash and the gate's review of it). Reads the approval's
-    groups and proposals (prefetched by ``cross_check``)."""
-    first = next((p for p in approval.proposals.all() if p.number == 1), None)
-    return {
-        "kind": approval.kind,
-        "approvers_required": approval.approvers_required,
-        "allow_self_approval": approval.allow_self_approval,
-        "groups": sorted(group.name for group in approval.required_groups.all()),
-        "escalated": approval.escalated_at is not None,
-        "rule_version": approval.rule_version,
-        # As it reads back from its JSONField (a Decimal in a fresh snapshot is its text).
-        "rule_snapshot": json.loads(json.dumps(approval.rule_snapshot, cls=DjangoJSONEncoder)),
-        "reason": approval.reason,
-        "proposal_1": None
-        if first is None
-        else {
-            "input_hash": first.input_hash,
-            "verdict": first.verdict,
-            "rule": first.rule_label,
-            "reason": first.reason,
-            "approvers_required": first.approvers_required,
-            "allow_self_approval": first.allow_self_approval,
-        },
-    }
-
-
-def approval_with_facts(detail: str, approval) -> str:
-    return with_facts(detail, "approval", approval_facts(approval))
-
-
-def run_facts(run) -> dict:
-    return {"task": run.task, "agent_version": run.agent_version, "params": run.params}
-
-
-def call_facts(call) -> dict:
-    return {"verdict": call.verdict, "rule": call.verdict_rule, "reason": call.verdict_reason}
-
-
-def standing_facts(grant) -> dict:
-    from .models import plain_number
-
-    return {
-        "tool": grant.tool,
-        "granted_by": grant.granted_by.get_username(),
-        "max_amount": plain_number(grant.max_amount) if grant.max_amount is not None else None,
-        "max_count": grant.max_count,
-        "expires_at": _when(grant.expires_at),
-        "revoked_at": _when(grant.revoked_at),
-        "revoked_by": grant.revoked_by.get_username() if grant.revoked_by_id else None,
-    }
-
-
-def standing_with_facts(detail: str, grant) -> str:
-    return with_facts(detail, "standing", standing_facts(grant))
-
-
-def rule_facts(rule) -> dict:
-    """A rule version: everything that decides what it matches and what it asks for."""
-    return {
-        **rule.snapshot(),
-        "field": rule.field,
-        "operator": rule.operator,
-        "value": rule.value,
-        "priority": rule.priority,
-        "enabled": rule.enabled,
-    }
-
-
-def rule_record(rule, *, actor=None, action: str = "rule.saved", before: str = "", detail: str = "") -> None:
-    """Append a version of ``rule`` to its chain, its content as a digest."""
-    from .models import AuditEvent
-
-    AuditEvent.objects.create(
-        subject=f"rule:{rule.pk}",
-        actor=actor,
-        action=action,
-        before=before,
-        after=f"v{rule.version}",
-        detail=with_facts(detail or f"{rule.name}: saved", "rule", rule_facts(rule)),
-    )
-
-
-def audit_append(event, *, save, **kwargs) -> None:
-    """Append ``event`` to its subject's chain (``AuditEvent.save`` calls this)."""
-    from .gate import lock_scope  # gate imports services, which record facts from here
-    from .models import AuditChain
-
-    event.subject = event_subject(event)
-    with transaction.atomic(using=router.db_for_write(type(event)), savepoint=False):
-        # PostgreSQL: rows are locked, but a chain's first event has no row to lock yet.
-        lock_scope(f"audit:{event.subject}")
-        chain = AuditChain.objects.select_for_update().filter(subject=event.subject).first()
-        if chain is None:
-            try:
-                with transaction.atomic():
-                    chain = AuditChain.objects.create(subject=event.subject, seq=0, head="")
-            except IntegrityError:
-                chain = AuditChain.objects.select_for_update().get(subject=event.subject)
-        event.seq = chain.seq + 1
-        event.prev_hash = chain.head
-        event.created_at = timezone.now()
-        event.hash = event_hash(event.prev_hash, event_content(event))
-        save(**kwargs)
-        AuditChain.objects.filter(subject=event.subject, seq=chain.seq).update(seq=event.seq, head=event.hash)
-
-
-# --- the database refuses changes -------------------------------------------------
-APPEND_ONLY_MESSAGE = "audit events are append-only"
-
-SQLITE_TRIGGERS = [
-    f"""CREATE TRIGGER IF NOT EXISTS approvals_auditevent_no_update BEFORE UPDATE ON approvals_auditevent
-        BEGIN SELECT RAISE(ABORT, '{APPEND_ONLY_MESSAGE}'); END""",
-    f"""CREATE TRIGGER IF NOT EXISTS approvals_auditevent_no_delete BEFORE DELETE ON approvals_auditevent
-        BEGIN SELECT RAISE(ABORT, '{APPEND_ONLY_MESSAGE}'); END""",
-    """CREATE TRIGGER IF NOT EXISTS approvals_auditchain_forward_only BEFORE UPDATE ON approvals_auditchain
-        WHEN NEW.seq <> OLD.seq + 1 OR NEW.subject <> OLD.subject
-        BEGIN SELECT RAISE(ABORT, 'audit chain heads only move forward'); END""",
-    """CREATE TRIGGER IF NOT EXISTS approvals_auditchain_no_delete BEFORE DELETE ON approvals_auditchain
-        BEGIN SELECT RAISE(ABORT, 'audit chain heads only move forward'); END""",
-]
-SQLITE_DROP = [
-    "DROP TRIGGER IF EXISTS approvals_auditevent_no_update",
-    "DROP TRIGGER IF EXISTS approvals_auditevent_no_delete",
-    "DROP TRIGGER IF EXISTS approvals_auditchain_forward_only",
-    "DROP TRIGGER IF EXISTS approvals_auditchain_no_delete",
-]
-POSTGRESQL_TRIGGERS = [
-    f"""CREATE OR REPLACE FUNCTION approvals_audit_refuse() RETURNS trigger AS $$
-        BEGIN RAISE EXCEPTION '{APPEND_ONLY_MESSAGE}'; END $$ LANGUAGE plpgsql""",
-    """CREATE OR REPLACE FUNCTION approvals_audit_chain_forward() RETURNS trigger AS $$
-        BEGIN
-          IF TG_OP = 'DELETE' OR NEW.seq <> OLD.seq + 1 OR NEW.subject <> OLD.subject THEN
-            RAISE EXCEPTION 'audit chain heads only move forward';
-          END IF;
-          RETURN NEW;
-        END $$ LANGUAGE plpgsql""",
-    """CREATE OR REPLACE TRIGGER approvals_auditevent_append_only BEFORE UPDATE OR DELETE
-        ON approvals_auditevent FOR EACH ROW EXECUTE FUNCTION approvals_audit_refuse()""",
-    """CREATE OR REPLACE TRIGGER approvals_auditchain_forward_only BEFORE UPDATE OR DELETE
-        ON approvals_auditchain FOR EACH ROW EXECUTE FUNCTION approvals_audit_chain_forward()""",
-]
-POSTGRESQL_DROP = [
-    "DROP TRIGGER IF EXISTS approvals_auditevent_append_only ON approvals_auditevent",
-    "DROP TRIGGER IF EXISTS approvals_auditchain_forward_only ON approvals_auditchain",
-]
-
-
-def install_append_only_triggers(connection) -> None:
-    """Make the database refuse UPDATE/DELETE of audit rows (idempotent)."""
-    statements = POSTGRESQL_TRIGGERS if connection.vendor == "postgresql" else SQLITE_TRIGGERS
-    with connection.cursor() as cursor:
-        for sql in statements:
-            cursor.execute(sql)
-
-
-def drop_append_only_triggers(connection) -> None:
-    """Only for emptying a test database (SQLite's flush deletes row by row)."""
-    statements = POSTGRESQL_DROP if connection.vendor == "postgresql" else SQLITE_DROP
-    with connection.cursor() as cursor:
-        for sql in statements:
-            cursor.execute(sql)
+from tools.registry import input_hash
 
 
 # --- verify -------------------------------------------------------------------------
 def verify_chain(subject: str, events=None) -> tuple[int, list[Finding]]:
     """Check one audit chain: every hash, every link, no gap, the head. Returns the
     number of events and what is wrong, first broken link first."""
-    from .models import AuditChain, AuditEvent
 
     findings: list[Finding] = []
     expected_prev, expected_seq, count = "", 1, 0
@@ -351,7 +94,6 @@ class Verification:
 
 def verify_run(run: Run) -> Verification:
     """A run's checkpoints, its audit chain, and the rows the desk shows against both."""
-    from .models import AuditEvent
 
     events = list(AuditEvent.objects.filter(subject=f"run:{run.pk}").order_by("seq"))
     # A purged or redacted run's checkpoints are held against the seal its chain recorded.
@@ -383,8 +125,6 @@ def _seeded_history(run: Run) -> bool:
     what an anchor is for."""
     from runs.models import Step
 
-    from .models import AuditChain
-
     return (
         run.agent_version == SEEDED_HISTORY_VERSION
         and not Step.objects.filter(run=run).exists()
@@ -397,8 +137,6 @@ def cross_check(run: Run, events: list) -> list[Finding]:
     live steps) against the audit chain, which the database will not let anyone
     rewrite: a row changed after the fact no longer agrees with its history."""
     from runs.models import Step, ToolCall
-
-    from .models import ApprovalRequest
 
     findings: list[Finding] = []
     where = f"run {run.pk}"
@@ -514,7 +252,6 @@ def cross_check(run: Run, events: list) -> list[Finding]:
 
 def _check_standing(run: Run, events: list) -> list[Finding]:
     """Each standing approval against its grant and revoke events."""
-    from .models import StandingApproval
 
     findings = []
     grants = StandingApproval.objects.filter(run=run).select_related("granted_by", "revoked_by")
@@ -544,7 +281,6 @@ def _check_standing(run: Run, events: list) -> list[Finding]:
 
 def verify_rule(subject: str, events: list) -> list[Finding]:
     """A rule against the last version its chain recorded (every save records one)."""
-    from .models import GateRule
 
     recorded = [e for e in events if recorded_facts(e) or e.action == "rule.deleted"]
     if not recorded:
@@ -577,7 +313,6 @@ def _numbers(numbers: set[int]) -> str:
 
 def verify_everything() -> list[Verification]:
     """Every run, then every other chain (rules, the desk), then heads without events."""
-    from .models import AuditChain, AuditEvent
 
     results = [verify_run(run) for run in Run.objects.order_by("pk").iterator()]
     seen = {r.subject for r in results}
@@ -593,94 +328,9 @@ def verify_everything() -> list[Verification]:
     return results
 
 
-# --- anchors: the chains' heads kept outside the database -----------------------------
-ANCHOR_KIND = "countersign.anchor"
-ANCHOR_FILE = "anchors.jsonl"
-
-
-class AnchorUnreadable(ValueError):
-    """An anchor file that is not one (or holds no anchor); the message says why."""
-
-
-def anchor_sign(body: dict) -> str:
-    return keyed_hash(f"{ANCHOR_KIND}|{canonical_json(body)}")
-
-
-def anchor_heads() -> dict:
-    """Every chain's head (subject, seq, hash) and every run and approval that exists,
-    signed under ``DESK_INTEGRITY_KEY``: what ``verify --against`` holds the database
-    against later. Three queries, whatever the size of the chains."""
-    from .models import ApprovalRequest, AuditChain
-
-    body = {
-        "kind": ANCHOR_KIND,
-        "created_at": timezone.now().astimezone(UTC).isoformat(),
-        "chains": {
-            subject: {"seq": seq, "head": head}
-            for subject, seq, head in AuditChain.objects.order_by("subject").values_list(
-                "subject", "seq", "head"
-            )
-        },
-        "runs": list(Run.objects.order_by("pk").values_list("pk", flat=True)),
-        "approvals": list(ApprovalRequest.objects.order_by("pk").values_list("pk", flat=True)),
-    }
-    return {**body, "signature": anchor_sign(body)}
-
-
-def anchor_write(path) -> dict:
-    """Write an anchor to ``path`` (one JSON document); returns it."""
-    from pathlib import Path
-
-    anchor = anchor_heads()
-    Path(path).write_text(json.dumps(anchor, indent=1) + "\n", encoding="utf-8")
-    return anchor
-
-
-def anchor_append(*, directory: str = "", webhook: bool = True) -> dict:
-    """The beat task's anchor: one line appended to ``<directory>/anchors.jsonl`` (if a
-    directory is set) and/or an ``audit.anchor`` webhook to the endpoints that want it."""
-    from pathlib import Path
-
-    from .webhooks import webhooks_record
-
-    anchor = anchor_heads()
-    if directory:
-        folder = Path(directory)
-        folder.mkdir(parents=True, exist_ok=True)
-        with (folder / ANCHOR_FILE).open("a", encoding="utf-8") as out:
-            out.write(canonical_json(anchor) + "\n")
-    if webhook:
-        with transaction.atomic():
-            webhooks_record(event="audit.anchor", event_id=f"anchor:{anchor['signature'][:32]}", data=anchor)
-    return anchor
-
-
-def anchor_read(path) -> dict:
-    """An anchor file: one JSON document (``verify --anchor``), or the appended file of
-    the beat task, whose last line is the latest anchor. Raises AnchorUnreadable."""
-    from pathlib import Path
-
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise AnchorUnreadable(f"cannot read the anchor file {path}: {exc.strerror or exc}") from None
-    try:
-        anchor = json.loads(text)
-    except ValueError:
-        lines = [line for line in text.splitlines() if line.strip()]
-        try:
-            anchor = json.loads(lines[-1]) if lines else None
-        except ValueError:
-            anchor = None
-    if not isinstance(anchor, dict) or anchor.get("kind") != ANCHOR_KIND:
-        raise AnchorUnreadable(f"{path} holds no anchor written by `verify --anchor` or the anchor task")
-    return anchor
-
-
 def verify_against(anchor: dict, *, name: str = "anchor") -> Verification:
     """What existed at the anchor and is gone or different now: a run, an approval, an
     audit chain (gone, shorter, or another event at the anchored seq)."""
-    from .models import ApprovalRequest, AuditChain, AuditEvent
 
     where = f"{name} of {anchor.get('created_at', '?')}"
     body = {k: v for k, v in anchor.items() if k != "signature"}

@@ -8,37 +8,30 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import trigger_client_event
 
-from runs.selectors import runs_visible_to
-from tools.inputs import UnsafeJSON, finite_decimal, parse_json
-from tools.registry import input_hash
-
-from .audit import verify_run
-from .models import ApprovalRequest
-from .selectors import (
+from approvals.decisions.claims import approval_break_claim, approval_claim, approval_release
+from approvals.decisions.decision import Decision
+from approvals.decisions.errors import AlreadyDecided
+from approvals.decisions.guards import guard_context
+from approvals.decisions.queue import neighbours, next_decidable
+from approvals.decisions.selectors import (
     APPROVAL_PAGE_RELATIONS,
     DECIDE_PERMISSION,
     approval_context,
     approvals_visible_to,
     claimed_by_someone_else,
     decide_refusal,
-    guard_context,
     has_approved_current,
     may_break_claims,
-    neighbours,
-    next_decidable,
     schema_fields,
 )
-from .services import (
-    AlreadyDecided,
-    Decision,
-    DecisionError,
-    NotAllowed,
-    approval_break_claim,
-    approval_claim,
-    approval_decide,
-    approval_release,
-)
-from .standing import standing_terms_from_form
+from approvals.decisions.services import approval_decide
+from approvals.models import ApprovalRequest
+from approvals.policy.errors import DecisionError, NotAllowed
+from approvals.policy.standing import standing_terms_from_form
+from approvals.record.verify import verify_run
+from runs.selectors import runs_visible_to
+from tools.inputs import UnsafeJSON, finite_decimal, parse_json
+from tools.registry import input_hash
 
 
 @require_GET

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from django.utils import timezone
 
-from .models import ApprovalRequest
-from .selectors import approvals_decidable_by
+from approvals.decisions.selectors import approvals_decidable_by
+from approvals.models import ApprovalRequest
 
 
 def nav(request) -> dict:

@@ -4,8 +4,8 @@ import re
 
 from django import forms
 
-from .models import ApprovalRequest, GateRule
-from .selectors import QueueCursor
+from approvals.decisions.queue import QueueCursor
+from approvals.models import ApprovalRequest, GateRule
 
 # The queue's tabs: what the user may decide now, and everything waiting they may see.
 YOURS, ALL = "yours", "all"

@@ -15,13 +15,9 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import reswap, retarget, trigger_client_event
 
-from tools.registry import all_agents
-
-from .bulk import approvals_bulk_decide, approvals_bulk_preview
-from .forms import ALL, YOURS, BulkDecisionForm, QueueFilterForm
-from .models import ApprovalRequest, GateRule
-from .selectors import (
-    DECIDE_PERMISSION,
+from approvals.decisions.bulk import approvals_bulk_decide, approvals_bulk_preview
+from approvals.decisions.forms import ALL, YOURS, BulkDecisionForm, QueueFilterForm
+from approvals.decisions.queue import (
     QueueCursor,
     QueueKey,
     queue_counts,
@@ -29,6 +25,9 @@ from .selectors import (
     queue_pending,
     queue_rows,
 )
+from approvals.decisions.selectors import DECIDE_PERMISSION
+from approvals.models import ApprovalRequest, GateRule
+from tools.registry import all_agents
 
 PAGE_SIZE = 50
 # The summary of a bulk decision made without htmx, shown once by the queue it

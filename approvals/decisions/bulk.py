@@ -20,11 +20,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from approvals.decisions.decision import Decision
+from approvals.decisions.errors import AlreadyDecided, StaleDecision
+from approvals.decisions.selectors import approvals_visible_to, call_notes, decide_refusal
+from approvals.decisions.services import approval_decide
+from approvals.models import ApprovalRequest
+from approvals.policy.errors import DecisionError
 from tools.registry import find_tool
-
-from .models import ApprovalRequest
-from .selectors import approvals_visible_to, call_notes, decide_refusal
-from .services import AlreadyDecided, Decision, DecisionError, StaleDecision, approval_decide
 
 APPROVE, DECLINE = "approve", "decline"
 ON_ITS_PAGE = "decide it on its page"

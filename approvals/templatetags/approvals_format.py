@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from decimal import Decimal
 
 from django import template
 from django.utils import timezone
 from django.utils.text import Truncator
 
-from approvals import selectors
+from approvals.decisions import arguments, guards
 from runs import selectors as runs_selectors
-from runs.selectors import format_rupees, is_amount
+from runs.selectors import is_amount
+from tools import money
 from tools.registry import UNDO_KIND_HELP, UNDO_KINDS
 
 register = template.Library()
@@ -22,7 +22,7 @@ register = template.Library()
 def rupees(value) -> str:
     """2900 -> ₹2,900.00; anything that is not a number is shown as it is. Paise are
     never rounded away: 2900.005 is ₹2,900.005, not a ₹2,900.00 that hides it."""
-    return str(value) if value is None else format_rupees(value)
+    return str(value) if value is None else money.rupees(value)
 
 
 @register.filter
@@ -33,25 +33,8 @@ def fact(value, name: str) -> str:
 money_reason = register.filter("money_reason", runs_selectors.money_reason)
 
 
-@register.filter
-def arg_text(value) -> str:
-    """An argument's value as a person reads it: text as text (its newlines kept, no
-    quotes or escapes), numbers and booleans as written, anything else as pretty JSON."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool) or value is None:
-        return json.dumps(value)
-    if isinstance(value, (int, float, Decimal)):
-        return str(value)
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
-
-
-@register.filter
-def arg_value(value, name: str) -> str:
-    """A scalar argument for people: an amount as rupees, anything else as ``arg_text``."""
-    if is_amount(name) and isinstance(value, (int, float, Decimal)) and not isinstance(value, bool):
-        return rupees(value)
-    return arg_text(value)
+arg_text = register.filter("arg_text", arguments.arg_text)
+arg_value = register.filter("arg_value", arguments.arg_value)
 
 
 @register.filter
@@ -143,16 +126,16 @@ def aggregate_text(detail) -> str:
 @register.filter
 def guard_summary(approval) -> str:
     """What a guard found, in one line for the queue: "no progress for 4 steps"."""
-    return selectors.guard_summary(approval)
+    return guards.guard_summary(approval)
 
 
 @register.filter
 def action_label(action: str) -> str:
     """A decided action for people: "grant" -> "granted more"."""
-    return selectors.action_label(action)
+    return guards.action_label(action)
 
 
 @register.filter
 def action_verb(action: str) -> str:
     """An action a person may take: "grant" -> "grant more", "not_happened" -> "it did not happen"."""
-    return selectors.action_verb(action)
+    return guards.action_verb(action)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from .models import ApprovalRequest, AuditEvent
+from approvals.models import ApprovalRequest, AuditEvent
 
 Status = ApprovalRequest.Status
 

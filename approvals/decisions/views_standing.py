@@ -8,11 +8,10 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
+from approvals.models import StandingApproval
+from approvals.policy import standing
+from approvals.policy.errors import DecisionError, NotAllowed
 from runs.selectors import runs_visible_to
-
-from . import standing
-from .models import StandingApproval
-from .services import DecisionError, NotAllowed
 
 TEMPLATE = "approvals/_run_standing.html"
 

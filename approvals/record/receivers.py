@@ -16,11 +16,10 @@ from __future__ import annotations
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 
+from approvals.models import AuditEvent, GateRule
+from approvals.record.audit import call_facts, rule_record, run_facts, with_facts
 from runs.models import Run
 from runs.signals import run_transitioned, tool_call_transitioned
-
-from .audit import call_facts, rule_record, run_facts, with_facts
-from .models import AuditEvent, GateRule
 
 
 @receiver(run_transitioned)

@@ -37,14 +37,21 @@ from django.db import transaction
 from django.db.models import Prefetch
 from django.utils import timezone
 
+from approvals.models import (
+    ApprovalRequest,
+    AuditEvent,
+    GateRule,
+    StandingApproval,
+    finite_number,
+    plain_number,
+)
+from approvals.policy.errors import DecisionError, NotAllowed
+from approvals.record.audit import standing_with_facts
 from runs.gate import ALLOW, Verdict
 from runs.models import Run, ToolCall
 from tools.inputs import UnsafeJSON, finite_decimal
+from tools.money import rupees
 from tools.registry import find_tool, input_hash
-
-from .audit import standing_with_facts
-from .models import ApprovalRequest, AuditEvent, GateRule, StandingApproval, finite_number, plain_number
-from .templatetags.desk import rupees
 
 # This module must not import ``approvals.services`` at import time (services imports
 # StandingTerms from here; the gate imports standing_allows). DecisionError is
@@ -94,7 +101,6 @@ class StandingTerms:
 
 
 def _error(message: str):
-    from .services import DecisionError  # services imports this module
 
     return DecisionError(message)
 
@@ -354,7 +360,6 @@ def standing_revoke_refusal(*, grant: StandingApproval, user) -> str | None:
 def standing_revoke(*, grant_id: int, user) -> StandingApproval:
     """Revoke a grant (one conditional UPDATE, audited "standing.revoked"); a revoke of
     one already revoked changes nothing and says by whom (DecisionError)."""
-    from .services import NotAllowed  # services imports this module
 
     with transaction.atomic():
         grant = StandingApproval.objects.select_related("approval__run", "granted_by").get(pk=grant_id)

@@ -1,0 +1,40 @@
+"""approvals.decisions.errors."""
+
+from __future__ import annotations
+
+from approvals.decisions.guards import action_label
+from approvals.models import ApprovalRequest
+from approvals.policy.errors import DecisionError
+
+
+class AlreadyDecided(DecisionError):
+    def __init__(self, approval: ApprovalRequest) -> None:
+        self.approval = approval
+        who = approval.decided_by.get_username() if approval.decided_by else "the system"
+        when = approval.decided_at.strftime("%Y-%m-%d %H:%M:%S UTC") if approval.decided_at else "?"
+        # A guard's decision (or a hand-over) says what was done, not only approved/declined.
+        what = f"decided ({action_label(approval.action)})" if approval.action else approval.status
+        super().__init__(f"Approval {approval.pk} was already {what} by {who} at {when}.")
+
+
+class RunMovedOn(AlreadyDecided):
+    """The request is still open but its run no longer waits on it (it was stopped,
+    handed over, rewound or resumed by other means): nothing is left to decide."""
+
+    def __init__(self, approval: ApprovalRequest, why: str) -> None:
+        self.approval = approval
+        DecisionError.__init__(
+            self, f"Approval {approval.pk} was already overtaken: {why}. Nothing was changed."
+        )
+
+
+class WrongAction(DecisionError):
+    """An action this kind of request does not take."""
+
+
+class StaleDecision(DecisionError):
+    pass
+
+
+class AlreadyClaimed(DecisionError):
+    pass

@@ -1,0 +1,452 @@
+"""approvals.decisions.queue."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+from django.db.models import (
+    Case,
+    Count,
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    IntegerField,
+    Q,
+    TextField,
+    Value,
+    When,
+    prefetch_related_objects,
+)
+from django.db.models.functions import Cast, Coalesce
+from django.utils import timezone
+
+from approvals.decisions.selectors import (
+    DECIDE_PERMISSION,
+    _group_ids,
+    approval_sla_minutes,
+    approvals_decidable_by,
+    approvals_visible_to,
+    claimed_by_someone_else,
+)
+from approvals.models import ApprovalRequest, ApprovalVote, GateRule
+from approvals.policy.decided import DecidedRule, rule_as_decided
+from runs.models import GuardKind, ToolCall
+
+# How urgent a pending approval is: the queue's order, computed in the database so that
+# it sorts and pages there. Escalated first; then those with an SLA by due time (the
+# overdue are due earliest); then those without one, oldest first.
+URGENCY_ESCALATED, URGENCY_DUE, URGENCY_NO_SLA = 0, 1, 2
+QUEUE_ORDER = ("urgency", "sort_at", "id")
+
+
+def _sla_minutes_expression():
+    """``approval_sla_minutes`` as a database expression (NULL: no SLA): the rule's SLA
+    as it stands now (the sweep in approvals.sla reads the same) for a call, the desk's
+    guard SLA for a guard."""
+    guard_sla = settings.DESK_GUARD_SLA_MINUTES or None
+    return Case(
+        When(~Q(kind=GuardKind.CALL), then=Value(guard_sla, output_field=IntegerField())),
+        When(rule__sla_minutes__gt=0, then=F("rule__sla_minutes")),
+        default=Value(None, output_field=IntegerField()),
+        output_field=IntegerField(),
+    )
+
+
+def with_urgency(approvals):
+    """``approvals`` annotated with ``due_at`` (created + SLA; None without an SLA: never
+    stored, so a changed SLA applies at once), ``urgency`` and ``sort_at``, the keys of
+    QUEUE_ORDER. Plain date arithmetic: the same on SQLite and PostgreSQL."""
+    minute = Value(timedelta(minutes=1), output_field=DurationField())
+    sla = ExpressionWrapper(_sla_minutes_expression() * minute, output_field=DurationField())
+    return approvals.annotate(
+        due_at=ExpressionWrapper(F("created_at") + sla, output_field=DateTimeField())
+    ).annotate(
+        urgency=Case(
+            When(escalated_at__isnull=False, then=Value(URGENCY_ESCALATED)),
+            When(due_at__isnull=False, then=Value(URGENCY_DUE)),
+            default=Value(URGENCY_NO_SLA),
+            output_field=IntegerField(),
+        ),
+        sort_at=Coalesce("due_at", "created_at", output_field=DateTimeField()),
+    )
+
+
+def _search(pending, q: str):
+    """Pending approvals whose task, tool, arguments (the model's call and the current
+    proposal) or run id match ``q``, case-insensitively: "#12" is run 12 only; "12" is
+    run 12 or any of the text. Arguments are searched as their JSON text (a database
+    may store "₹" or a quote escaped: each spelling is tried)."""
+    number = re.fullmatch(r"#?\s*(\d{1,18})", q)
+    if number and q.startswith("#"):
+        return pending.filter(run_id=int(number[1]))
+    spellings = {q, json.dumps(q)[1:-1], json.dumps(q, ensure_ascii=False)[1:-1]}
+    match = (
+        Q(run__task__icontains=q)
+        | Q(tool_call__tool_name__icontains=q)
+        | Q(outcome_call__tool_name__icontains=q)
+    )
+    for text in spellings:
+        match |= (
+            Q(call_text__icontains=text) | Q(proposal_text__icontains=text) | Q(outcome_text__icontains=text)
+        )
+    if number:
+        match |= Q(run_id=int(number[1]))
+    return pending.alias(
+        call_text=Cast("tool_call__input", TextField()),
+        proposal_text=Cast("proposal__input", TextField()),
+        outcome_text=Cast("outcome_call__input", TextField()),
+    ).filter(match)
+
+
+# What a queue row shows with its approval, read in the same query.
+QUEUE_RELATIONS = (
+    "tool_call",
+    "outcome_call",
+    "run",
+    "run__requester",
+    "rule",
+    "claimed_by",
+    "proposal__proposed_by",
+)
+
+
+def _queue_narrowed(
+    *,
+    user,
+    yours: bool = False,
+    tool: str = "",
+    agent: str = "",
+    rule: GateRule | None = None,
+    mine: bool = False,
+    unclaimed: bool = False,
+    kind: str = "",
+    q: str = "",
+):
+    """``queue_pending`` without its order, annotations and relations (to count)."""
+    if yours:
+        pending = approvals_decidable_by(user)
+    else:
+        pending = approvals_visible_to(user).filter(status=ApprovalRequest.Status.PENDING)
+    if kind:
+        pending = pending.filter(kind=kind)
+    if tool:
+        pending = pending.filter(Q(tool_call__tool_name=tool) | Q(outcome_call__tool_name=tool))
+    if agent:
+        pending = pending.filter(run__agent=agent)
+    if rule is not None:
+        pending = pending.filter(rule=rule)
+    if mine:
+        pending = pending.filter(claimed_by=user, claimed_until__gt=timezone.now())
+    if unclaimed:
+        pending = pending.filter(Q(claimed_by__isnull=True) | Q(claimed_until__lte=timezone.now()))
+    if q:
+        pending = _search(pending, q)
+    return pending
+
+
+def queue_pending(*, user, yours: bool = False, **filters):
+    """Pending approvals ``user`` may see (``yours``: only those they may decide now,
+    ``approvals_decidable_by``), most urgent first (``with_urgency``), narrowed by the
+    queue's filters (``tool``, ``agent``, ``rule``, ``mine``, ``unclaimed``, ``kind``)
+    and its search ``q``.
+
+    The filters come validated (approvals.forms.QueueFilterForm): raw query
+    parameters reach the database as nothing but these typed values. A page of it
+    is read with ``queue_page`` (along indexes), not by slicing this ordering.
+    """
+    pending = _queue_narrowed(user=user, yours=yours, **filters)
+    return with_urgency(pending).select_related(*QUEUE_RELATIONS).order_by(*QUEUE_ORDER)
+
+
+def queue_counts(*, user, **filters) -> tuple[int, int]:
+    """(yours to decide, all waiting) under the same filters, in one query: what
+    ``user`` may decide is a part of what they may see."""
+    visible = _queue_narrowed(user=user, **filters)
+    decidable = approvals_decidable_by(user).values("pk")
+    counts = visible.order_by().aggregate(every=Count("pk"), yours=Count("pk", filter=Q(pk__in=decidable)))
+    return counts["yours"], counts["every"]
+
+
+# --- the queue's order, read along indexes ---------------------------------------------
+# QUEUE_ORDER is computed (the SLA is the rule's as it stands now), so no index holds
+# it. But it is a merge of a few orders that an index does hold: the approvals whose
+# rules share one SLA are due in the order they were created (due = created + SLA),
+# and those without an SLA wait in that order too. So a page of the queue is read as
+# one short query per stream (escalated; each distinct SLA; no SLA), each walking the
+# pending approvals by (created_at, id) from where the page starts and stopping after
+# a page, and the streams merged here. The cost follows the page size and the number
+# of distinct SLAs among the rules, not the number of pending approvals.
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+CURSOR = re.compile(r"(\d{1,9})\.([012])\.(\d{1,16})\.(\d{1,18})")
+
+
+@dataclass(frozen=True, order=True)
+class QueueKey:
+    """Where an approval stands in the queue's order (QUEUE_ORDER)."""
+
+    urgency: int
+    sort_at: datetime
+    pk: int
+
+    @classmethod
+    def of(cls, approval: ApprovalRequest) -> QueueKey:
+        """The key of an approval read through ``with_urgency``."""
+        return cls(approval.urgency, approval.sort_at, approval.pk)
+
+
+@dataclass(frozen=True)
+class QueueCursor:
+    """A link into the queue: the page after (or before) ``key``, and that page's number
+    for people ("Page 3 of 9"). As text: "3.1.1764560000123456.42". The key is only a
+    place in the order: the page continues from there whatever was decided meanwhile."""
+
+    page: int
+    key: QueueKey
+
+    def __str__(self) -> str:
+        micros = (self.key.sort_at - EPOCH) // timedelta(microseconds=1)
+        return f"{self.page}.{self.key.urgency}.{micros}.{self.key.pk}"
+
+    @classmethod
+    def parse(cls, text: str) -> QueueCursor | None:
+        """The cursor ``text`` spells, or None if it spells none."""
+        match = CURSOR.fullmatch(text)
+        if match is None or int(match[1]) < 1:
+            return None
+        try:
+            sort_at = EPOCH + timedelta(microseconds=int(match[3]))
+        except OverflowError:
+            return None
+        return cls(int(match[1]), QueueKey(int(match[2]), sort_at, int(match[4])))
+
+
+@dataclass(frozen=True)
+class _Stream:
+    """Pending approvals in one part of the queue's order: ``urgency``, and their due
+    time ``minutes`` after their creation (None: escalated, ordered by the computed key)."""
+
+    urgency: int
+    minutes: int | None
+    where: Q
+
+
+def _queue_streams() -> list[_Stream]:
+    """The streams of the queue's order as the rules stand now (one small query)."""
+    guard_sla = settings.DESK_GUARD_SLA_MINUTES or None
+    by_sla: dict[int, list[int]] = {}
+    for pk, minutes in GateRule.objects.filter(sla_minutes__gt=0).values_list("pk", "sla_minutes"):
+        by_sla.setdefault(minutes, []).append(pk)
+    call, guard, calm = Q(kind=GuardKind.CALL), ~Q(kind=GuardKind.CALL), Q(escalated_at__isnull=True)
+    streams = [_Stream(URGENCY_ESCALATED, None, Q(escalated_at__isnull=False))]
+    for minutes in sorted(set(by_sla) | ({guard_sla} if guard_sla else set())):
+        parts = []
+        if minutes in by_sla:
+            parts.append(call & Q(rule_id__in=by_sla[minutes]))
+        if minutes == guard_sla:
+            parts.append(guard)
+        streams.append(_Stream(URGENCY_DUE, minutes, calm & _any(parts)))
+    sla_rules = [pk for pks in by_sla.values() for pk in pks]
+    parts = [call & ~Q(rule_id__in=sla_rules) if sla_rules else call]
+    if guard_sla is None:
+        parts.append(guard)
+    streams.append(_Stream(URGENCY_NO_SLA, 0, calm & _any(parts)))
+    return streams
+
+
+def _any(parts: list[Q]) -> Q:
+    where = parts[0]
+    for part in parts[1:]:
+        where |= part
+    return where
+
+
+def queue_page(
+    pending,
+    *,
+    size: int,
+    after: QueueKey | None = None,
+    before: QueueKey | None = None,
+    streams: list[_Stream] | None = None,
+) -> list[ApprovalRequest]:
+    """Up to ``size`` approvals of ``pending`` (annotated by ``with_urgency``) in the
+    queue's order: the first, those after ``after``, or the last ``size`` before
+    ``before`` (still in the queue's order). One indexed query per stream."""
+    backwards = before is not None
+    key = before if backwards else after
+    found: list[ApprovalRequest] = []
+    for stream in _queue_streams() if streams is None else streams:
+        if key is not None and (stream.urgency > key.urgency if backwards else stream.urgency < key.urgency):
+            continue
+        rows = pending.filter(stream.where)
+        column = "sort_at" if stream.minutes is None else "created_at"
+        if key is not None and stream.urgency == key.urgency:
+            start = key.sort_at - timedelta(minutes=stream.minutes or 0)
+            beyond = "lt" if backwards else "gt"
+            rows = rows.filter(
+                Q(**{f"{column}__{beyond}": start}) | Q(**{column: start, f"pk__{beyond}": key.pk})
+            )
+        order = [f"-{column}", "-pk"] if backwards else [column, "pk"]
+        found.extend(rows.order_by(*order)[:size])
+    found.sort(key=QueueKey.of, reverse=backwards)
+    found = found[:size]
+    return found[::-1] if backwards else found
+
+
+def _span(seconds: float, *, up: bool) -> str:
+    """ "12 min", "2 h 5 min", "3 d 4 h": a time span for people, in whole minutes
+    (``up``: rounded up, so "due in" never promises more time than is left)."""
+    minutes = max(1, math.ceil(seconds / 60)) if up else max(1, int(seconds // 60))
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h" if hours else f"{days} d"
+
+
+@dataclass(frozen=True)
+class SlaState:
+    """Where a pending approval stands against its SLA: ``state`` is "escalated",
+    "overdue", "due" or "" (no SLA); ``text`` says it ("due in 12 min")."""
+
+    state: str = ""
+    text: str = ""
+    due_at: datetime | None = None
+
+
+def sla_state(approval: ApprovalRequest, *, now: datetime) -> SlaState:
+    """``approval``'s SLA state at ``now``, from its ``due_at`` (``with_urgency``) or, on an
+    approval loaded without it, from ``approval_sla_minutes``."""
+    if hasattr(approval, "due_at"):
+        due = approval.due_at
+    else:
+        minutes = approval_sla_minutes(approval)
+        due = approval.created_at + timedelta(minutes=minutes) if minutes else None
+    if approval.escalated_at:
+        return SlaState("escalated", "escalated", due)
+    if due is None:
+        return SlaState()
+    if due > now:
+        return SlaState("due", f"due in {_span((due - now).total_seconds(), up=True)}", due)
+    return SlaState("overdue", f"overdue {_span((now - due).total_seconds(), up=False)}", due)
+
+
+def queue_refusal(*, user, approval: ApprovalRequest, voted: bool, now: datetime) -> str | None:
+    """Why ``user`` may not decide ``approval`` now, in a few words for its queue row
+    ("your own run", "needs senior-reviewers", "claimed by bob", "you approved it"), or
+    None if they may: the same test as ``approvals_decidable_by`` (a test holds the two
+    together). ``voted``: they approved its current proposal."""
+    if approval.run.requester_id == user.pk and not approval.allow_self_approval:
+        return "your own run"
+    if not user.is_active or not user.has_perm(DECIDE_PERMISSION):
+        return "you do not decide approvals"
+    if not user.is_superuser:
+        missing = sorted(g.name for g in approval.required_groups.all() if g.pk not in _group_ids(user))
+        if missing:
+            return "needs " + " and ".join(missing)
+    if voted:
+        return "you approved it"
+    if claimed_by_someone_else(approval, user, now=now):
+        return f"claimed by {approval.claimed_by.get_username()}"
+    return None
+
+
+@dataclass
+class QueueRow:
+    """One row of the queue: the approval, its SLA state, why the viewer may not decide
+    it (None: they may, and may select it for a bulk decision) and the warnings stored
+    with its current proposal."""
+
+    approval: ApprovalRequest
+    sla: SlaState
+    refusal: str | None
+    warnings: list[str]
+    # The rule it was asked under, as recorded (None for a guard).
+    rule: DecidedRule | None = None
+
+    @property
+    def may_decide(self) -> bool:
+        return self.refusal is None
+
+    @property
+    def bulk_value(self) -> str:
+        """What its checkbox posts: the id and the hash of the arguments the row shows,
+        so a proposal edited since is refused as stale, not decided unseen."""
+        return f"{self.approval.pk}:{self.approval.args_hash}"
+
+
+def queue_rows(approvals, *, user, now: datetime) -> list[QueueRow]:
+    """The rows of one page of the queue: two queries for the page, whatever its size
+    (the approvals' required groups, and which of their proposals ``user`` approved)."""
+    approvals = list(approvals)
+    prefetch_related_objects(approvals, "required_groups")
+    proposals = [a.proposal_id for a in approvals if a.proposal_id]
+    voted = set(
+        ApprovalVote.objects.filter(reviewer=user, proposal_id__in=proposals).values_list(
+            "proposal_id", flat=True
+        )
+        if proposals and user.is_authenticated
+        else ()
+    )
+    rows = []
+    for approval in approvals:
+        warnings = approval.proposal.warnings if approval.proposal_id else None
+        rows.append(
+            QueueRow(
+                approval=approval,
+                sla=sla_state(approval, now=now),
+                refusal=queue_refusal(
+                    user=user, approval=approval, voted=approval.proposal_id in voted, now=now
+                ),
+                warnings=[str(w) for w in warnings if w] if isinstance(warnings, list) else [],
+                rule=rule_as_decided(approval),
+            )
+        )
+    return rows
+
+
+def key_facts(call: ToolCall) -> list[tuple[str, str]]:
+    """The facts a reviewer decides on at a glance: amount, recipient, order."""
+    args = call.input if isinstance(call.input, dict) else {}
+    facts = []
+    for name in ("amount", "to", "order_id", "ticket_id", "subject"):
+        if name in args:
+            facts.append((name, args[name]))
+    return facts
+
+
+def neighbours(approval: ApprovalRequest, *, user) -> tuple[int | None, int | None]:
+    """The previous and next pending approvals ``user`` may see, in the queue's order
+    (``QUEUE_ORDER``: most urgent first), around ``approval`` (j/k): one keyed lookup
+    each way (``queue_page``), never a walk to its position."""
+    here = with_urgency(ApprovalRequest.objects.filter(pk=approval.pk)).first()
+    if here is None:
+        return None, None
+    key, streams = QueueKey.of(here), _queue_streams()
+    pending = with_urgency(approvals_visible_to(user).filter(status=ApprovalRequest.Status.PENDING))
+    before = queue_page(pending.only("pk", "created_at"), size=1, before=key, streams=streams)
+    after = queue_page(pending.only("pk", "created_at"), size=1, after=key, streams=streams)
+    return (before[0].pk if before else None), (after[0].pk if after else None)
+
+
+def next_decidable(approval: ApprovalRequest, *, user) -> ApprovalRequest | None:
+    """The approval ``user`` should decide next, once ``approval`` is off their hands
+    (what the page offers, ``n``): the most urgent (QUEUE_ORDER) other than ``approval``
+    that they may decide. Not merely one they may see: the eligibility of
+    approvals_decidable_by (not their own run, every required group, not claimed by
+    someone else, not a proposal they approved). The most urgent, not the one after
+    ``approval``: an item escalated meanwhile comes first."""
+    first = queue_page(
+        with_urgency(approvals_decidable_by(user).exclude(pk=approval.pk)).select_related(
+            "tool_call", "outcome_call", "run", "proposal"
+        ),
+        size=1,
+    )
+    return first[0] if first else None

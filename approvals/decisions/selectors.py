@@ -1,0 +1,416 @@
+"""Reads on approvals: who may decide, the queue, one approval with its context.
+
+Writes are in ``services``; these only read, so services, notifications, views
+and commands may all use them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.db.models import (
+    Q,
+)
+from django.utils import timezone
+
+from approvals.models import ApprovalRequest, ApprovalVote, Proposal
+from approvals.policy.decided import RULE_NONE, RULE_RECORDED, DecidedRule, rule_as_decided
+from runs.history import transcript_messages
+from runs.models import Message, Step, ToolCall
+from runs.selectors import VIEW_ALL_PERMISSION, money_reason
+from tools.registry import ReviewContext, arguments_in_order, canonical_json, find_tool
+
+DECIDE_PERMISSION = "approvals.decide_approvalrequest"
+# Escalation hands an approval to this group; its members (and superusers) may
+# also break another reviewer's claim.
+ESCALATION_GROUP = "senior-reviewers"
+
+
+# --- who may decide ---------------------------------------------------------------
+# What a page (or the API) showing one approval reads with it, in one query.
+APPROVAL_PAGE_RELATIONS = (
+    "tool_call",
+    "outcome_call",
+    "run",
+    "run__requester",
+    "rule",
+    "decided_by",
+    "claimed_by",
+    "proposal__proposed_by",
+)
+
+
+def _group_ids(user) -> set[int]:
+    cached = getattr(user, "_desk_group_ids", None)
+    if cached is None:
+        cached = set(user.groups.values_list("pk", flat=True))
+        user._desk_group_ids = cached
+    return cached
+
+
+def group_names(approval: ApprovalRequest) -> str:
+    """ "reviewers and senior-reviewers": who may decide, for people."""
+    names = sorted(g.name for g in approval.required_groups.all())
+    if not names:
+        return "any reviewer"
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def decide_refusal(*, user, approval: ApprovalRequest) -> str | None:
+    """Why ``user`` may not decide ``approval`` (as it stands now), or None if they may."""
+    if not user.is_active or not user.has_perm(DECIDE_PERMISSION):
+        return "You do not have permission to decide approvals."
+    if not user.is_superuser:
+        required = {g.pk: g.name for g in approval.required_groups.all()}
+        missing = set(required) - _group_ids(user)
+        if missing:
+            return f"Only members of {group_names(approval)} may decide this approval."
+    if approval.run.requester_id == user.pk and not approval.allow_self_approval:
+        return "You requested this run; someone else must decide it."
+    return None
+
+
+def has_approved_current(user, approval: ApprovalRequest) -> bool:
+    """Whether ``user`` approved the proposal that would run now."""
+    return ApprovalVote.objects.filter(proposal_id=approval.proposal_id, reviewer=user).exists()
+
+
+def may_break_claims(user) -> bool:
+    return user.is_active and (user.is_superuser or user.groups.filter(name=ESCALATION_GROUP).exists())
+
+
+def claimed_by_someone_else(approval: ApprovalRequest, user, *, now: datetime | None = None) -> bool:
+    """Whether someone other than ``user`` holds a live claim on ``approval``."""
+    return bool(
+        approval.claimed_by_id
+        and approval.claimed_by_id != user.pk
+        and approval.claimed_until
+        and approval.claimed_until > (now or timezone.now())
+    )
+
+
+def eligible_reviewers(approval: ApprovalRequest):
+    """Active users who may approve ``approval`` now and have an email address."""
+    User = get_user_model()
+    perm = (
+        Q(groups__permissions__codename="decide_approvalrequest")
+        | Q(user_permissions__codename="decide_approvalrequest")
+        | Q(is_superuser=True)
+    )
+    users = User.objects.filter(perm, is_active=True).exclude(email="")
+    for group_id in approval.required_groups.values_list("pk", flat=True):
+        # One filter() per group: a member of every one of them.
+        users = users.filter(Q(groups=group_id) | Q(is_superuser=True))
+    if approval.run.requester_id and not approval.allow_self_approval:
+        users = users.exclude(pk=approval.run.requester_id)
+    voted = ApprovalVote.objects.filter(proposal_id=approval.proposal_id).values("reviewer_id")
+    return users.exclude(pk__in=voted).distinct().order_by("username")
+
+
+def approval_sla_minutes(approval: ApprovalRequest) -> int | None:
+    """After how long pending ``approval`` is overdue: its rule's SLA for a call, the
+    desk's guard SLA (``DESK_GUARD_SLA_MINUTES``) for a guard."""
+    if approval.is_guard:
+        return settings.DESK_GUARD_SLA_MINUTES or None
+    return approval.rule.sla_minutes if approval.rule else None
+
+
+def timeout_may_approve(approval: ApprovalRequest) -> str | None:
+    """Why a timeout may not approve ``approval`` (its rule says approve), or None."""
+    spec = find_tool(approval.tool_call.tool_name)
+    if spec is not None and spec.is_irreversible:
+        return f"{spec.name} cannot be undone"
+    if approval.approvers_required > 1:
+        return f"it needs {approval.approvers_required} approvers"
+    if approval.is_edited:
+        return "what would run is a person's edit"
+    return None
+
+
+def input_changes(original, proposed) -> list[tuple[str, object, object]]:
+    """(argument, model's value, proposed value) for every argument that differs."""
+    original = original if isinstance(original, dict) else {}
+    proposed = proposed if isinstance(proposed, dict) else {}
+    keys = list(original) + [key for key in proposed if key not in original]
+    return [
+        (key, original.get(key), proposed.get(key))
+        for key in keys
+        if (key in original) != (key in proposed)
+        or canonical_json(original[key]) != canonical_json(proposed[key])
+    ]
+
+
+# --- the queue --------------------------------------------------------------------
+
+
+def approvals_visible_to(user):
+    """Approvals ``user`` may see: all with ``runs.view_all_runs``; otherwise those of
+    their own runs, those they may decide, and those they approved or claimed."""
+    approvals = ApprovalRequest.objects.all()
+    if user.has_perm(VIEW_ALL_PERMISSION):
+        return approvals
+    decidable = approvals_decidable_by(user, claimed=True).values("pk")
+    voted = ApprovalVote.objects.filter(reviewer=user).values("approval_id")
+    return approvals.filter(
+        Q(run__requester=user) | Q(pk__in=decidable) | Q(pk__in=voted) | Q(claimed_by=user)
+    )
+
+
+def approvals_decidable_by(user, *, claimed: bool = False):
+    """Pending approvals ``user`` may decide now: the permission, every required group,
+    not their own run (unless self-approval is allowed), not a proposal they already
+    approved, and (unless ``claimed``) not claimed by someone else.
+
+    The query form of ``decide_refusal``; a test holds the two together.
+    """
+    pending = ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING)
+    if not user.is_active or not user.has_perm(DECIDE_PERMISSION):
+        return pending.none()
+    if not user.is_superuser:
+        # Not one required group the user is outside of.
+        pending = pending.exclude(required_groups__in=Group.objects.exclude(user=user))
+    pending = pending.exclude(Q(run__requester=user) & Q(allow_self_approval=False))
+    pending = pending.exclude(proposal__votes__reviewer=user)
+    if not claimed:
+        pending = pending.exclude(
+            Q(claimed_until__gt=timezone.now()) & ~Q(claimed_by=user) & Q(claimed_by__isnull=False)
+        )
+    return pending
+
+
+# The arguments that say which thing in the world a call is about: a transcript's
+# tool result about the same thing bears on the call and is never folded away.
+BEARING_ARGUMENTS = ("order_id", "ticket_id", "to", "customer_id")
+
+
+@dataclass
+class TranscriptEntry:
+    """One message of the transcript as the approval page shows it: labelled by what it
+    is ("get_order returned", not "user"), and whether it is folded away."""
+
+    seq: int
+    role: str
+    label: str
+    # The message's blocks; a tool_result block also has "tool" (the name of the call it
+    # answers), "called_with" (that call's arguments) and "bears" (it bears on the call).
+    content: list[dict]
+    bears: bool = False
+    # Every block is a tool result (each then labelled by its tool, not the message).
+    results_only: bool = False
+    folded: bool = False
+    # On the first message of a folded stretch: how many it hides; on its last: True.
+    fold_opens: int = 0
+    fold_closes: bool = False
+
+
+def _bearing_values(call_input) -> dict[str, str]:
+    args = call_input if isinstance(call_input, dict) else {}
+    return {name: str(args[name]) for name in BEARING_ARGUMENTS if args.get(name) not in (None, "")}
+
+
+def _result_bears(tool: str, called_with, result, bearing: dict[str, str]) -> bool:
+    """Whether a tool result bears on the call with ``bearing`` values: a call about the
+    same order, ticket or recipient, or a read whose result mentions one of them."""
+    if not bearing:
+        return False
+    args = called_with if isinstance(called_with, dict) else {}
+    if any(str(args.get(name, "")) == value for name, value in bearing.items()):
+        return True
+    spec = find_tool(tool)
+    if spec is None or not spec.is_read:
+        return False
+    text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
+    return any(value in text for value in bearing.values())
+
+
+def _names(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def transcript_entries(
+    messages: list[Message], *, call_input=None, keep_unfolded: int = 4
+) -> list[TranscriptEntry]:
+    """The transcript labelled for people, older messages folded except those that bear
+    on the call with ``call_input`` (a result about the same order) and the last
+    ``keep_unfolded``. A tool result is named by the tool_use it answers, found by its
+    id in the messages before it."""
+    bearing = _bearing_values(call_input)
+    calls: dict[str, tuple[str, object]] = {}
+    entries = []
+    for message in messages:
+        content = message.content
+        if not isinstance(content, list):
+            content = [{"type": "text", "text": str(content)}]
+        blocks = []
+        for block in content:
+            if not isinstance(block, dict):
+                continue
+            block = dict(block)
+            if block.get("type") == "tool_use":
+                calls[str(block.get("id"))] = (str(block.get("name", "?")), block.get("input"))
+            elif block.get("type") == "tool_result":
+                tool, called_with = calls.get(str(block.get("tool_use_id")), ("a tool", None))
+                block.update(tool=tool, called_with=called_with)
+                block["bears"] = _result_bears(tool, called_with, block.get("content"), bearing)
+            blocks.append(block)
+        results = [b for b in blocks if b.get("type") == "tool_result"]
+        if message.role == Message.Role.ASSISTANT:
+            label = "model"
+        elif results and len(results) == len(blocks):
+            label = f"{_names([b['tool'] for b in results])} returned"
+        else:
+            label = "task" if not entries else "user"
+        entries.append(
+            TranscriptEntry(
+                seq=message.seq,
+                role=message.role,
+                label=label,
+                content=blocks,
+                bears=any(b["bears"] for b in results),
+                results_only=bool(results) and len(results) == len(blocks),
+            )
+        )
+    for entry in entries[: max(0, len(entries) - keep_unfolded)]:
+        entry.folded = not entry.bears
+    for i, entry in enumerate(entries):
+        if entry.folded and (i == 0 or not entries[i - 1].folded):
+            stretch = 0
+            while i + stretch < len(entries) and entries[i + stretch].folded:
+                stretch += 1
+            entry.fold_opens = stretch
+            entries[i + stretch - 1].fold_closes = True
+    return entries
+
+
+@dataclass
+class ApprovalContext:
+    approval: ApprovalRequest
+    tool_kind: str
+    schema_fields: list[dict]
+    transcript: list[TranscriptEntry]
+    folded: int
+    siblings: list[ToolCall]
+    earlier: list[ApprovalRequest]
+    # What would run (the current proposal), every proposal with its votes, and how
+    # the current one differs from the model's call: (argument, model's, proposed).
+    proposal: Proposal | None
+    proposals: list[Proposal]
+    changes: list[tuple[str, object, object]]
+    who_may_decide: str
+    # What would run, argument by argument (None: the input is not an object).
+    arguments: list[tuple[str, object]] | None = None
+    # What the tool tells a reviewer about what would run, read from the world now
+    # (call_notes); only while it waits for a decision.
+    facts: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    # The rule the request was asked under, as recorded (``rule_as_decided``), and the
+    # condition the current proposal was reviewed under, for people.
+    rule: DecidedRule | None = None
+    threshold: str = ""
+
+
+def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> ApprovalContext:
+    """What the reviewer needs: the model's view up to this call, the call's
+    siblings in the same reply, and the run's earlier decisions."""
+    call = approval.tool_call
+    run = approval.run
+    step = (
+        Step.objects.live().filter(run=run, number=call.step).values_list("message_count", flat=True).first()
+    )
+    # The assistant turn with this call comes right after what the model saw.
+    reply_seq = step if step is not None else run.message_count - 1
+    messages = transcript_messages(run, limit=reply_seq + 1)
+    siblings = list(
+        ToolCall.objects.live().filter(run=run, step=call.step).exclude(pk=call.pk).order_by("position")
+    )
+    earlier = list(
+        ApprovalRequest.objects.filter(run=run)
+        .exclude(pk=approval.pk)
+        .exclude(status=ApprovalRequest.Status.PENDING)
+        .select_related("tool_call", "decided_by")
+        .order_by("decided_at", "id")
+    )
+    proposals = list(
+        approval.proposals.select_related("proposed_by")
+        .prefetch_related("votes__reviewer")
+        .order_by("number")
+    )
+    proposal = next((p for p in proposals if p.pk == approval.proposal_id), None)
+    shown = proposal.input if proposal else call.input
+    spec = find_tool(call.tool_name)
+    transcript = transcript_entries(messages, call_input=shown, keep_unfolded=keep_unfolded)
+    facts, warnings = call_notes(approval) if approval.status == ApprovalRequest.Status.PENDING else ([], [])
+    rule = rule_as_decided(approval)
+    return ApprovalContext(
+        approval=approval,
+        tool_kind=spec.effect_kind if spec else "unknown",
+        schema_fields=schema_fields(call.tool_name, shown),
+        transcript=transcript,
+        folded=sum(entry.folded for entry in transcript),
+        siblings=siblings,
+        earlier=earlier,
+        proposal=proposal,
+        proposals=proposals,
+        changes=input_changes(proposals[0].input, shown) if proposal and proposal.number > 1 else [],
+        who_may_decide=group_names(approval),
+        arguments=arguments_in_order(call.tool_name, shown) if isinstance(shown, dict) else None,
+        facts=facts,
+        warnings=warnings,
+        rule=rule,
+        threshold=proposal_threshold(approval, proposal, rule),
+    )
+
+
+def call_notes(approval: ApprovalRequest) -> tuple[list[tuple[str, str]], list[str]]:
+    """What the tool tells a reviewer about what would run (the current proposal),
+    read from the world now: (facts, warnings). Empty for guards."""
+    call = approval.tool_call
+    spec = find_tool(call.tool_name) if call is not None else None
+    if spec is None:
+        return [], []
+    shown = approval.proposal.input if approval.proposal_id else call.input
+    review = ReviewContext(run_id=approval.run_id, params=approval.run.params or {}, call_id=call.pk)
+    return spec.reviewer_notes(review, shown)
+
+
+def schema_fields(tool_name: str, shown) -> list[dict]:
+    """One edit field per argument of the tool's schema, filled with what is shown."""
+    spec = find_tool(tool_name)
+    args = shown if isinstance(shown, dict) else {}
+    fields = []
+    for name, schema in (spec.input_schema.get("properties", {}) if spec else {}).items():
+        value = args.get(name, "")
+        fields.append(
+            {
+                "name": name,
+                "type": schema.get("type", "string"),
+                "value": value,
+                # Multi-line text in an <input> would lose its newlines.
+                "long": schema.get("type") == "string" and (len(str(value)) > 60 or "\n" in str(value)),
+            }
+        )
+    return fields
+
+
+def proposal_threshold(approval: ApprovalRequest, proposal: Proposal | None, rule: DecidedRule | None) -> str:
+    """The condition a proposal was reviewed under, for people. The model's call: the
+    request's recorded rule. A reviewer's edit: the same when the same rule version
+    decided it; else the live rule's only while it is still the version that
+    reviewed the edit; else that it was not recorded."""
+    if rule is None:
+        return ""
+    if proposal is None or proposal.number == 1:
+        return "" if rule.record == RULE_NONE else rule.threshold
+    if not proposal.rule_label:
+        return ""
+    if rule.record == RULE_RECORDED and proposal.rule_label == rule.label:
+        return rule.threshold
+    live = proposal.rule
+    if live is not None and live.label == proposal.rule_label:
+        return money_reason(live.condition)
+    return "not recorded (the rule changed since this edit)"

@@ -17,7 +17,18 @@ FLOORS = {
     "desk.logs": 0,  # log context: the ground floor, imports nothing of ours
     "tools": 1,  # the world and the tools over it
     "runs": 2,  # the loop
-    "approvals": 3,  # the gate and the desk
+    # approvals: one app, its rooms as floors. The ground pieces its models use,
+    # then the models, then record <- policy <- decisions <- notify, and on top the
+    # app's own modules (gate, admin, urls, analytics, templatetags, commands).
+    "approvals.record.chain": 3.0,  # the audit chain's hashing, for AuditEvent.save
+    "approvals.notify.errors": 3.0,
+    "approvals.notify.endpoints": 3.0,  # where a webhook may go, for WebhookEndpoint.clean
+    "approvals.models": 3.1,
+    "approvals.record": 3.2,  # audit, verify, anchors, export and import
+    "approvals.policy": 3.3,  # rules, shadow, standing, the decided rule
+    "approvals.decisions": 3.4,  # requests, proposals, votes, claims, the desk
+    "approvals.notify": 3.5,  # email, digests, webhooks, SLA: hears decisions' signals
+    "approvals": 3.6,  # the gate (DESK_GATE) and the app's top
     "api": 4,
     "ops": 4,  # operator commands that read across the apps
     "desk": 5,  # the project: settings, urls, metrics, Celery app
@@ -29,7 +40,7 @@ def graph():
     return grimp.build_graph(*PACKAGES)
 
 
-def floor(module: str) -> int:
+def floor(module: str) -> float:
     for prefix in sorted(FLOORS, key=len, reverse=True):
         if module == prefix or module.startswith(prefix + "."):
             return FLOORS[prefix]

@@ -11,10 +11,8 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
 from approvals.decisions.decision import Requirement
+from approvals.decisions.signals import approval_opened
 from approvals.models import ApprovalRequest, AuditEvent, GateRule, Proposal
-from approvals.notify.kinds import Kind
-from approvals.notify.notifications import notify_reviewers
-from approvals.notify.webhooks import webhook_approval_opened
 from approvals.policy.decided import decided_rule_snapshot
 from approvals.record.audit import approval_with_facts
 from runs.gate import Verdict
@@ -64,8 +62,7 @@ def approval_open(
         after="proposal 1",
         detail=f"{call.tool_name}: {verdict.effect} ({verdict.rule or 'no rule'}); args {call.input_hash}",
     )
-    notify_reviewers(approval=approval, kind=Kind.APPROVAL_OPENED)
-    webhook_approval_opened(approval=approval)
+    approval_opened.send(sender=ApprovalRequest, approval=approval)
     return approval
 
 
@@ -110,8 +107,7 @@ def approval_open_guard(
     )
     approval.required_groups.add(group)
     _audit_opened(approval, after=kind, detail=f"{kind}: {reason}"[:2000])
-    notify_reviewers(approval=approval, kind=Kind.APPROVAL_OPENED)
-    webhook_approval_opened(approval=approval)
+    approval_opened.send(sender=ApprovalRequest, approval=approval)
     return approval
 
 

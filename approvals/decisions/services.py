@@ -57,10 +57,9 @@ from approvals.decisions.selectors import (
     input_changes,
     timeout_may_approve,
 )
+from approvals.decisions.signals import approval_closed, call_declined, proposal_made
 from approvals.decisions.transitions import ApprovalMoved, approval_transition
 from approvals.models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule, GuardAction, Proposal
-from approvals.notify.notifications import notify_call_declined, notify_proposal
-from approvals.notify.webhooks import webhook_approval_closed
 from approvals.policy.errors import DecisionError, NotAllowed
 from approvals.policy.standing import standing_grant, standing_grant_refusal
 from approvals.record.audit import approval_with_facts
@@ -220,7 +219,9 @@ def _act(approval: ApprovalRequest, actor, decision: Decision, now, *, enqueue: 
         raise RunMovedOn(approval, str(exc)) from None
     except ValueError as exc:
         raise DecisionError(f"{exc}. Nothing was changed.") from None
-    webhook_approval_closed(approval=approval, status=status, actor=actor, comment=comment, action=action)
+    approval_closed.send(
+        sender=ApprovalRequest, approval=approval, status=status, actor=actor, comment=comment, action=action
+    )
     run = Run.objects.only("status").get(pk=approval.run_id)
     woken = run.status == RunStatus.QUEUED
     if woken and enqueue and approval.kind == GuardKind.OUTCOME:
@@ -411,7 +412,7 @@ def _propose(approval: ApprovalRequest, editor, edited_input: dict, comment: str
         + f"; args {proposal.input_hash}"
         + approval_with_facts("", approval),
     )
-    notify_proposal(approval=approval, proposal=proposal)
+    proposal_made.send(sender=ApprovalRequest, approval=approval, proposal=proposal)
     return proposal
 
 
@@ -499,9 +500,16 @@ def _close(
         )
     if status in (ApprovalRequest.Status.DECLINED, ApprovalRequest.Status.EXPIRED):
         # The requester hears that their run goes on without the call.
-        notify_call_declined(approval=approval, timed_out=status == ApprovalRequest.Status.EXPIRED)
-    webhook_approval_closed(
-        approval=approval, status=status, actor=actor, comment=comment, by_policy=by_policy
+        call_declined.send(
+            sender=ApprovalRequest, approval=approval, timed_out=status == ApprovalRequest.Status.EXPIRED
+        )
+    approval_closed.send(
+        sender=ApprovalRequest,
+        approval=approval,
+        status=status,
+        actor=actor,
+        comment=comment,
+        by_policy=by_policy,
     )
     return run_wake_if_ready(run_id=approval.run_id, actor=actor)
 

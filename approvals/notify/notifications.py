@@ -8,22 +8,25 @@ enqueued; a worker renders the email from the database and sends it
 ``--sync`` command leaves its emails pending for a worker; the SLA sweep (beat)
 re-enqueues pending rows older than a minute, whose nudge was lost.
 
-Events, recipients, and the one place that records each (an explicit call where
-the event happens, never a signal receiver):
+Events, recipients, and the one place that records each, in the event's
+transaction: where an approval moves, ``approvals.decisions`` sends a signal
+(``approvals.decisions.signals``) whose one receiver (``approvals.notify.receivers``)
+calls the function here; the others are explicit calls:
 
 - ``approval:<id>:opened``: the reviewers allowed to decide
   (``selectors.eligible_reviewers``: permission, every required group, not the
   requester unless self-approval is allowed, not already approved);
-  ``services.approval_open``, called by ``RuleGate.hold`` in the transaction that
-  saves the model's reply, or ``services.approval_open_guard``, called by
-  ``RuleGate.open_guard`` in the transaction that stops the run on a guard (the
-  subject and body say what the guard found: ``selectors.guard_headline``);
+  ``opening.approval_open`` (signal ``approval_opened``), called by ``RuleGate.hold``
+  in the transaction that saves the model's reply, or ``opening.approval_open_guard``
+  (the same signal), called by ``RuleGate.open_guard`` in the transaction that stops
+  the run on a guard (the subject and body say what the guard found:
+  ``guards.guard_headline``);
 - ``approval:<id>:reminder`` / ``:escalated``: the same people; ``sla``;
 - ``approval:<id>:proposal:<n>``: a reviewer's edit made proposal n; the people who
-  may approve it now; ``services._propose``;
+  may approve it now; ``services._propose`` (signal ``proposal_made``);
 - ``approval:<id>:declined``: the run's requester, when a reviewer declines the
-  call or the request times out with a decline; ``services._close``, in the
-  decision's (or the expiry's) transaction;
+  call or the request times out with a decline; ``services._close`` (signal
+  ``call_declined``), in the decision's (or the expiry's) transaction;
 - ``run:<id>:g<generation>:done`` / ``:failed`` / ``:handed_over`` (naming who
   took it): the run's requester;
   ``RuleGate.run_ended``, in the transition's transaction. The generation is in

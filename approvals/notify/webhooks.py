@@ -1,9 +1,9 @@
 """Signed webhooks: the desk's events POSTed to endpoints that asked for them.
 
-Same outbox discipline as email (``approvals.notifications``): every delivery is a
+Same outbox discipline as email (``approvals.notify.notifications``): every delivery is a
 ``WebhookDelivery`` row (unique on endpoint + event id) written in the transaction
 of the event it reports, so it exists if and only if the event does; after commit
-``approvals.tasks.deliver_webhook(id)`` is enqueued; a worker claims the row with a
+``deliver_webhook(id)`` (task ``approvals.tasks.deliver_webhook``) is enqueued; a worker claims the row with a
 conditional UPDATE (``pending -> sending``, ``attempts + 1``), POSTs it, and records
 the attempt. A failed attempt (no answer, or not 2xx) puts the row back to pending
 with ``next_attempt_at`` after an exponential, jittered backoff
@@ -21,12 +21,13 @@ to repeat, and a missing event has no backstop). Receivers must dedupe on the
 Events (``data`` has ``run`` and, for approval events, ``approval``; each with its
 ``link`` into the desk, ``DESK_BASE_URL`` + path; no tool arguments, no secrets):
 
-- ``approval.opened``: a gated call waits for a decision (``services.approval_open``);
+- ``approval.opened``: a gated call waits for a decision (``opening.approval_open``,
+  signal ``approval_opened``);
 - ``approval.decided``: a person decided it: ``approval.status`` approved (also when
   the approved arguments are a reviewer's edit: ``approval.edited`` true), declined
   or responded; on a guard or a hand-over, ``approval.action`` says what
   (grant, stop, continue, accept, send_back, happened, not_happened, hand_over)
-  (``services._close`` / ``services._act``);
+  (``services._close`` / ``services._act``, signal ``approval_closed``);
 - ``approval.expired``: it timed out with no decision: ``approval.status`` expired
   (declined by the timeout) or approved (by policy, ``approval.by_policy`` true);
 - ``run.finished``: a run ended done (``data.outcome``: its label, whether it is
@@ -38,8 +39,8 @@ Events (``data`` has ``run`` and, for approval events, ``approval``; each with i
   ``run.handed_over_to``) (``notifications.notify_run_finished`` for the run
   events, called by ``RuleGate.run_ended`` in the transition's transaction);
 - ``audit.anchor``: every DESK_ANCHOR_SECONDS, the audit chains' heads and the runs
-  and approvals that exist, signed (``approvals.audit.anchor_append``): keep them, and
-  ``verify --against`` a saved one finds what was erased since;
+  and approvals that exist, signed (``approvals.record.anchors.anchor_append``): keep
+  them, and ``verify --against`` a saved one finds what was erased since;
 - ``ping``: the admin's "send test event", to that one endpoint.
 
 A vote that leaves an approval waiting for more approvers, or an edit waiting for

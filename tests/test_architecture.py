@@ -23,6 +23,7 @@ FLOORS = {
     "approvals.record.chain": 3.0,  # the audit chain's hashing, for AuditEvent.save
     "approvals.notify.errors": 3.0,
     "approvals.notify.endpoints": 3.0,  # where a webhook may go, for WebhookEndpoint.clean
+    "approvals.notify.models": 3.0,  # notify's models, registered by approvals.models
     "approvals.models": 3.1,
     "approvals.record": 3.2,  # audit, verify, anchors, export and import
     "approvals.policy": 3.3,  # rules, shadow, standing, the decided rule

@@ -5,9 +5,9 @@ from __future__ import annotations
 from django.db import transaction
 from django.urls import reverse
 
-from approvals.models import Notification, NotificationPreference
 from approvals.notify.errors import PreferenceError
 from approvals.notify.kinds import PREFERENCE_KIND_NAMES, PREFERENCE_KINDS, Kind
+from approvals.notify.models import Notification, NotificationPreference
 
 
 def preferences_of(user) -> dict[str, str]:

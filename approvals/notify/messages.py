@@ -14,9 +14,10 @@ from django.utils import timezone
 from approvals.decisions.arguments import arg_value
 from approvals.decisions.guards import guard_context
 from approvals.decisions.selectors import approval_sla_minutes, group_names, input_changes, proposal_threshold
-from approvals.models import ApprovalRequest, Notification
+from approvals.models import ApprovalRequest
 from approvals.notify.inbox import notification_path
 from approvals.notify.kinds import Kind
+from approvals.notify.models import Notification
 from approvals.policy.decided import rule_as_decided
 from runs.history import live_at
 from runs.models import CallStatus, Message, Run, ToolCall

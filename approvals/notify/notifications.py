@@ -60,9 +60,10 @@ from django.utils import timezone
 
 from approvals.decisions.guards import guard_headline
 from approvals.decisions.selectors import eligible_reviewers
-from approvals.models import ApprovalRequest, Notification, NotificationPreference
+from approvals.models import ApprovalRequest
 from approvals.notify.kinds import PREFERENCE_KIND_NAMES, REVIEWER_KINDS, Kind
 from approvals.notify.messages import _name, notification_message
+from approvals.notify.models import Notification, NotificationPreference
 from approvals.notify.webhooks import webhook_run_ended
 from desk.logs import log_context
 from runs.models import Run

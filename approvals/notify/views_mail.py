@@ -10,7 +10,6 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods
 
-from approvals.models import NotificationPreference, OutboxEmail
 from approvals.notify.errors import PreferenceError
 from approvals.notify.inbox import (
     inbox_for,
@@ -20,6 +19,7 @@ from approvals.notify.inbox import (
     preferences_save,
 )
 from approvals.notify.kinds import PREFERENCE_KINDS
+from approvals.notify.models import NotificationPreference, OutboxEmail
 
 PAGE_SIZE = 50
 # An email's HTML is untrusted (it quotes model output and tool arguments). It is

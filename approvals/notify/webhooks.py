@@ -106,9 +106,10 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest, WebhookDelivery, WebhookEndpoint
+from approvals.models import ApprovalRequest
 from approvals.notify.endpoints import TEST_EVENT, webhook_address
 from approvals.notify.errors import UnsafeWebhookURL
+from approvals.notify.models import WebhookDelivery, WebhookEndpoint
 from desk.logs import log_context
 from runs.selectors import run_outcome, run_outcome_lines
 

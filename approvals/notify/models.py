@@ -1,0 +1,220 @@
+"""The notify room's models: emails (Notification, NotificationPreference), the
+development backend's stored email, webhook endpoints and deliveries, and their
+status enums. Imported by ``approvals.models``, so they are the ``approvals`` app's
+(same label, same tables); imports only ``runs.models`` and ``notify.endpoints``.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import Q
+
+from approvals.notify.endpoints import webhook_endpoint_refusals
+from runs.models import Run
+
+
+class NotificationStatus(models.TextChoices):
+    PENDING = "pending"
+    # Claimed by a worker that is talking to the SMTP server. A row left here
+    # by a dead worker has an unknown outcome and is never resent (at most once).
+    SENDING = "sending"
+    # Was "sending" when its worker died (the sweep finds it past SENDING_DEADLINE):
+    # the SMTP server may or may not have it. Never resent by the desk itself; staff
+    # may resend it (the Notification admin's action), knowing it may arrive twice.
+    UNKNOWN = "unknown", "outcome unknown"
+    SENT = "sent"
+    FAILED = "failed"
+    # The recipient asked for an hourly digest of this kind: held until the digest
+    # that carries it is recorded (then DIGESTED, with ``digest`` naming it).
+    HELD = "held"
+    DIGESTED = "digested"
+    # The recipient asked for no email of this kind: kept for their in-app inbox only.
+    MUTED = "muted"
+
+
+class Delivery(models.TextChoices):
+    """How a person wants one kind of email (``NotificationPreference``)."""
+
+    EACH = "each", "each one as it happens"
+    DIGEST = "digest", "an hourly digest"
+    NONE = "none", "no email (in-app inbox only)"
+
+
+class Notification(models.Model):
+    """One email for one event to one recipient: the record that stops a second send."""
+
+    Status = NotificationStatus
+
+    # e.g. "approval:12:opened", "approval:12:reminder", "run:7:g0:done"
+    # (approvals.notify.notifications lists them)
+    event = models.CharField(max_length=100)
+    recipient = models.EmailField()
+    kind = models.CharField(max_length=30)
+    approval = models.ForeignKey(
+        "approvals.ApprovalRequest",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="notifications",
+    )
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    subject = models.CharField(max_length=300)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    # When a worker claimed it to talk to the SMTP server (pending -> sending).
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    # A held notification: the digest email that carried it.
+    digest = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="digested"
+    )
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["recipient", "-id"], name="notification_inbox")]
+        constraints = [
+            models.UniqueConstraint(fields=["event", "recipient"], name="notification_once_per_event"),
+            models.CheckConstraint(
+                condition=Q(status__in=NotificationStatus.values), name="notification_status_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event} to {self.recipient} ({self.status})"
+
+
+class NotificationPreference(models.Model):
+    """How one person wants one kind of email (``approvals.notify.kinds.Kind``).
+    No row: each one as it happens."""
+
+    Delivery = Delivery
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_preferences"
+    )
+    kind = models.CharField(max_length=30)
+    delivery = models.CharField(max_length=10, choices=Delivery.choices, default=Delivery.EACH)
+
+    class Meta:
+        ordering = ["user_id", "kind"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "kind"], name="notificationpreference_one_per_kind"),
+            models.CheckConstraint(
+                condition=Q(delivery__in=Delivery.values), name="notificationpreference_delivery_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} {self.kind}: {self.delivery}"
+
+
+class OutboxEmail(models.Model):
+    """An email as the development backend (``desk.mail.DatabaseBackend``) received
+    it, instead of printing its MIME to the log: listed at ``/desk/outbox/``."""
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    subject = models.CharField(max_length=300)
+    from_email = models.CharField(max_length=300)
+    to = models.TextField(help_text="Recipients, one per line.")
+    body = models.TextField()
+    html = models.TextField(blank=True)
+    headers = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return self.subject
+
+
+# --- webhooks (approvals.notify.webhooks) ----------------------------------------
+def webhook_secret() -> str:
+    """A new endpoint's signing key: 32 random bytes, prefixed so that a key pasted in
+    the wrong place is recognisable."""
+    return "whsec_" + secrets.token_urlsafe(32)
+
+
+class WebhookDeliveryStatus(models.TextChoices):
+    PENDING = "pending"
+    # Claimed by a worker that is talking to the receiver. A row left here past its
+    # ``next_attempt_at`` (the deadline) by a dead worker is sent again: a webhook is
+    # at least once on the wire, and receivers dedupe on Countersign-Delivery.
+    SENDING = "sending"
+    DELIVERED = "delivered"
+    FAILED = "failed", "failed (given up)"
+
+
+class WebhookEndpoint(models.Model):
+    """A URL that is told about the desk's events, signed with its own secret."""
+
+    url = models.URLField(
+        max_length=500,
+        help_text="http(s) only, on a host listed in DESK_WEBHOOK_ALLOWED_HOSTS; no user or password.",
+    )
+    # Event names (approvals.notify.endpoints.EVENTS); empty: every event.
+    events = models.JSONField(
+        default=list, blank=True, help_text='Event names to send, e.g. ["approval.opened"]; empty: all.'
+    )
+    secret = models.CharField(max_length=100, default=webhook_secret, editable=False)
+    enabled = models.BooleanField(default=True)
+    description = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.description or self.url
+
+    def clean(self) -> None:
+        errors = webhook_endpoint_refusals(url=self.url, events=self.events)
+        if errors:
+            raise ValidationError(errors)
+
+    def wants(self, event: str) -> bool:
+        return self.enabled and (not self.events or event in self.events)
+
+
+class WebhookDelivery(models.Model):
+    """One event for one endpoint: the outbox row that stops a second delivery.
+
+    ``attempts_log`` keeps every attempt, oldest first: ``{"at": ISO time,
+    "status_code": int or null, "error": text, "duration_ms": int}``."""
+
+    Status = WebhookDeliveryStatus
+
+    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries")
+    event = models.CharField(max_length=50)
+    # Stable per event (e.g. "approval:12:opened"): the Countersign-Delivery header.
+    event_id = models.CharField(max_length=120)
+    payload = models.JSONField()
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    # Pending: when the next attempt is due. Sending: the deadline after which the
+    # attempt counts as interrupted (its worker died) and is made again.
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    attempts_log = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name_plural = "webhook deliveries"
+        indexes = [models.Index(fields=["status", "next_attempt_at"], name="webhookdelivery_due")]
+        constraints = [
+            models.UniqueConstraint(fields=["endpoint", "event_id"], name="webhookdelivery_once_per_event"),
+            models.CheckConstraint(
+                condition=Q(status__in=WebhookDeliveryStatus.values), name="webhookdelivery_status_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event} {self.event_id} to {self.endpoint_id} ({self.status})"

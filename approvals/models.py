@@ -12,10 +12,10 @@ from django.utils import timezone
 # this app's label (Django imports only approvals.models).
 from approvals.notify.models import (  # noqa: F401
     Delivery,
+    DeskEmail,
     Notification,
     NotificationPreference,
     NotificationStatus,
-    OutboxEmail,
     WebhookDelivery,
     WebhookDeliveryStatus,
     WebhookEndpoint,

@@ -1,4 +1,4 @@
-"""A development email backend: each email becomes an ``OutboxEmail`` row, listed
+"""A development email backend: each email becomes a ``DeskEmail`` row, listed
 at ``/desk/outbox/`` (staff only), instead of ~110 lines of quoted-printable MIME
 in the log. ``make run`` uses it (DEBUG on, no EMAIL_URL; or EMAIL_URL=outbox://);
 production sends by SMTP.
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 class DatabaseBackend(BaseEmailBackend):
     def send_messages(self, email_messages) -> int:
-        from approvals.models import OutboxEmail  # the backend loads before the apps
+        from approvals.models import DeskEmail  # the backend loads before the apps
 
         count = 0
         for message in email_messages:
@@ -35,7 +35,7 @@ class DatabaseBackend(BaseEmailBackend):
                 ),
                 "",
             )
-            email = OutboxEmail.objects.create(
+            email = DeskEmail.objects.create(
                 subject=str(message.subject)[:300],
                 from_email=str(message.from_email)[:300],
                 to="\n".join(recipients),

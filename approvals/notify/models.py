@@ -1,5 +1,5 @@
 """The notify room's models: emails (Notification, NotificationPreference), the
-development backend's stored email, webhook endpoints and deliveries, and their
+development backend's stored email (DeskEmail), webhook endpoints and deliveries, and their
 status enums. Imported by ``approvals.models``, so they are the ``approvals`` app's
 (same label, same tables); imports only ``runs.models`` and ``notify.endpoints``.
 """
@@ -114,9 +114,11 @@ class NotificationPreference(models.Model):
         return f"{self.user_id} {self.kind}: {self.delivery}"
 
 
-class OutboxEmail(models.Model):
-    """An email as the development backend (``desk.mail.DatabaseBackend``) received
-    it, instead of printing its MIME to the log: listed at ``/desk/outbox/``."""
+class DeskEmail(models.Model):
+    """An email the desk sent (to its reviewers and requesters), as the development
+    backend (``desk.mail.DatabaseBackend``) received it instead of printing its MIME
+    to the log: listed at ``/desk/outbox/``. Named for whose mail it is: the world's
+    ``tools.OutboxEmail`` is what an agent's tool sent to a customer."""
 
     created_at = models.DateTimeField(auto_now_add=True)
     subject = models.CharField(max_length=300)

@@ -19,7 +19,7 @@ from approvals.notify.inbox import (
     preferences_save,
 )
 from approvals.notify.kinds import PREFERENCE_KINDS
-from approvals.notify.models import NotificationPreference, OutboxEmail
+from approvals.notify.models import DeskEmail, NotificationPreference
 
 PAGE_SIZE = 50
 # An email's HTML is untrusted (it quotes model output and tool arguments). It is
@@ -38,7 +38,7 @@ def _staff_only(request) -> None:
 @require_GET
 def outbox(request):
     _staff_only(request)
-    page = Paginator(OutboxEmail.objects.order_by("-id"), PAGE_SIZE).get_page(request.GET.get("page"))
+    page = Paginator(DeskEmail.objects.order_by("-id"), PAGE_SIZE).get_page(request.GET.get("page"))
     for email in page:
         email.recipients = email.to.splitlines()
     return render(request, "approvals/outbox.html", {"page": page, "nav_section": "outbox"})
@@ -47,7 +47,7 @@ def outbox(request):
 @require_GET
 def outbox_email(request, email_id: int):
     _staff_only(request)
-    email = get_object_or_404(OutboxEmail, pk=email_id)
+    email = get_object_or_404(DeskEmail, pk=email_id)
     if request.GET.get("part") == "html":
         response = HttpResponse(email.html, content_type="text/html; charset=utf-8")
         response["Content-Security-Policy"] = EMAIL_HTML_POLICY

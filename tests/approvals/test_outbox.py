@@ -8,7 +8,7 @@ import pytest
 from django.core.mail import EmailMultiAlternatives, mailers
 from django.urls import reverse
 
-from approvals.models import Notification, NotificationPreference, OutboxEmail
+from approvals.models import DeskEmail, Notification, NotificationPreference
 from approvals.notify.kinds import Kind
 from approvals.notify.notifications import digests_record
 from desk.mail import DatabaseBackend
@@ -28,9 +28,9 @@ def outbox_backend(settings):
     assert isinstance(mailers.default, DatabaseBackend)
 
 
-def stored_email(**overrides) -> OutboxEmail:
+def stored_email(**overrides) -> DeskEmail:
     fields = {"subject": "Hello", "from_email": "desk@countersign.local", "to": "a@example.com", "body": "Hi"}
-    return OutboxEmail.objects.create(**(fields | overrides))
+    return DeskEmail.objects.create(**(fields | overrides))
 
 
 # --- the backend ----------------------------------------------------------------------
@@ -46,7 +46,7 @@ def test_the_backend_stores_a_real_message_and_logs_one_line(caplog):
     message.attach_alternative("<p>HTML body</p>", "text/html")
     with caplog.at_level("INFO", logger="desk.mail"):
         assert DatabaseBackend().send_messages([message]) == 1
-    [email] = OutboxEmail.objects.all()
+    [email] = DeskEmail.objects.all()
     assert email.subject == "Approve refund_item? ₹2,900"
     assert email.from_email == "Countersign <desk@countersign.local>"
     assert email.to.splitlines() == ["ada@example.com", "bob@example.com", "carol@example.com"]
@@ -60,7 +60,7 @@ def test_the_backend_stores_a_real_message_and_logs_one_line(caplog):
 def test_a_notification_sent_through_the_outbox_backend_is_stored_not_printed(users, outbox_backend, capsys):
     approval = the_approval(start(requester=users["requester"]))
     assert deliver() == ["sent", "sent", "sent"]
-    emails = OutboxEmail.objects.order_by("id")
+    emails = DeskEmail.objects.order_by("id")
     assert [e.to for e in emails] == [
         "admin@countersign.local",
         "reviewer@countersign.local",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from approvals.models import Notification, NotificationPreference, OutboxEmail
+from approvals.models import DeskEmail, Notification, NotificationPreference
 from tests.helpers import deliver, start, the_approval
 
 from .conftest import screenshot, sign_in
@@ -22,7 +22,7 @@ def outbox_backend(settings):
 def test_the_outbox_lists_an_email_and_opens_it(page, desk, users, outbox_backend, tmp_path):
     approval = the_approval(start(requester=users["requester"]))
     assert deliver() == ["sent", "sent", "sent"]
-    email = OutboxEmail.objects.get(to="reviewer@countersign.local")
+    email = DeskEmail.objects.get(to="reviewer@countersign.local")
 
     sign_in(page, "admin")
     page.goto("/desk/outbox/")
@@ -43,7 +43,7 @@ def test_the_outbox_lists_an_email_and_opens_it(page, desk, users, outbox_backen
 
 
 def test_a_hostile_emails_html_cannot_run_script_in_the_desk(page, desk, users):
-    email = OutboxEmail.objects.create(
+    email = DeskEmail.objects.create(
         subject="Hostile",
         from_email="desk@countersign.local",
         to="reviewer@countersign.local",

@@ -1,3 +1,6 @@
+"""The admin for rules, approvals, the audit trail, emails and webhooks: the top
+floor, so it may import every room (notify for resend, retry and test events)."""
+
 from __future__ import annotations
 
 from django import forms

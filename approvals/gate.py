@@ -1,4 +1,6 @@
-"""approvals.gate."""
+"""RuleGate, the ``DESK_GATE`` the engine calls: reviews a call (policy), opens and
+cancels approvals (decisions) and tells a run's requester it ended (notify).
+The top of the app: it may import every room; no room imports it."""
 
 from __future__ import annotations
 

@@ -1,3 +1,8 @@
+"""The app's models: rules, approvals, proposals, votes, standing approvals, the
+audit trail, and their enums; notify's models are defined in
+``approvals.notify.models`` and registered here. Imports only the ground pieces
+(``record.chain``, ``notify.models``), runs and tools."""
+
 from __future__ import annotations
 
 from decimal import Decimal, InvalidOperation

@@ -1,3 +1,6 @@
+"""The desk's URLs: the queue and approvals (decisions), mail and preferences
+(notify), analytics. Top floor: it may import every room's views."""
+
 from __future__ import annotations
 
 from django.urls import path

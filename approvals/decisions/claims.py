@@ -1,4 +1,5 @@
-"""approvals.decisions.claims."""
+"""Claims: a reviewer takes an approval for a while so others skip it; released,
+broken by the escalation group, or dropped when the claimant may no longer decide."""
 
 from __future__ import annotations
 

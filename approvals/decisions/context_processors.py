@@ -1,3 +1,5 @@
+"""The navigation's counts (what I may decide now, what I claimed) on every page."""
+
 from __future__ import annotations
 
 from django.utils import timezone

@@ -1,4 +1,5 @@
-"""approvals.decisions.errors."""
+"""What a decision can be refused with beyond policy's DecisionError: already
+decided, run moved on, wrong action, stale proposal, already claimed."""
 
 from __future__ import annotations
 

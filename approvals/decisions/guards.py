@@ -1,4 +1,5 @@
-"""approvals.decisions.guards."""
+"""Guard requests as people read them: action labels, budget units, what the guard
+found (summary, headline, stalled steps) for the page and the emails."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""approvals.decisions.opening."""
+"""Opening approvals: a gated call's request with its first proposal, or a guard's
+request; audited, then announced (``signals.approval_opened``) in the same
+transaction."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""approvals.decisions.queue."""
+"""The queue: pending approvals a person may decide, by urgency (SLA), searched and
+filtered, paged by a keyset cursor; counts for the tabs."""
 
 from __future__ import annotations
 

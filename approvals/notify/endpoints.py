@@ -1,4 +1,6 @@
-"""approvals.notify.endpoints."""
+"""Where a webhook may go: the event names, the URL and host checks, the address an
+attempt connects to. A ground piece (``WebhookEndpoint.clean`` uses it): imports
+only ``notify.errors`` and settings."""
 
 from __future__ import annotations
 

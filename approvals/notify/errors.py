@@ -1,4 +1,4 @@
-"""approvals.notify.errors."""
+"""Notify's errors: a refused preference, an unsafe webhook URL. Imports nothing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""approvals.notify.inbox."""
+"""A person's in-app inbox (what was sent to them, and how) and their email
+preferences per kind."""
 
 from __future__ import annotations
 

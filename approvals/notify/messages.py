@@ -1,4 +1,5 @@
-"""approvals.notify.messages."""
+"""Rendering an email from its Notification row: the subject's facts, the context
+of each kind (approval, proposal, guard, run finished, digest), the message."""
 
 from __future__ import annotations
 

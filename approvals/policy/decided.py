@@ -1,4 +1,5 @@
-"""approvals.policy.decided."""
+"""The rule an approval was decided under, as recorded when it opened (its snapshot),
+read back for the page, the emails and the API, with what changed since."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""approvals.policy.errors."""
+"""Policy's refusals: DecisionError (a decision the rules refuse) and NotAllowed.
+Imports nothing; the rooms above subclass them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""approvals.record.anchors."""
+"""Anchors: the audit chains' heads and counts, signed and appended to a file
+(notify's beat task also sends each as ``audit.anchor``), so ``verify --against``
+finds what was erased since."""
 
 from __future__ import annotations
 

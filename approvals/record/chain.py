@@ -1,4 +1,6 @@
-"""approvals.record.chain."""
+"""The audit chain's hashing: an event's subject, its hashed content, the keyed
+hash. A ground piece (``AuditEvent.save`` uses it): imports runs.integrity and
+tools.registry only, no model."""
 
 from __future__ import annotations
 

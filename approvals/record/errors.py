@@ -1,4 +1,5 @@
-"""approvals.record.errors."""
+"""Record's errors: an unreadable anchor, a refused export or import and the
+problems it lists. Imports nothing of ours."""
 
 from __future__ import annotations
 

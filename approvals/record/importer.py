@@ -1,4 +1,5 @@
-"""approvals.record.importer."""
+"""Importing a run exported by ``record.export``: read and check the file (chains,
+digests, ids, users), then write it as it was or as a new run."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""approvals.record.verify."""
+"""Verifying the record: each audit chain, a run's events against its rows, rules,
+standing approvals, everything, or against a saved anchor."""
 
 from __future__ import annotations
 

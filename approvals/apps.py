@@ -10,9 +10,7 @@ class ApprovalsConfig(AppConfig):
     verbose_name = "Approvals and audit"
 
     def ready(self) -> None:
-        # record: the engine's signals become the audit trail (same transaction).
-        # notify: an approval's events (approvals.decisions.signals) become emails
-        # and webhook deliveries, in the event's transaction. What a transition means
-        # for the run (cancelled approvals) is still called by name where it happens.
-        from approvals.notify import receivers as notify_receivers  # noqa: F401
+        # The engine's signals become the audit trail (recording only, same transaction).
+        # Everything a transition means (emails, webhooks, cancelled approvals) is
+        # called by name where it happens (approvals.decisions.announce, runs.gate).
         from approvals.record import receivers  # noqa: F401

@@ -1,3 +1,3 @@
 """The decisions room: approval requests, proposals, votes, claims, guards, the queue
 and the desk's views. Imports models, record and policy; never notify, which
-hears of its events through ``decisions.signals``."""
+calls it by name through ``decisions.announce`` (``DESK_ANNOUNCER``), as the loop calls the gate."""

@@ -1,5 +1,5 @@
 """Opening approvals: a gated call's request with its first proposal, or a guard's
-request; audited, then announced (``signals.approval_opened``) in the same
+request; audited, then announced (``announce.announcer().approval_opened``) in the same
 transaction."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from django.contrib.auth.models import Group
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
+from approvals.decisions.announce import announcer
 from approvals.decisions.decision import Requirement
-from approvals.decisions.signals import approval_opened
 from approvals.models import ApprovalRequest, AuditEvent, GateRule, Proposal
 from approvals.policy.decided import decided_rule_snapshot
 from approvals.record.audit import approval_with_facts
@@ -64,7 +64,7 @@ def approval_open(
         after="proposal 1",
         detail=f"{call.tool_name}: {verdict.effect} ({verdict.rule or 'no rule'}); args {call.input_hash}",
     )
-    approval_opened.send(sender=ApprovalRequest, approval=approval)
+    announcer().approval_opened(approval)
     return approval
 
 
@@ -109,7 +109,7 @@ def approval_open_guard(
     )
     approval.required_groups.add(group)
     _audit_opened(approval, after=kind, detail=f"{kind}: {reason}"[:2000])
-    approval_opened.send(sender=ApprovalRequest, approval=approval)
+    announcer().approval_opened(approval)
     return approval
 
 

@@ -43,6 +43,7 @@ from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from approvals.decisions.announce import announcer
 from approvals.decisions.claims import _claim_held, _load_locked, release_claim_if_ineligible
 from approvals.decisions.decision import STOPPING_ACTIONS, Decision, DecisionKind, DecisionResult, Requirement
 from approvals.decisions.errors import AlreadyDecided, RunMovedOn, StaleDecision, WrongAction
@@ -57,7 +58,6 @@ from approvals.decisions.selectors import (
     input_changes,
     timeout_may_approve,
 )
-from approvals.decisions.signals import approval_closed, call_declined, proposal_made
 from approvals.decisions.transitions import ApprovalMoved, approval_transition
 from approvals.models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule, GuardAction, Proposal
 from approvals.policy.errors import DecisionError, NotAllowed
@@ -219,9 +219,7 @@ def _act(approval: ApprovalRequest, actor, decision: Decision, now, *, enqueue: 
         raise RunMovedOn(approval, str(exc)) from None
     except ValueError as exc:
         raise DecisionError(f"{exc}. Nothing was changed.") from None
-    approval_closed.send(
-        sender=ApprovalRequest, approval=approval, status=status, actor=actor, comment=comment, action=action
-    )
+    announcer().approval_closed(approval, status=status, actor=actor, comment=comment, action=action)
     run = Run.objects.only("status").get(pk=approval.run_id)
     woken = run.status == RunStatus.QUEUED
     if woken and enqueue and approval.kind == GuardKind.OUTCOME:
@@ -412,7 +410,7 @@ def _propose(approval: ApprovalRequest, editor, edited_input: dict, comment: str
         + f"; args {proposal.input_hash}"
         + approval_with_facts("", approval),
     )
-    proposal_made.send(sender=ApprovalRequest, approval=approval, proposal=proposal)
+    announcer().proposal_made(approval, proposal)
     return proposal
 
 
@@ -500,17 +498,8 @@ def _close(
         )
     if status in (ApprovalRequest.Status.DECLINED, ApprovalRequest.Status.EXPIRED):
         # The requester hears that their run goes on without the call.
-        call_declined.send(
-            sender=ApprovalRequest, approval=approval, timed_out=status == ApprovalRequest.Status.EXPIRED
-        )
-    approval_closed.send(
-        sender=ApprovalRequest,
-        approval=approval,
-        status=status,
-        actor=actor,
-        comment=comment,
-        by_policy=by_policy,
-    )
+        announcer().call_declined(approval, timed_out=status == ApprovalRequest.Status.EXPIRED)
+    announcer().approval_closed(approval, status=status, actor=actor, comment=comment, by_policy=by_policy)
     return run_wake_if_ready(run_id=approval.run_id, actor=actor)
 
 

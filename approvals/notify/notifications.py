@@ -9,24 +9,24 @@ enqueued; a worker renders the email from the database and sends it
 re-enqueues pending rows older than a minute, whose nudge was lost.
 
 Events, recipients, and the one place that records each, in the event's
-transaction: where an approval moves, ``approvals.decisions`` sends a signal
-(``approvals.decisions.signals``) whose one receiver (``approvals.notify.receivers``)
-calls the function here; the others are explicit calls:
+transaction: where an approval moves, ``approvals.decisions`` calls its announcer
+(``approvals.decisions.announce``, implemented by ``approvals.notify.announcer``),
+which calls the function here; the others are direct calls:
 
 - ``approval:<id>:opened``: the reviewers allowed to decide
   (``selectors.eligible_reviewers``: permission, every required group, not the
   requester unless self-approval is allowed, not already approved);
-  ``opening.approval_open`` (signal ``approval_opened``), called by ``RuleGate.hold``
+  ``opening.approval_open`` (``announcer().approval_opened``), called by ``RuleGate.hold``
   in the transaction that saves the model's reply, or ``opening.approval_open_guard``
-  (the same signal), called by ``RuleGate.open_guard`` in the transaction that stops
+  (the same), called by ``RuleGate.open_guard`` in the transaction that stops
   the run on a guard (the subject and body say what the guard found:
   ``guards.guard_headline``);
 - ``approval:<id>:reminder`` / ``:escalated``: the same people; ``sla``;
 - ``approval:<id>:proposal:<n>``: a reviewer's edit made proposal n; the people who
-  may approve it now; ``services._propose`` (signal ``proposal_made``);
+  may approve it now; ``services._propose`` (``announcer().proposal_made``);
 - ``approval:<id>:declined``: the run's requester, when a reviewer declines the
-  call or the request times out with a decline; ``services._close`` (signal
-  ``call_declined``), in the decision's (or the expiry's) transaction;
+  call or the request times out with a decline; ``services._close``
+  (``announcer().call_declined``), in the decision's (or the expiry's) transaction;
 - ``run:<id>:g<generation>:done`` / ``:failed`` / ``:handed_over`` (naming who
   took it): the run's requester;
   ``RuleGate.run_ended``, in the transition's transaction. The generation is in

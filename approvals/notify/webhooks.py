@@ -22,12 +22,12 @@ Events (``data`` has ``run`` and, for approval events, ``approval``; each with i
 ``link`` into the desk, ``DESK_BASE_URL`` + path; no tool arguments, no secrets):
 
 - ``approval.opened``: a gated call waits for a decision (``opening.approval_open``,
-  signal ``approval_opened``);
+  ``announcer().approval_opened``);
 - ``approval.decided``: a person decided it: ``approval.status`` approved (also when
   the approved arguments are a reviewer's edit: ``approval.edited`` true), declined
   or responded; on a guard or a hand-over, ``approval.action`` says what
   (grant, stop, continue, accept, send_back, happened, not_happened, hand_over)
-  (``services._close`` / ``services._act``, signal ``approval_closed``);
+  (``services._close`` / ``services._act``, ``announcer().approval_closed``);
 - ``approval.expired``: it timed out with no decision: ``approval.status`` expired
   (declined by the timeout) or approved (by policy, ``approval.by_policy`` true);
 - ``run.finished``: a run ended done (``data.outcome``: its label, whether it is

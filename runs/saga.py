@@ -73,11 +73,7 @@ def rollback_plan(run: Run, *, to_step: int | None = None) -> RollbackPlan:
     Only calls that took effect in this run count: a repeat or a fork's reused
     result did nothing here, so there is nothing of theirs to undo.
     """
-    calls = (
-        ToolCall.objects.live()
-        .filter(run=run, status=CallStatus.COMMITTED, attempts__gt=0)
-        .exclude(idempotency_key="")
-    )
+    calls = ToolCall.objects.effects().filter(run=run)
     if to_step is not None:
         calls = calls.filter(step__gt=to_step)
     plan = RollbackPlan(to_step=to_step)
@@ -277,18 +273,6 @@ def undo_progress(run: Run, *, kind: str, to_step: int | None, generation: int |
     return UndoProgress(
         count, live=True, done=False, text="Rollback requested: waiting for a worker to start it."
     )
-
-
-def undo_request(*, run: Run, to_step: int | None, by, rewind: bool = False) -> None:
-    """Ask a worker to roll back (or rewind) ``run``: compensations are slow I/O
-    against the world and must not hold a web request. Checked again there."""
-    from .tasks import rollback_run
-
-    with transaction.atomic():
-        # The page follows this attempt; an earlier attempt's "stopped" note
-        # would read as this one's outcome.
-        Run.objects.filter(pk=run.pk).update(undo_note="")
-        transaction.on_commit(lambda: rollback_run.delay(run.pk, to_step, by.pk if by else None, rewind))
 
 
 def _check_permission(by) -> None:

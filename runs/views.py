@@ -32,7 +32,6 @@ from .saga import (
     saga_in_progress,
     undo_preview,
     undo_progress,
-    undo_request,
     worker_holds,
 )
 from .selectors import (
@@ -65,6 +64,7 @@ from .services import (
     run_hand_over,
     run_repin,
 )
+from .tasks import undo_request
 
 RUNS_PER_PAGE = 50
 # Longest note a hand-over keeps (it goes into the audit trail and the email).

@@ -33,6 +33,7 @@ from .models import (
 )
 from .retention import retention_note
 from .saga import PERMISSION as UNDO_PERMISSION
+from .services import version_mismatch
 
 VIEW_ALL_PERMISSION = "runs.view_all_runs"
 # Named by string: runs never imports approvals (see docs/architecture.md).
@@ -321,9 +322,6 @@ def may_hand_over(user, run: Run) -> bool:
 def run_version_problem(run: Run) -> str:
     """Why a live run may not go on with its agent as it is now ("" if it may): the
     pause the engine recorded, or a change made since."""
-    # Imported here: services is the writing side and may come to read selectors.
-    from .services import version_mismatch
-
     if run.is_finished:
         return ""
     return version_mismatch(run) or (run.error if run.guard == RunGuard.VERSION else "")

@@ -160,6 +160,33 @@ def worker_holds(run: Run) -> bool:
 
 
 @dataclass(frozen=True)
+class UndoOffer:
+    """What the run page offers to undo: the per-step menu (roll back, rewind or fork
+    from a checkpoint), and "Roll back entire run" with why it is not offered."""
+
+    menu: bool
+    full_rollback: bool
+    why_not: str = ""  # why the full rollback is not offered ("" when it is)
+
+
+def undo_offer(run: Run, *, may_undo: bool, undo_live: bool) -> UndoOffer:
+    """Whether (and why not) the run page offers to undo ``run`` for a user who
+    ``may_undo``; ``undo_live``: a rollback asked for from the desk is under way.
+    What the saga would refuse outright (``_elsewhere_refusal``) is not offered."""
+    if not may_undo:
+        return UndoOffer(False, False, "you may not undo runs")
+    if run.purged_at or run.redacted_at or run.imported_from or run.kind == Run.Kind.EXTERNAL:
+        return UndoOffer(False, False, _elsewhere_refusal(run, "roll back"))
+    if run.status == RunStatus.ROLLED_BACK:
+        return UndoOffer(True, False, "it is rolled back already")
+    if undo_live:
+        return UndoOffer(True, False, "a rollback of it is under way")
+    if worker_holds(run):
+        return UndoOffer(True, False, "a worker is advancing it right now")
+    return UndoOffer(True, True)
+
+
+@dataclass(frozen=True)
 class UndoPreview:
     """What a rollback (to ``to_step``, or entirely) or a rewind would do, and
     whether it may be asked for now: the confirmation page and ``--dry-run``."""

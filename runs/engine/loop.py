@@ -89,8 +89,8 @@ def llm_for_run(run: Run) -> LLM:
 
 
 class RunStepper(Proposing, Executing, Guarding):
-    """One claim's worth of work on one run, a step at a time. Holds the transcript in memory so a
-    step costs the same at step 2,000 as at step 2.
+    """One claim's worth of work on one run, a step at a time. Holds the transcript
+    in memory so a step costs the same at step 2,000 as at step 2.
 
     Its parts live beside it: ``Proposing`` (proposals.py), ``Executing``
     (execution.py) and ``Guarding`` (guards.py); the lease is lease.py's."""

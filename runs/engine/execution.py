@@ -43,7 +43,7 @@ class Executing:
             return spec
         return _as_permission(spec)
 
-    def _ctx(self, call: ToolCall) -> ToolContext:
+    def _tool_context(self, call: ToolCall) -> ToolContext:
         return ToolContext(run_id=self.run.pk, step=call.step, idempotency_key=call.idempotency_key)
 
     def _run_reads(self, calls: list[ToolCall]) -> None:
@@ -52,7 +52,7 @@ class Executing:
                 self._run_read(call, self._tool(call.tool_name))
 
     def _run_read(self, call: ToolCall, spec: ToolSpec) -> None:
-        result, is_error = _invoke(spec, self._ctx(call), call.input)
+        result, is_error = _invoke(spec, self._tool_context(call), call.input)
         call.status = CallStatus.FAILED if is_error else CallStatus.COMMITTED
         call.result, call.is_error, call.finished_at = result, is_error, timezone.now()
 
@@ -74,7 +74,7 @@ class Executing:
             return CARRY_ON
         # What the compensation will need, read before the effect.
         try:
-            pre_state = spec.capture(self._ctx(call), call.input) if spec.capture else None
+            pre_state = spec.capture(self._tool_context(call), call.input) if spec.capture else None
         except ToolError as exc:
             self._resolve_now(call, CallStatus.FAILED, f"{spec.name} failed: {exc}", is_error=True)
             return CARRY_ON
@@ -96,7 +96,7 @@ class Executing:
         """Run a write whose intent is committed and record its result; an outcome
         that is unknown (a timeout, a crash inside the tool) goes to ``_recover``."""
         try:
-            result, is_error = _invoke(spec, self._ctx(call), call.input)
+            result, is_error = _invoke(spec, self._tool_context(call), call.input)
         except UnknownOutcome as exc:
             log.warning("run %s: %s outcome unknown (%s); reconciling", self.run.pk, call, exc)
             return self._recover(call, spec)
@@ -115,7 +115,7 @@ class Executing:
         """A write found ``executing``: its outcome is unknown. Never retry blind."""
         lookup = ""
         try:
-            found = spec.reconcile(self._ctx(call), call.input) if spec.reconcile else None
+            found = spec.reconcile(self._tool_context(call), call.input) if spec.reconcile else None
         except UnknownOutcome as exc:  # the world could not be asked
             found, lookup = None, f"; looking it up failed: {exc}"
         if found is not None:

@@ -29,7 +29,7 @@ DEFAULT_MAX_OUTPUT_TOKENS = 4096
 class Guarding:
     """RunStepper's part that keeps it within bounds (``self.run``, ``self.agent``,
     ``self.llm``, ``self.gate``, the in-memory ``seen_results``, ``call_facts`` and
-    input estimates; ``self._tool`` and ``self._ctx`` are the execution part's)."""
+    input estimates; ``self._tool`` and ``self._tool_context`` are the execution part's)."""
 
     def _learn(self, tool_name: str, status: str, result, is_error: bool, *, stands_in: bool = False) -> bool:
         """Note a call's outcome; True if it taught the run something new (a result not
@@ -169,7 +169,7 @@ class Guarding:
             if spec is None or spec.verify is None:
                 continue
             try:
-                checks.append(spec.verify(self._ctx(call), call.input, call.result))
+                checks.append(spec.verify(self._tool_context(call), call.input, call.result))
             except Exception as exc:
                 log.exception("run %s: %s could not be verified", run.pk, call)
                 checks.append(

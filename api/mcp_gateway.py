@@ -12,7 +12,7 @@ calls them; every call goes through the desk as a call of a ``gateway`` session
   call's result.
 - An allowed call has run by the time ``external_call_submit`` returns (the loop ran
   it in this process); its result is the tool's content, as the model of an agent
-  run would have seen it (``runs.engine.tool_result_block``).
+  run would have seen it (``runs.history.tool_result_block``).
 - A call that needs a person waits here, polling the database, while the client is
   sent progress notifications. A decision wakes the run and a worker runs the
   approved call; its result is returned. After ``wait_seconds`` the answer is a
@@ -48,7 +48,6 @@ from django.db import close_old_connections, connections
 from mcp.server import Server
 
 from approvals.models import ApprovalRequest
-from runs.engine import tool_result_block
 from runs.external import (
     ExternalCallError,
     SessionWaiting,
@@ -57,6 +56,7 @@ from runs.external import (
     external_session_open,
     tool_use_id_for,
 )
+from runs.history import tool_result_block
 from runs.models import Run, ToolCall
 from tools.registry import AgentSpec, find_tool, get_agent, input_hash
 

@@ -11,9 +11,10 @@ from django.conf import settings
 from ninja import Path, Query, Router, Status
 
 from runs.models import Run
-from runs.saga import SagaError, run_fork, undo_preview, undo_request
+from runs.saga import SagaError, run_fork, undo_preview
 from runs.selectors import may_cancel, may_undo
 from runs.services import BudgetRefused, default_llm_kind, run_cancel, run_create
+from runs.tasks import undo_request
 from tools.registry import get_agent
 
 from . import selectors

@@ -28,17 +28,13 @@ from approvals.notify.models import (  # noqa: F401
 )
 from approvals.record.chain import event_content, event_hash, event_subject
 from runs.gate import GUARD_ACTIONS
-from runs.models import GuardKind, Run, ToolCall
+from runs.models import ApprovalStatus, Effect, GuardKind, Run, ToolCall
 from tools.locks import lock_scope
-
 
 # Choices used by database constraints are module-level: a model's Meta cannot see
 # the classes nested in its model. Each model names its own as before
 # (``GateRule.Effect``, ``ApprovalRequest.Status``).
-class RuleEffect(models.TextChoices):
-    ALLOW = "allow"
-    DENY = "deny"
-    NEEDS_APPROVAL = "needs_approval", "needs approval"
+RuleEffect = Effect  # declared once, in runs (the gate's verdict effects)
 
 
 class TimeoutEffect(models.TextChoices):
@@ -49,13 +45,7 @@ class TimeoutEffect(models.TextChoices):
     APPROVE = "approve"
 
 
-class ApprovalStatus(models.TextChoices):
-    PENDING = "pending"
-    APPROVED = "approved"
-    DECLINED = "declined"
-    EXPIRED = "expired"
-    CANCELLED = "cancelled"
-    RESPONDED = "responded"  # a reviewer answered instead; nothing ran
+# ApprovalStatus (imported above) is declared once, in runs.models: runs reads a request's state.
 
 
 class GuardAction(models.TextChoices):

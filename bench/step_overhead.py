@@ -169,7 +169,7 @@ class Counters:
     def __init__(self) -> None:
         from django.db import connections
 
-        from runs import engine
+        from runs.engine import execution
         from runs.llm import ScriptedLLM
 
         self.llm: list[float] = []
@@ -187,7 +187,7 @@ class Counters:
                 llm_times.append(time.perf_counter() - t)
 
         ScriptedLLM.reply = timed_reply
-        invoke = getattr(engine, "_invoke", None)
+        invoke = getattr(execution, "_invoke", None)
         if invoke is not None:
 
             def timed_invoke(spec, ctx, *args, **kwargs):
@@ -197,7 +197,7 @@ class Counters:
                 finally:
                     tool_times[getattr(ctx, "step", -1)] += time.perf_counter() - t
 
-            engine._invoke = timed_invoke
+            execution._invoke = timed_invoke
         for alias in ("default", "world"):
             conn = connections[alias]
             conn.ensure_connection()
@@ -227,11 +227,13 @@ class Counters:
 def time_phases(store: dict[str, list[float]]) -> None:
     """Inclusive time per engine phase (queries mode only). Wraps by name and
     skips what is not there, so engine edits do not break the bench."""
-    from runs import engine
+    from runs import gate
+    from runs.engine import advance, execution
+    from runs.engine.loop import RunStepper
     from tools.registry import ToolSpec
 
     targets = [
-        (engine._Loop, name, f"_Loop.{name}")
+        (RunStepper, name, f"RunStepper.{name}")
         for name in (
             "_ask_model",
             "_propose",
@@ -240,17 +242,19 @@ def time_phases(store: dict[str, list[float]]) -> None:
             "_save_reply",
             "_work",
             "_execute",
-            "_close_step",
+            "_close_after_work",
+            "_close_reads_only",
+            "_close_final",
             "_renew_lease",
             "_save_read_results",
             "_pause",
         )
     ]
     targets += [
-        (engine, "_invoke", "_invoke (the tool itself)"),
-        (engine, "lease_claim", "lease_claim"),
+        (execution, "_invoke", "_invoke (the tool itself)"),
+        (advance, "lease_claim", "lease_claim"),
         (ToolSpec, "validation_errors", "ToolSpec.validation_errors"),
-        (type(engine.gate_module.get_gate()), "review", "gate.review"),
+        (type(gate.get_gate()), "review", "gate.review"),
     ]
     for owner, name, label in targets:
         original = getattr(owner, name, None)
@@ -310,7 +314,7 @@ def configure_guards(mode: str, n: int) -> dict:
     none that a read would meet anyway)."""
     import dataclasses
 
-    from runs import engine
+    from runs.engine import CARRY_ON, RunStepper
     from tools import registry
 
     agent = registry.get_agent("refund-desk")
@@ -321,9 +325,9 @@ def configure_guards(mode: str, n: int) -> dict:
         registry._AGENTS[agent.name] = dataclasses.replace(agent, patience=n + 10)
         return {"max_tokens": 10**12, "max_cost": 100_000}
     registry._AGENTS[agent.name] = dataclasses.replace(agent, stages=(), transitions=(), requirements=None)
-    loop = engine._Loop
-    loop._budget_spent = lambda self: None
-    loop._stuck = lambda self: None
+    loop = RunStepper
+    loop._budget_spent = lambda self: CARRY_ON
+    loop._stuck = lambda self: CARRY_ON
     loop._verify = lambda self: None
     loop._learn = lambda self, *a, **k: False
     loop._progress = lambda self, calls: (self.run.stage, False, 0)
@@ -528,12 +532,12 @@ def cprofile_summary(profiler, steps: int, path: Path) -> dict:
     stats.sort_stats("cumulative").print_stats(40)
     path.write_text(stream.getvalue())
     picks = [
-        ("runs/engine.py", "_ask_model"),
-        ("runs/engine.py", "_new_call"),
-        ("runs/engine.py", "_execute"),
-        ("runs/engine.py", "_close_step"),
-        ("runs/engine.py", "_propose"),
-        ("runs/engine.py", "_renew_lease"),
+        ("runs/engine/loop.py", "_ask_model"),
+        ("runs/engine/proposals.py", "_new_call"),
+        ("runs/engine/execution.py", "_execute"),
+        ("runs/engine/loop.py", "_close_reads_only"),
+        ("runs/engine/proposals.py", "_propose"),
+        ("runs/engine/loop.py", "_renew_lease"),
         ("runs/rawsql.py", "insert_objects"),
         ("runs/llm.py", "reply"),
         ("runs/llm.py", "_estimate_tokens"),

@@ -9,6 +9,7 @@ class RunsConfig(AppConfig):
 
     def ready(self) -> None:
         # Tell the tools which run made a world record (tools never import runs).
+        # Imported here: models can be imported only once the app registry is ready.
         from tools.keyed import set_key_owners
 
         from .models import ToolCall

@@ -29,8 +29,8 @@ from django.db import IntegrityError, transaction
 from tools.inputs import UnsafeJSON, check_json
 from tools.registry import get_agent, input_hash
 
-from .engine import CallerTurns, Outcome, lease_claim, new_lease_owner, run_advance
-from .llm import Reply
+from .engine import Outcome, lease_claim, new_lease_owner, run_advance
+from .llm import CallerTurns, Reply
 from .models import RESOLVED_CALL_STATUSES, CallStatus, Message, Run, RunStatus, ToolCall
 from .services import TransitionConflict, run_transition
 from .signals import run_transitioned

@@ -18,14 +18,15 @@ from typing import TYPE_CHECKING, Protocol
 from django.conf import settings
 from django.utils.module_loading import import_string
 
+from .models import Effect
+
 if TYPE_CHECKING:
     from tools.registry import ToolSpec
 
     from .models import Run, ToolCall
 
-ALLOW = "allow"
-DENY = "deny"
-NEEDS_APPROVAL = "needs_approval"
+# The effects by their short names (declared once: runs.models.Effect).
+ALLOW, DENY, NEEDS_APPROVAL = Effect.ALLOW, Effect.DENY, Effect.NEEDS_APPROVAL
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,12 @@ messages of the transcript at the moment step N was written.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 from django.db.models import Q
 
-from .models import LIVE, Message, Run
+from .models import LIVE, Message, Run, ToolCall
 
 
 def live_at(when: datetime | None) -> Q:
@@ -35,3 +36,26 @@ def transcript_messages(run: Run, *, at: datetime | None = None, limit: int | No
         messages = transcript_messages(run.parent, at=run.created_at, limit=shared)
     messages += list(own.order_by("seq"))
     return messages
+
+
+def tool_result_block(call: ToolCall) -> dict:
+    """The tool_result block the model reads for a call (the engine closes a step
+    with them; verify and the MCP gateway recompute them)."""
+    result = call.result
+    text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
+    if call.original_input is not None:
+        # Tell the model what ran, so it does not retry its original request.
+        changes = ", ".join(
+            f"{key}: {json.dumps(call.original_input.get(key), ensure_ascii=False)} -> "
+            f"{json.dumps(call.input.get(key), ensure_ascii=False)}"
+            for key in sorted(set(call.original_input) | set(call.input))
+            if call.original_input.get(key) != call.input.get(key)
+        )
+        text = (
+            f"A reviewer edited the arguments before this ran ({changes}). It ran once, with "
+            f"the edited arguments; do not retry the original. Result: {text}"
+        )
+    block = {"type": "tool_result", "tool_use_id": call.tool_use_id, "content": text}
+    if call.is_error:
+        block["is_error"] = True
+    return block

@@ -24,7 +24,7 @@ from django.conf import settings
 
 from tools.registry import canonical_json
 
-from .history import transcript_messages
+from .history import tool_result_block, transcript_messages
 from .models import Message, Run, Step, ToolCall
 
 
@@ -217,8 +217,6 @@ def verify_steps(run: Run, *, seal: str | None = None) -> tuple[int, list[Findin
 
 
 def _verify_sealed(run: Run, seal: str | None) -> tuple[int, list[Finding]]:
-    from .retention import checkpoint_seal, retention_note
-
     steps = Step.objects.filter(run=run).count()
     where = f"run {run.pk}"
     if not seal:
@@ -232,6 +230,32 @@ def _verify_sealed(run: Run, seal: str | None) -> tuple[int, list[Finding]]:
             )
         ]
     return steps, []
+
+
+# --- the seal of a purged or redacted run (runs.retention records it) ----------------
+def checkpoint_seal(run: Run) -> str:
+    """A keyed hash over what stays of the run's record once its content is gone:
+    every checkpoint's digest and place, and every call's identity (tool, key,
+    argument hash). Recorded when the content is purged or redacted; verify compares."""
+    steps = [
+        [s.pk, s.number, s.message_count, s.status, s.digest, s.superseded_at is not None]
+        for s in Step.objects.filter(run=run).order_by("pk")
+    ]
+    calls = list(
+        ToolCall.objects.filter(run=run)
+        .order_by("pk")
+        .values_list("pk", "step", "position", "tool_use_id", "tool_name", "idempotency_key", "input_hash")
+    )
+    return keyed_hash(f"seal {run.pk}|{canonical_json({'steps': steps, 'calls': [list(c) for c in calls]})}")
+
+
+def retention_note(run: Run) -> str:
+    """What a page or verify says about a run whose content is gone ("" if it is all there)."""
+    if run.purged_at is not None:
+        return f"Transcript and tool payloads purged on {run.purged_at:%Y-%m-%d} (retention)"
+    if run.redacted_at is not None:
+        return f"Some argument fields redacted on {run.redacted_at:%Y-%m-%d} (retention)"
+    return ""
 
 
 def _version_at(versions: list[Message], at) -> Message | None:
@@ -258,8 +282,6 @@ def _comparable(block: dict) -> dict:
 def what_changed(messages, calls) -> str:
     """The digest says that something changed, not what: point at the call whose log
     and transcript disagree if there is one, else at what the step covers."""
-    from .engine import tool_result_block
-
     blocks = {}
     for message in messages:
         for block in message.content if isinstance(message.content, list) else []:

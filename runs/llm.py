@@ -241,7 +241,7 @@ class AnthropicLLM:
         max_tokens: int = 2048,
         timeout: float = 120.0,
     ) -> None:
-        import anthropic
+        import anthropic  # inside: the SDK is loaded only by a run that uses it
 
         self.model = model
         self.max_tokens = max_tokens
@@ -257,7 +257,7 @@ class AnthropicLLM:
         return price(self.model, input_tokens, output_tokens)
 
     def reply(self, *, system: str, messages: list[dict], tools: list[dict]) -> Reply:
-        import anthropic
+        import anthropic  # inside: as in __init__ (loaded there already)
 
         try:
             response = self.client.messages.create(

@@ -55,6 +55,27 @@ class RunGuard(models.TextChoices):
     VERSION = "version", "a repin: its agent changed"
 
 
+class Effect(models.TextChoices):
+    """What the gate decides on a call (``runs.gate.Verdict.effect``): declared here
+    once; approvals' rules, proposals and analytics use it (``RuleEffect``)."""
+
+    ALLOW = "allow"
+    DENY = "deny"
+    NEEDS_APPROVAL = "needs_approval", "needs approval"
+
+
+class ApprovalStatus(models.TextChoices):
+    """The states of a request for a person's decision (``approvals.ApprovalRequest``),
+    declared here so that runs reads them by name, never by string."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    DECLINED = "declined"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+    RESPONDED = "responded"  # a reviewer answered instead; nothing ran
+
+
 class RunKind(models.TextChoices):
     """Who takes the turns: Countersign's own loop asks a model; an external agent
     (its own loop, elsewhere) sends its calls through the API or the MCP gateway."""
@@ -209,6 +230,35 @@ class LiveQuerySet(models.QuerySet):
         return self.filter(LIVE)
 
 
+# Did this call take effect in its run: a write (only writes carry an idempotency key)
+# committed after it ran. A repeat answered with the earlier result and a fork's reused
+# result are committed without running (no attempt): they did nothing here. One rule,
+# as a filter (``ToolCall.objects.effects()``) and as a predicate (``made_effect``).
+EFFECTS = Q(status=CallStatus.COMMITTED, attempts__gt=0) & ~Q(idempotency_key="")
+
+
+def made_effect(idempotency_key: str, status: str, attempts: int) -> bool:
+    """``EFFECTS`` for one call's fields (also from a values_list row)."""
+    return bool(idempotency_key) and status == CallStatus.COMMITTED and attempts > 0
+
+
+def stood_in(idempotency_key: str, status: str, attempts: int) -> bool:
+    """A write committed without taking effect: it stands in for an earlier call
+    (a repeat) or the parent's (a fork's reused result), and moved nothing."""
+    return (
+        status == CallStatus.COMMITTED
+        and bool(idempotency_key)
+        and not made_effect(idempotency_key, status, attempts)
+    )
+
+
+class ToolCallQuerySet(LiveQuerySet):
+    def effects(self):
+        """Live calls that took effect in their run (``EFFECTS``): what a rollback undoes
+        and verification checks."""
+        return self.live().filter(EFFECTS)
+
+
 class Message(models.Model):
     """One turn of the transcript, append-only, in Anthropic's content-block format."""
 
@@ -282,15 +332,15 @@ class Step(models.Model):
         return f"step {self.number} of run {self.run_id}"
 
 
+VERDICT_CHOICES = [(effect.value, effect.name.replace("_", " ").title()) for effect in Effect]
+
+
 class ToolCall(models.Model):
     """The saga log: one row per tool_use block the model emitted."""
 
     Status = CallStatus
 
-    class Verdict(models.TextChoices):
-        ALLOW = "allow"
-        DENY = "deny"
-        NEEDS_APPROVAL = "needs_approval"
+    Verdict = Effect
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls", db_index=False)
     step = models.PositiveIntegerField()
@@ -305,7 +355,8 @@ class ToolCall(models.Model):
     idempotency_key = models.CharField(max_length=40)
     # Hash of the arguments a reviewer approved; execution re-checks it.
     approved_hash = models.CharField(max_length=64, blank=True)
-    verdict = models.CharField(max_length=20, choices=Verdict.choices, blank=True)
+    # Effect's values, with the labels this field has had since migration 0001.
+    verdict = models.CharField(max_length=20, choices=VERDICT_CHOICES, blank=True)
     verdict_rule = models.CharField(max_length=200, blank=True)
     verdict_reason = models.TextField(blank=True)
     # What the gate's shadow rules would have decided on this call, as the gate
@@ -325,7 +376,7 @@ class ToolCall(models.Model):
     compensated_at = models.DateTimeField(null=True, blank=True)
     superseded_at = models.DateTimeField(null=True, blank=True)
 
-    objects = LiveQuerySet.as_manager()
+    objects = ToolCallQuerySet.as_manager()
 
     class Meta:
         ordering = ["run_id", "step", "position"]
@@ -351,6 +402,11 @@ class ToolCall(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool_name} (run {self.run_id}, step {self.step})"
+
+    @property
+    def made_effect(self) -> bool:
+        """Whether this call took effect in its run (``EFFECTS``)."""
+        return made_effect(self.idempotency_key, self.status, self.attempts)
 
     @property
     def is_resolved(self) -> bool:

@@ -38,10 +38,9 @@ from django.db import transaction
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
-from tools.registry import canonical_json
-
-from .integrity import keyed_hash, verify_steps
-from .models import FINISHED_RUN_STATUSES, Message, Run, Step, ToolCall
+from .integrity import checkpoint_seal, verify_steps
+from .integrity import retention_note as retention_note  # approvals reads it from here too
+from .models import FINISHED_RUN_STATUSES, Message, Run, ToolCall
 
 REDACTED = "[redacted]"
 BATCH = 200
@@ -108,23 +107,7 @@ def fork_holding(run: Run, *, done: str, gone: set[int] = frozenset()) -> Run | 
     return forks.order_by("pk").first()
 
 
-# --- the seal -------------------------------------------------------------------------
-def checkpoint_seal(run: Run) -> str:
-    """A keyed hash over what stays of the run's record once its content is gone:
-    every checkpoint's digest and place, and every call's identity (tool, key,
-    argument hash). Recorded when the content is purged or redacted; verify compares."""
-    steps = [
-        [s.pk, s.number, s.message_count, s.status, s.digest, s.superseded_at is not None]
-        for s in Step.objects.filter(run=run).order_by("pk")
-    ]
-    calls = list(
-        ToolCall.objects.filter(run=run)
-        .order_by("pk")
-        .values_list("pk", "step", "position", "tool_use_id", "tool_name", "idempotency_key", "input_hash")
-    )
-    return keyed_hash(f"seal {run.pk}|{canonical_json({'steps': steps, 'calls': [list(c) for c in calls]})}")
-
-
+# --- the seal (checkpoint_seal, in runs.integrity: verify checks it) ------------------
 # The audit actions that record a seal (the caller writes them: runs knows no audit).
 PURGED, REDACTED_ACTION = "retention.purged", "retention.redacted"
 RETENTION_ACTIONS = (PURGED, REDACTED_ACTION)
@@ -368,12 +351,3 @@ def runs_redact(
             if not outcome.skipped:
                 gone.add(run_id)
     return report
-
-
-def retention_note(run: Run) -> str:
-    """What a page or verify says about a run whose content is gone ("" if it is all there)."""
-    if run.purged_at is not None:
-        return f"Transcript and tool payloads purged on {run.purged_at:%Y-%m-%d} (retention)"
-    if run.redacted_at is not None:
-        return f"Some argument fields redacted on {run.redacted_at:%Y-%m-%d} (retention)"
-    return ""

@@ -73,11 +73,7 @@ def rollback_plan(run: Run, *, to_step: int | None = None) -> RollbackPlan:
     Only calls that took effect in this run count: a repeat or a fork's reused
     result did nothing here, so there is nothing of theirs to undo.
     """
-    calls = (
-        ToolCall.objects.live()
-        .filter(run=run, status=CallStatus.COMMITTED, attempts__gt=0)
-        .exclude(idempotency_key="")
-    )
+    calls = ToolCall.objects.effects().filter(run=run)
     if to_step is not None:
         calls = calls.filter(step__gt=to_step)
     plan = RollbackPlan(to_step=to_step)
@@ -161,6 +157,33 @@ def worker_holds(run: Run) -> bool:
         and run.lease_until is not None
         and run.lease_until > timezone.now()
     )
+
+
+@dataclass(frozen=True)
+class UndoOffer:
+    """What the run page offers to undo: the per-step menu (roll back, rewind or fork
+    from a checkpoint), and "Roll back entire run" with why it is not offered."""
+
+    menu: bool
+    full_rollback: bool
+    why_not: str = ""  # why the full rollback is not offered ("" when it is)
+
+
+def undo_offer(run: Run, *, may_undo: bool, undo_live: bool) -> UndoOffer:
+    """Whether (and why not) the run page offers to undo ``run`` for a user who
+    ``may_undo``; ``undo_live``: a rollback asked for from the desk is under way.
+    What the saga would refuse outright (``_elsewhere_refusal``) is not offered."""
+    if not may_undo:
+        return UndoOffer(False, False, "you may not undo runs")
+    if run.purged_at or run.redacted_at or run.imported_from or run.kind == Run.Kind.EXTERNAL:
+        return UndoOffer(False, False, _elsewhere_refusal(run, "roll back"))
+    if run.status == RunStatus.ROLLED_BACK:
+        return UndoOffer(True, False, "it is rolled back already")
+    if undo_live:
+        return UndoOffer(True, False, "a rollback of it is under way")
+    if worker_holds(run):
+        return UndoOffer(True, False, "a worker is advancing it right now")
+    return UndoOffer(True, True)
 
 
 @dataclass(frozen=True)
@@ -277,18 +300,6 @@ def undo_progress(run: Run, *, kind: str, to_step: int | None, generation: int |
     return UndoProgress(
         count, live=True, done=False, text="Rollback requested: waiting for a worker to start it."
     )
-
-
-def undo_request(*, run: Run, to_step: int | None, by, rewind: bool = False) -> None:
-    """Ask a worker to roll back (or rewind) ``run``: compensations are slow I/O
-    against the world and must not hold a web request. Checked again there."""
-    from .tasks import rollback_run
-
-    with transaction.atomic():
-        # The page follows this attempt; an earlier attempt's "stopped" note
-        # would read as this one's outcome.
-        Run.objects.filter(pk=run.pk).update(undo_note="")
-        transaction.on_commit(lambda: rollback_run.delay(run.pk, to_step, by.pk if by else None, rewind))
 
 
 def _check_permission(by) -> None:

@@ -6,32 +6,29 @@ import json
 import re
 from collections import defaultdict
 from copy import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
-from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation, localcontext
 from typing import Any
 
 from django.db.models import Case, CharField, Count, F, Q, Value, When
 from django.utils import timezone
 
-from tools.payments import rupees
+from tools.money import rupees
 from tools.registry import all_agents, arguments_in_order, find_tool
 
 from .history import transcript_messages
+from .integrity import retention_note
 from .models import (
     FINISHED_RUN_STATUSES,
     REASON_DUPLICATE_IN_REPLY,
     REASON_OUTSIDE_STAGE,
     REASON_REPEAT_OF_PENDING,
+    ApprovalStatus,
     CallStatus,
-    Message,
     Run,
-    RunGuard,
-    RunStatus,
     Step,
     ToolCall,
 )
-from .retention import retention_note
 from .saga import PERMISSION as UNDO_PERMISSION
 
 VIEW_ALL_PERMISSION = "runs.view_all_runs"
@@ -188,101 +185,6 @@ def run_agent_names() -> list[str]:
     return sorted(names | {agent.name for agent in all_agents()})
 
 
-@dataclass
-class TimelineStep:
-    """One step of a run as the history shows it: the model's reply, its calls,
-    their decisions, and the usage the step added."""
-
-    number: int
-    # The step's checkpoint; None while the step is open (or when the run ended
-    # inside it, e.g. cancelled while a call waited for a decision).
-    checkpoint: Step | None
-    seen: int  # messages the model had seen when it replied
-    reply: list = field(default_factory=list)  # content blocks of the reply
-    calls: list[ToolCall] = field(default_factory=list)
-    # The agent's stage while the step ran (the run's current one for the open step),
-    # and whether the step made progress (the engine records it on the checkpoint).
-    stage: str = ""
-    progress: bool = False
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost: Decimal = Decimal(0)
-
-    @property
-    def is_open(self) -> bool:
-        return self.checkpoint is None
-
-    @property
-    def texts(self) -> list[str]:
-        return [b.get("text", "") for b in self.reply if isinstance(b, dict) and b.get("type") == "text"]
-
-
-def run_timeline(run: Run) -> list[TimelineStep]:
-    """The steps of ``run`` with their replies, calls and decisions.
-
-    A constant number of queries however long the run is: steps, the model's
-    replies (assistant messages only: the tool results are on the calls) and
-    the calls with their approvals.
-    """
-    # The live history: what a rewind superseded is left out here (it stays in
-    # the database and in the checkpoints of the steps it belonged to).
-    checkpoints = {s.number: s for s in Step.objects.live().filter(run=run).order_by("number")}
-    assistant = Message.objects.live().filter(run=run, role=Message.Role.ASSISTANT).order_by("seq")
-    replies = {m.seq: m.content for m in assistant.only("seq", "content")}
-    # Coupling, by name only: ``approval`` is the reverse side of
-    # approvals.ApprovalRequest.tool_call (OneToOne, related_name="approval"),
-    # ``votes`` its ApprovalVote rows and ``proposal`` the arguments it would run
-    # (a reviewer's edit, until it is decided). ``runs`` never
-    # imports ``approvals`` (dependencies point tools <- runs <- approvals); the
-    # history just follows the relation so decisions load with their calls
-    # instead of one query per call. Renaming either related_name breaks this.
-    calls = (
-        ToolCall.objects.live()
-        .filter(run=run)
-        .select_related("approval__decided_by", "approval__proposal__proposed_by")
-        .prefetch_related("approval__votes__reviewer", "approval__votes__proposal")
-        .order_by("step", "position")
-    )
-    calls_by_step: dict[int, list[ToolCall]] = defaultdict(list)
-    for call in calls:
-        calls_by_step[call.step].append(call)
-
-    # The reply of a step without a checkpoint: the last one, if no closed
-    # step covers it (a closed step's reply is at seq == its message_count).
-    last_closed_seen = max((s.message_count for s in checkpoints.values()), default=-1)
-    open_reply_seq = max(replies, default=-1)
-    has_open_reply = open_reply_seq > last_closed_seen
-    numbers = set(checkpoints) | set(calls_by_step)
-    if has_open_reply:
-        numbers.add(run.step)
-
-    timeline = []
-    before = (0, 0, Decimal(0))  # run totals before the step
-    for number in sorted(numbers):
-        step = checkpoints.get(number)
-        if step is not None:
-            seen, totals = step.message_count, (step.input_tokens, step.output_tokens, step.cost)
-        else:
-            seen = open_reply_seq if has_open_reply and number == run.step else run.message_count
-            totals = (run.input_tokens, run.output_tokens, run.cost)
-        timeline.append(
-            TimelineStep(
-                number=number,
-                checkpoint=step,
-                seen=seen,
-                reply=replies.get(seen) or [],
-                calls=calls_by_step.get(number, []),
-                stage=step.stage if step is not None else run.stage,
-                progress=step.progress if step is not None else False,
-                input_tokens=totals[0] - before[0],
-                output_tokens=totals[1] - before[1],
-                cost=totals[2] - before[2],
-            )
-        )
-        before = totals
-    return timeline
-
-
 def run_step_checkpoint(run: Run, number: int) -> dict | None:
     """``checkpoint``, and also the step a finished run ended inside.
 
@@ -301,123 +203,6 @@ def run_step_checkpoint(run: Run, number: int) -> dict | None:
     if data is not None:
         data["status"] = run.status
     return data
-
-
-# --- guards: what the run page and the command line show about them -----------
-# A run a person may still take from the agent: it has not ended, or it failed.
-HAND_OVER_STATUSES = frozenset(
-    {RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING_APPROVAL, RunStatus.FAILED}
-)
-
-
-def may_hand_over(user, run: Run) -> bool:
-    """Whether ``user`` may take ``run`` from its agent: its requester, or a reviewer
-    (someone who may decide approvals). The caller has checked that they may see it."""
-    if not (user.is_authenticated and user.is_active):
-        return False
-    return run.requester_id == user.pk or user.has_perm(DECIDE_PERMISSION)
-
-
-def run_version_problem(run: Run) -> str:
-    """Why a live run may not go on with its agent as it is now ("" if it may): the
-    pause the engine recorded, or a change made since."""
-    # Imported here: services is the writing side and may come to read selectors.
-    from .services import version_mismatch
-
-    if run.is_finished:
-        return ""
-    return version_mismatch(run) or (run.error if run.guard == RunGuard.VERSION else "")
-
-
-@dataclass(frozen=True)
-class BudgetUsage:
-    """One of a run's budgets: how much is used of how much (None: no limit)."""
-
-    name: str  # steps, tokens or cost
-    used: int | Decimal
-    limit: int | Decimal | None
-
-    @property
-    def spent(self) -> bool:
-        return self.limit is not None and self.used >= self.limit
-
-
-def run_budget_usage(run: Run) -> list[BudgetUsage]:
-    if run.takes_caller_turns:
-        return []  # a caller elsewhere runs its own loop, with its own budget
-    return [
-        BudgetUsage("steps", run.step, run.max_steps),
-        BudgetUsage("tokens", run.input_tokens + run.output_tokens, run.max_tokens),
-        BudgetUsage("cost", run.cost, run.max_cost),
-    ]
-
-
-@dataclass(frozen=True)
-class VerificationShown:
-    """What checking the run against the world found, as the run page tells it."""
-
-    state: str  # "verified", "failed" or "accepted" (failed, and a person accepted it)
-    at: datetime | None
-    checks: list[dict]
-    failed: list[dict]
-    accepted_by: str = ""
-    accepted_reason: str = ""
-
-    @property
-    def before(self) -> list[dict]:
-        """The checks that held already before the run, not by anything it did: "already
-        true before this run", never a green check the run earned."""
-        return [check for check in self.checks if check["ok"] and check["before"]]
-
-    @property
-    def earned(self) -> list[dict]:
-        """The checks this run's own effects met."""
-        return [check for check in self.checks if check["ok"] and not check["before"]]
-
-
-def run_verification(run: Run) -> VerificationShown | None:
-    """The run's verification against the world (None: nothing was checked). The JSON
-    is the engine's: {"checks": [{"name", "ok", "detail", and "before": true for a
-    requirement that already held before the run}], "ok", "at", and
-    "accepted": {"by", "reason"} once a person accepted a failed one}. Anything
-    malformed in it is shown as text, never trusted."""
-    data = run.verification if isinstance(run.verification, dict) else {}
-    raw = data.get("checks") if isinstance(data.get("checks"), list) else []
-    checks = [
-        {
-            "name": str(check.get("name", "")),
-            "ok": check.get("ok") is True,
-            "detail": str(check.get("detail") or ""),
-            "before": check.get("before") is True,
-        }
-        for check in raw
-        if isinstance(check, dict)
-    ]
-    failed = [check for check in checks if not check["ok"]]
-    at = run.verified_at or _when(data.get("at"))
-    accepted = data.get("accepted") if isinstance(data.get("accepted"), dict) else None
-    if accepted is not None:
-        return VerificationShown(
-            "accepted",
-            at,
-            checks,
-            failed,
-            accepted_by=str(accepted.get("by") or "someone"),
-            accepted_reason=str(accepted.get("reason") or ""),
-        )
-    if failed or data.get("ok") is False:
-        return VerificationShown("failed", at, checks, failed)
-    if run.verified_at is None:
-        return None  # done with nothing to check (an agent without requirements)
-    return VerificationShown("verified", run.verified_at, checks, failed)
-
-
-def _when(text) -> datetime | None:
-    try:
-        when = datetime.fromisoformat(text) if isinstance(text, str) else None
-    except ValueError:
-        return None
-    return when if when is None or timezone.is_aware(when) else None
 
 
 # --- dry runs: what each call would have done -----------------------------------
@@ -465,47 +250,6 @@ def is_amount(name) -> bool:
     return str(name) == "amount" or str(name).endswith("_amount")
 
 
-def format_rupees(value) -> str:
-    """2900 -> ₹2,900.00 (``tools.payments.rupees``); anything that is not a number is
-    shown as it is. Paise are never rounded away: 2900.005 is ₹2,900.005.
-
-    Never raises, whatever reached the database: an amount no money column holds
-    (1e30, 10**5000) reads ₹1E+30 rather than taking its page down with it."""
-    if value is None or isinstance(value, bool):
-        return "" if value is None else str(value)
-    try:
-        exact = Decimal(value) if isinstance(value, int | Decimal) else Decimal(str(value))
-    except (InvalidOperation, ValueError, TypeError):
-        return _as_text(value)
-    if not exact.is_finite():
-        return _as_text(value)
-    sign = "-" if exact.is_signed() and exact else ""
-    if exact and not -_TINY_EXPONENT <= exact.adjusted() < _HUGE_EXPONENT:
-        # Beyond any money column, either way: a short scientific form, not a wall of digits.
-        return f"{sign}₹{exact.copy_abs().normalize(_WIDE):E}"
-    with localcontext(_WIDE):
-        amount = exact.quantize(Decimal("0.01"))
-        if amount != exact:
-            return f"{sign}₹{exact.copy_abs().normalize():,f}"
-    return sign + rupees(amount.copy_abs())
-
-
-# format_rupees writes amounts out in full between 1e-8 and 1e18 rupees.
-_TINY_EXPONENT = 8
-_HUGE_EXPONENT = 18
-_WIDE = Context(prec=40, Emax=MAX_EMAX, Emin=MIN_EMIN)
-
-
-def _as_text(value) -> str:
-    """``value`` as it is (anything but text cut short); never raises (str() of a
-    5,000-digit int does)."""
-    try:
-        text = str(value)
-    except Exception:  # a value no one can show is said to be one
-        return f"({type(value).__name__} that cannot be shown)"
-    return text if isinstance(value, str) or len(text) <= 100 else text[:99] + "…"
-
-
 # "amount 2900.0 > 500", "amount > 500", "total amount per order_id over 24 h >= 2000":
 # a rule's condition or a verdict's reason whose field is an amount.
 _MONEY_SUBJECT = re.compile(r"^(?:total )?(\w+)\b")
@@ -522,7 +266,7 @@ def money_reason(text) -> str:
         return text
     # The actual value right after the field, and the threshold after the operator.
     figures = re.compile(rf"(?<=^{re.escape(subject.group(0))} ){_NUMBER}(?= )|(?<=[<>=] ){_NUMBER}$")
-    return figures.sub(lambda m: format_rupees(m.group(0)), text)
+    return figures.sub(lambda m: rupees(m.group(0)), text)
 
 
 def args_summary(value, *, tool: str = "", limit: int = 160, each: int = 60) -> str:
@@ -536,7 +280,7 @@ def args_summary(value, *, tool: str = "", limit: int = 160, each: int = 60) -> 
 
     if isinstance(value, dict):
         text = ", ".join(
-            f"{key}: {format_rupees(item) if is_amount(key) else short(item)}"
+            f"{key}: {rupees(item) if is_amount(key) else short(item)}"
             for key, item in arguments_in_order(tool, value)
         )
     else:
@@ -804,7 +548,7 @@ def outcome_lines_of_calls(calls, *, finished: bool = True) -> list[OutcomeLine]
         if what == "declined":
             if approval is not None and approval.decided_by is not None:
                 by, reason = approval.decided_by.get_username(), approval.comment
-            elif approval is not None and approval.status == "expired":
+            elif approval is not None and approval.status == ApprovalStatus.EXPIRED:
                 by, reason = "nobody: it expired", ""
             else:
                 by, reason = "the desk", text

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
 
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -107,11 +108,14 @@ def run_transition(
         )
 
 
+# The worker's task (``runs.tasks.advance_run`` declares itself by this name): the
+# services nudge it by name, so that they need not import the tasks that call them.
+ADVANCE_RUN_TASK = "runs.tasks.advance_run"
+
+
 def run_enqueue(run_id: int, *, countdown: float | None = None) -> None:
     """Nudge a worker to advance the run, once the current transaction commits."""
-    from .tasks import advance_run
-
-    transaction.on_commit(lambda: advance_run.apply_async(args=[run_id], countdown=countdown))
+    transaction.on_commit(lambda: current_app.send_task(ADVANCE_RUN_TASK, args=[run_id], countdown=countdown))
 
 
 def default_llm_kind(script: dict | None) -> str:

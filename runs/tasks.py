@@ -18,12 +18,12 @@ from desk.logs import log_context
 from .engine import Outcome, run_advance
 from .models import Run, ToolCall
 from .saga import RollbackBusy, SagaError, run_rewind, run_rollback
-from .services import run_enqueue, run_wake_if_ready
+from .services import ADVANCE_RUN_TASK, run_enqueue, run_wake_if_ready
 
 log = logging.getLogger(__name__)
 
 
-@shared_task(acks_late=True, ignore_result=True)
+@shared_task(name=ADVANCE_RUN_TASK, acks_late=True, ignore_result=True)
 def advance_run(run_id: int) -> str:
     # Idempotent (the claim of the run's lease), so acked late and rejected back to
     # the queue when its worker dies (CELERY_TASK_REJECT_ON_WORKER_LOST): a repeat
@@ -154,6 +154,16 @@ def rollback_run(self, run_id: int, to_step: int | None, user_id: int | None, re
         )
         raise
     return result.run_status
+
+
+def undo_request(*, run: Run, to_step: int | None, by, rewind: bool = False) -> None:
+    """Ask a worker to roll back (or rewind) ``run``: compensations are slow I/O
+    against the world and must not hold a web request. Checked again there."""
+    with transaction.atomic():
+        # The page follows this attempt; an earlier attempt's "stopped" note
+        # would read as this one's outcome.
+        Run.objects.filter(pk=run.pk).update(undo_note="")
+        transaction.on_commit(lambda: rollback_run.delay(run.pk, to_step, by.pk if by else None, rewind))
 
 
 def run_undo_note(*, run_id: int, message: str) -> None:

@@ -7,7 +7,6 @@ them and nothing here marks them safe. JSON is pretty-printed as plain text.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
@@ -25,36 +24,38 @@ from tools.registry import find_tool
 
 from .forms import RunFilterForm, RunStartForm
 from .models import Run, Step, ToolCall
+from .run_page import (
+    HAND_OVER_STATUSES,
+    final_reply_step,
+    kinds_shown,
+    may_hand_over,
+    pretty,
+    run_budget_usage,
+    run_timeline_shown,
+    run_verification,
+    run_version_problem,
+)
 from .saga import (
     SagaError,
     run_fork,
     run_is_live,
     saga_in_progress,
+    undo_offer,
     undo_preview,
     undo_progress,
-    undo_request,
-    worker_holds,
 )
 from .selectors import (
-    HAND_OVER_STATUSES,
     args_summary,
-    call_would,
     has_checkpoint,
-    is_amount,
     may_cancel,
-    may_hand_over,
     may_undo,
     outcome_lines_of_calls,
     outcome_of_calls,
-    run_budget_usage,
     run_get,
     run_outcome,
     run_outcomes,
     run_search,
     run_step_checkpoint,
-    run_timeline,
-    run_verification,
-    run_version_problem,
 )
 from .services import (
     BudgetRefused,
@@ -65,6 +66,7 @@ from .services import (
     run_hand_over,
     run_repin,
 )
+from .tasks import undo_request
 
 RUNS_PER_PAGE = 50
 # Longest note a hand-over keeps (it goes into the audit trail and the email).
@@ -89,13 +91,6 @@ def _run_or_404(request, run_id) -> Run:
     if run is None:
         raise Http404("No such run")
     return run
-
-
-def pretty(value) -> str:
-    """A tool argument or result as readable text (escaped by the template)."""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 
 # --- the history --------------------------------------------------------------
@@ -136,10 +131,8 @@ def _status_context(request, run: Run, *, outcome=None, **extra) -> dict:
         "outcome": outcome or run_outcome(run),
         "marker": _status_marker(run, undo),
         "can_cancel": not run.is_finished and may_cancel(request.user, run),
-        # The saga refuses these (runs.saga._elsewhere_refusal): no menu offers it.
-        "can_undo": may_undo(request.user) and not (run.purged_at or run.redacted_at or run.imported_from),
+        "undo_offer": undo_offer(run, may_undo=may_undo(request.user), undo_live=undo["undo_live"]),
         "run_is_live": run_is_live(run),
-        "worker_holds": worker_holds(run),
         "budgets": run_budget_usage(run),
         "verification": run_verification(run),
         "version_problem": version_problem,
@@ -207,31 +200,6 @@ def _undo_state(request, run: Run) -> dict:
     return state
 
 
-def _timeline_for_display(run: Run) -> list:
-    timeline = run_timeline(run)
-    for entry in timeline:
-        for call in entry.calls:
-            call.input_text = pretty(call.input)
-            call.original_input_text = pretty(call.original_input) if call.original_input else ""
-            call.result_text = pretty(call.result) if call.result is not None else ""
-            call.compensation_text = pretty(call.compensation) if call.compensation is not None else ""
-            # A reviewer's edit still waiting for approval: what would run instead.
-            approval = getattr(call, "approval", None)
-            proposal = approval.proposal if approval is not None and approval.status == "pending" else None
-            call.pending_edit = proposal if proposal is not None and proposal.proposed_by_id else None
-            call.pending_edit_text = pretty(proposal.input) if call.pending_edit else ""
-            # A dry run's write: what it would have done ("would need reviewers (1)").
-            call.would = call_would(call) if run.dry_run else ""
-            spec = find_tool(call.tool_name)
-            # What a rollback would do with it: nothing for an external agent's calls,
-            # which ran in its own systems (runs.saga), so no kind is shown.
-            undoable = spec is not None and run.kind != Run.Kind.EXTERNAL
-            call.kind = spec.effect_kind if undoable else ""
-            inputs = call.input if isinstance(call.input, dict) else {}
-            call.amount = next((v for k, v in inputs.items() if is_amount(k)), None)
-    return timeline
-
-
 @require_GET
 def run_detail(request, run_id: int):
     run = _run_or_404(request, run_id)
@@ -244,21 +212,20 @@ def run_detail(request, run_id: int):
         if request.GET.get("shown") != context["marker"]:
             trigger_client_event(response, "runChanged")
     else:
-        timeline = _timeline_for_display(run)
+        timeline = run_timeline_shown(run)
         # The honest outcome from the calls the timeline loaded: no query of its own.
         calls = [call for entry in timeline for call in entry.calls]
         context = _status_context(request, run, outcome=outcome_of_calls(run, calls))
         split = max(0, len(timeline) - RECENT_STEPS)
         # What did not happen as the model asked, said under its final reply (which may
         # claim it did), or at the end of the timeline if the run ended without one.
-        final = [e.number for e in timeline if e.checkpoint is not None and e.checkpoint.status == "done"]
         context.update(
             earlier_steps=timeline[:split],
             recent_steps=timeline[split:],
             step_count=len(timeline),
             outcome_lines=outcome_lines_of_calls(calls) if run.is_finished else [],
-            final_step=final[-1] if final else None,
-            kinds_shown=any(getattr(c, "kind", "") not in ("", "read") for c in calls),
+            final_step=final_reply_step(timeline),
+            kinds_shown=kinds_shown(timeline),
         )
         if target is None:  # the page head: where this run came from, what came of it
             context.update(parent=run.parent, forks=list(run.forks.order_by("pk")))

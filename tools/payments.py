@@ -20,7 +20,6 @@ from django.db.models import Sum
 
 from . import faults
 from .models import Order, Payment, ProviderFault
-from .money import rupees  # noqa: F401 (runs.selectors imports it from here until it moves to tools.money)
 from .registry import ToolError, UnknownOutcome
 
 CENT = Decimal("0.01")

@@ -1,6 +1,6 @@
 """No rupee formatter raises, whatever reached the database: a page, an API answer or an
 email that shows an amount must render even when the amount is absurd. Before, 1e30
-raised decimal.InvalidOperation in format_rupees and took the approval's page, its
+raised decimal.InvalidOperation in the rupee formatter and took the approval's page, its
 email and the run's loop down with it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from approvals.templatetags import approvals_format as desk
 from runs import selectors
 from runs.templatetags import runs_extras
-from tools import payments
+from tools import money
 
 NASTY = [
     1e30,
@@ -48,12 +48,11 @@ NASTY = [
 ]
 
 FORMATTERS = {
-    "runs.selectors.format_rupees": selectors.format_rupees,
-    "desk rupees filter": desk.rupees,
+    "tools.money.rupees": money.rupees,
+    "approvals_format rupees filter": desk.rupees,
     "runs_extras rupees filter": runs_extras.rupees,
-    "tools.payments.rupees": payments.rupees,
-    "desk fact filter": lambda value: desk.fact(value, "amount"),
-    "desk arg_value filter": lambda value: desk.arg_value(value, "amount"),
+    "approvals_format fact filter": lambda value: desk.fact(value, "amount"),
+    "approvals_format arg_value filter": lambda value: desk.arg_value(value, "amount"),
     "money_reason": lambda value: selectors.money_reason(f"amount {_written(value)} > 500"),
 }
 
@@ -88,7 +87,7 @@ def test_it_shows_every_value_readably_and_never_raises(name, value):
     ],
 )
 def test_ordinary_and_absurd_amounts_read_as_rupees(value, shown):
-    assert selectors.format_rupees(value) == shown
+    assert money.rupees(value) == shown
 
 
 def test_a_reason_with_an_absurd_amount_still_reads_as_rupees():

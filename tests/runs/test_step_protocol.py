@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from runs import engine
-from runs.engine import Outcome, run_advance
+from runs.engine import Outcome, execution, loop, run_advance
 from runs.llm import ScriptedLLM
 from runs.models import Message, Run, Step, ToolCall
 from runs.services import run_create
@@ -47,7 +46,7 @@ class CountingLLM(ScriptedLLM):
 def kill_at(monkeypatch):
     """Arm one failpoint: the engine raises Killed there, once."""
     armed: set[tuple[str, int]] = set()
-    real = engine.failpoint
+    real = loop.failpoint
 
     def failpoint(name: str, step: int) -> None:
         if (name, step) in armed:
@@ -55,7 +54,8 @@ def kill_at(monkeypatch):
             raise Killed(f"{name}@{step}")
         real(name, step)
 
-    monkeypatch.setattr(engine, "failpoint", failpoint)
+    for module in (loop, execution):  # the step's failpoints, and the effect's
+        monkeypatch.setattr(module, "failpoint", failpoint)
     return lambda name, step: armed.add((name, step))
 
 

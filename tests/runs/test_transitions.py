@@ -29,7 +29,7 @@ REFUND = ("refund_item", {"order_id": "A-1001", "amount": 2900, "reason": "damag
 # The only functions that may write a status column of these models, and why.
 TRANSITION_FUNCTIONS = {
     "run_transition",  # runs/services.py: the run's table
-    "lease_claim",  # runs/engine.py: queued/running -> running with the lease, in one UPDATE
+    "lease_claim",  # runs/engine/lease.py: queued/running -> running with the lease, in one UPDATE
     "call_transition",  # runs/services.py: the tool call's table
     "approval_transition",  # approvals/transitions.py: the approval's table
 }

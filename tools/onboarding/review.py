@@ -12,7 +12,7 @@ from tools.keyed import (
     when,
 )
 from tools.models import Payment, WorldUser
-from tools.payments import rupees
+from tools.money import rupees
 from tools.registry import (
     ReviewContext,
     ToolError,

@@ -1,0 +1,90 @@
+"""Advancing a run: one claim of its lease, then steps until it pauses, ends or
+must retry later. What a worker (``runs.tasks.advance_run``), the command line and
+the MCP gateway call."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from ..llm import LLM, AwaitingCaller, PermanentLLMError, TransientLLMError
+from ..models import Run, RunGuard
+from ..services import version_mismatch
+from .lease import lease_claim, new_lease_owner
+from .loop import RunStepper
+from .outcomes import CARRY_ON, AdvanceResult, LeaseLost, Outcome, fail_run, wait_for_person
+
+log = logging.getLogger("runs.engine")
+
+
+def run_advance(run_id: int, *, owner: str | None = None, llm: LLM | None = None) -> AdvanceResult:
+    """Advance the run until it pauses, ends, or must retry later."""
+    owner = owner or new_lease_owner()
+    if not lease_claim(run_id, owner):
+        return AdvanceResult(Outcome.BUSY)
+    run = Run.objects.get(pk=run_id)
+    mismatch = version_mismatch(run)
+    if mismatch:
+        # Pinned: never carry a run on under a prompt, tools or guards it did not start with.
+        wait_for_person(run, owner, guard=RunGuard.VERSION, reason=mismatch, error=mismatch)
+        return AdvanceResult(Outcome.PAUSED)
+    try:
+        stepper = RunStepper(run, owner, llm)
+        while True:
+            result = stepper.step()
+            if result is not CARRY_ON:
+                return result
+    except LeaseLost:
+        log.warning("run %s: lease lost by %s; stopping", run_id, owner)
+        return AdvanceResult(Outcome.LOST)
+    except AwaitingCaller:
+        # Idle between a caller's calls: running, with no lease, so the sweeper
+        # leaves it alone until the next call (or a decision) brings work.
+        Run.objects.filter(pk=run_id, lease_owner=owner).update(lease_owner="", lease_until=None)
+        return AdvanceResult(Outcome.IDLE)
+    except TransientLLMError as exc:
+        return _hold_for_retry(run, owner, exc)
+    except PermanentLLMError as exc:
+        fail_run(run, owner, f"LLM error: {exc}")
+        return AdvanceResult(Outcome.FINISHED)
+    except Exception as exc:
+        # A bug or an outage (database locked, world unreachable): every write
+        # so far was transactional, so retry later, a bounded number of times.
+        log.exception("run %s: unexpected error; will retry", run_id)
+        return _hold_for_retry(run, owner, TransientLLMError(f"{type(exc).__name__}: {exc}"))
+
+
+def run_advance_until_settled(run_id: int, *, llm: LLM | None = None, sleep=None) -> AdvanceResult:
+    """Advance in this process (``--sync``): wait out transient errors here.
+
+    Only the command line does this; workers re-schedule instead of sleeping.
+    """
+    sleep = sleep or time.sleep
+    while True:
+        result = run_advance(run_id, llm=llm)
+        if result.outcome != Outcome.RETRY:
+            return result
+        sleep(result.retry_after or 1)
+
+
+def _hold_for_retry(run: Run, owner: str, exc: TransientLLMError) -> AdvanceResult:
+    attempts = run.llm_attempts + 1
+    if attempts >= settings.DESK_LLM_MAX_ATTEMPTS:
+        fail_run(run, owner, f"gave up after {attempts} attempts: {exc}")
+        return AdvanceResult(Outcome.FINISHED)
+    delay = exc.retry_after if exc.retry_after is not None else 2**attempts
+    delay = min(max(delay, 1.0), 300.0)
+    # The lease doubles as "not before": nobody claims the run until the
+    # backoff is over, and then any worker (or the sweeper's nudge) may.
+    Run.objects.filter(pk=run.pk, lease_owner=owner).update(
+        lease_owner="",
+        lease_until=timezone.now() + timedelta(seconds=delay),
+        llm_attempts=attempts,
+        error=f"retrying: {exc}",
+    )
+    log.info("run %s: transient LLM error (%s); retry %s in %.1fs", run.pk, exc, attempts, delay)
+    return AdvanceResult(Outcome.RETRY, retry_after=delay)

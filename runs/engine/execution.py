@@ -1,0 +1,239 @@
+"""Execution and recovery: a write runs at most once, and a crash mid-way is settled.
+
+A write's intent is committed (``executing``, one more attempt) before its effect
+(``_execute``); its result is committed after (``_commit``). A call found
+``executing`` (a crash or a timeout between the two) is reconciled by its
+idempotency key, re-run when the tool deduplicates on it, or handed to a person
+(``_recover``, ``_outcome_unknown``): never retried blind. Reads have no effect to
+make exactly once: they run, and their results are written with the step.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from tools.registry import ToolContext, ToolError, ToolSpec, UnknownOutcome, find_tool, input_hash
+
+from ..failpoints import failpoint
+from ..models import CallStatus, GuardKind, Run, ToolCall
+from ..services import TransitionConflict, call_transition
+from .outcomes import CARRY_ON, AdvanceResult, LeaseLost, Outcome, StepResult, wait_for_person
+
+log = logging.getLogger("runs.engine")
+
+# A write whose outcome stays unknown after this many attempts waits for a person
+# to say whether it happened: we never retry blind.
+MAX_UNKNOWN_OUTCOME_ATTEMPTS = 3
+
+
+class Executing:
+    """RunStepper's part that runs calls (``self.run``, ``self.owner``, ``self.gate``,
+    ``self.unsaved_reads``; ``self._renew_lease`` is the loop's)."""
+
+    def _tool(self, name: str) -> ToolSpec | None:
+        """The tool a call runs. An external agent runs its own tools: here its
+        allowed call only records the permission (``_caller_runs_it``)."""
+        spec = find_tool(name)
+        if spec is None or self.run.kind != Run.Kind.EXTERNAL:
+            return spec
+        return _as_permission(spec)
+
+    def _tool_context(self, call: ToolCall) -> ToolContext:
+        return ToolContext(run_id=self.run.pk, step=call.step, idempotency_key=call.idempotency_key)
+
+    def _run_reads(self, calls: list[ToolCall]) -> None:
+        for call in calls:
+            if call.status == CallStatus.APPROVED:
+                self._run_read(call, self._tool(call.tool_name))
+
+    def _run_read(self, call: ToolCall, spec: ToolSpec) -> None:
+        result, is_error = _invoke(spec, self._tool_context(call), call.input)
+        call.status = CallStatus.FAILED if is_error else CallStatus.COMMITTED
+        call.result, call.is_error, call.finished_at = result, is_error, timezone.now()
+
+    def _execute(self, call: ToolCall, spec: ToolSpec) -> StepResult:
+        if spec.is_read:
+            # Reads have no effect to make exactly once: no intent row, the
+            # result is written with the step (a crash just reads again).
+            old = call.status
+            self._run_read(call, spec)
+            self.unsaved_reads.append((call, old))
+            return CARRY_ON
+        if call.approved_hash != input_hash(call.input):
+            self._resolve_now(
+                call,
+                CallStatus.FAILED,
+                "The arguments differ from the ones approved; not executed.",
+                is_error=True,
+            )
+            return CARRY_ON
+        # What the compensation will need, read before the effect.
+        try:
+            pre_state = spec.capture(self._tool_context(call), call.input) if spec.capture else None
+        except ToolError as exc:
+            self._resolve_now(call, CallStatus.FAILED, f"{spec.name} failed: {exc}", is_error=True)
+            return CARRY_ON
+        with transaction.atomic():
+            self._renew_lease()
+            self._transition(
+                call,
+                CallStatus.EXECUTING,
+                reason="intent",
+                attempts=F("attempts") + 1,
+                started_at=timezone.now(),
+                pre_state=pre_state,
+            )
+            call.attempts += 1
+        failpoint("before_tool_effect", call.step)
+        return self._make_effect(call, spec, reason="executed")
+
+    def _make_effect(self, call: ToolCall, spec: ToolSpec, *, reason: str) -> StepResult:
+        """Run a write whose intent is committed and record its result; an outcome
+        that is unknown (a timeout, a crash inside the tool) goes to ``_recover``."""
+        try:
+            result, is_error = _invoke(spec, self._tool_context(call), call.input)
+        except UnknownOutcome as exc:
+            log.warning("run %s: %s outcome unknown (%s); reconciling", self.run.pk, call, exc)
+            return self._recover(call, spec)
+        failpoint("after_tool_effect", call.step)
+        self._commit(call, result, is_error, reason=reason)
+        return CARRY_ON
+
+    def _commit(self, call: ToolCall, result, is_error: bool, *, reason: str) -> None:
+        new = CallStatus.FAILED if is_error else CallStatus.COMMITTED
+        with transaction.atomic():
+            self._transition(
+                call, new, reason=reason, result=result, is_error=is_error, finished_at=timezone.now()
+            )
+
+    def _recover(self, call: ToolCall, spec: ToolSpec) -> StepResult:
+        """A write found ``executing``: its outcome is unknown. Never retry blind."""
+        lookup = ""
+        try:
+            found = spec.reconcile(self._tool_context(call), call.input) if spec.reconcile else None
+        except UnknownOutcome as exc:  # the world could not be asked
+            found, lookup = None, f"; looking it up failed: {exc}"
+        if found is not None:
+            self._commit(call, found, False, reason="reconciled by idempotency key")
+            return CARRY_ON
+        if not spec.honours_key:
+            return self._outcome_unknown(
+                call,
+                f"{call.tool_name} stopped mid-call, the world has no record of it by its key"
+                f"{lookup}, and the tool cannot be safely retried",
+            )
+        if call.attempts >= MAX_UNKNOWN_OUTCOME_ATTEMPTS:
+            return self._outcome_unknown(
+                call, f"{call.tool_name} outcome still unknown after {call.attempts} attempts{lookup}"
+            )
+        # The effect did not happen and the downstream system deduplicates on
+        # the key: running again with the same key is safe.
+        with transaction.atomic():
+            self._renew_lease()
+            ToolCall.objects.filter(pk=call.pk, status=CallStatus.EXECUTING).update(
+                attempts=F("attempts") + 1, started_at=timezone.now()
+            )
+            call.attempts += 1
+        return self._make_effect(call, spec, reason="re-run with the same idempotency key")
+
+    def _outcome_unknown(self, call: ToolCall, why: str) -> AdvanceResult:
+        """Nobody can tell whether the effect happened: a person looks and says (an
+        ``outcome`` request); until then the call is ``unknown`` and the run waits."""
+        run = self.run
+        with transaction.atomic():
+            Run.objects.select_for_update().filter(pk=run.pk).first()
+            self._save_read_results()
+            self._transition(call, CallStatus.UNKNOWN, reason=why)
+            wait_for_person(run, self.owner, guard="", reason=f"outcome unknown: {why}")
+            self.gate.open_guard(
+                run=run,
+                kind=GuardKind.OUTCOME,
+                reason=why,
+                detail={
+                    "tool": call.tool_name,
+                    "input": call.input,
+                    "attempts": call.attempts,
+                    "why": why,
+                    "idempotency_key": call.idempotency_key,
+                    "step": call.step,
+                },
+                call=call,
+            )
+        return AdvanceResult(Outcome.PAUSED)
+
+    def _resolve_now(self, call: ToolCall, status: str, result, *, is_error: bool) -> None:
+        with transaction.atomic():
+            self._transition(
+                call, status, reason=str(result), result=result, is_error=is_error, finished_at=timezone.now()
+            )
+
+    def _transition(self, call: ToolCall, new: str, *, reason: str, **fields) -> None:
+        """The engine's call transitions: a call someone else moved means our lease is gone."""
+        try:
+            call_transition(call=call, new=new, reason=reason, **fields)
+        except TransitionConflict:
+            raise LeaseLost() from None
+
+    def _save_read_results(self) -> None:
+        """Write the results of the reads run after their step's reply was saved."""
+        for call, old in self.unsaved_reads:
+            new, call.status = call.status, old
+            self._transition(
+                call,
+                new,
+                reason="read",
+                result=call.result,
+                is_error=call.is_error,
+                finished_at=call.finished_at,
+            )
+        self.unsaved_reads = []
+
+
+CALLER_RUNS_IT = "Allowed. The caller runs this tool itself; Countersign recorded the permission."
+
+
+def _caller_runs_it(ctx: ToolContext, tool_input: dict) -> str:
+    return CALLER_RUNS_IT
+
+
+# Made once per tool (a ToolSpec checks its schema when it is made: milliseconds).
+_PERMISSIONS: dict[str, tuple[ToolSpec, ToolSpec]] = {}
+
+
+def _as_permission(spec: ToolSpec) -> ToolSpec:
+    """The tool as an external agent's call runs here: it records the permission."""
+    cached = _PERMISSIONS.get(spec.name)
+    if cached is None or cached[0] is not spec:
+        permission = replace(
+            spec,
+            function=_caller_runs_it,
+            reconcile=_caller_runs_it,
+            honours_key=True,
+            capture=None,
+            verify=None,
+        )
+        cached = _PERMISSIONS[spec.name] = (spec, permission)
+    return cached[1]
+
+
+def _invoke(spec: ToolSpec, ctx: ToolContext, tool_input: dict) -> tuple[object, bool]:
+    """Run a tool; a clean refusal becomes an error result the model can read."""
+    try:
+        return spec.function(ctx, tool_input), False
+    except ToolError as exc:
+        return f"{spec.name} failed: {exc}", True
+    except UnknownOutcome:
+        raise
+    except Exception as exc:
+        if spec.is_read:
+            log.exception("read tool %s crashed", spec.name)
+            return f"{spec.name} failed: {type(exc).__name__}: {exc}", True
+        # A write that crashed in an unexpected way may or may not have taken
+        # effect: treat it as an unknown outcome, never as a clean failure.
+        log.exception("write tool %s crashed; treating the outcome as unknown", spec.name)
+        raise UnknownOutcome(f"{type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,471 @@
+"""The agent loop: advance a run step by step, exactly once.
+
+The database is the source of truth; a Celery message is only a nudge to
+"advance run X". ``run_advance`` follows the step protocol (docs/architecture.md),
+and ``RunStepper.step`` reads in its order:
+
+1. claim the run's lease (a conditional UPDATE; losing the race means stop: ``lease``);
+2. unless the transcript ends with the model's saved reply (we resumed), ask the
+   model, outside any transaction, and build one ToolCall per tool_use (``proposals``);
+3. gate them: reads at once, writes inside the transaction that saves the reply
+   and its calls (``_save_reply``), approvals opened for those that wait;
+4. execute allowed/approved calls, writes with a committed intent
+   (``executing``) before the effect; reconcile calls found ``executing`` (``execution``);
+5. pause while any call awaits a decision (``_pause``);
+6. close the step in one transaction (``_close_after_work``): the user message with
+   every tool_result in tool_use order, and the Step checkpoint (O(1));
+7. a reply with no tool call is closed by ``_close_final`` and ends the run once
+   verified (``guards``, which also stop the run before the model is asked again
+   when a budget is spent or the run is stuck).
+
+A reply whose calls are all reads (or resolved without running) takes a fast
+path: the reads run, and ``_close_reads_only`` saves the reply, its calls, their
+results and the checkpoint in one transaction.
+
+Every part answers with an ``AdvanceResult`` (stop, and why) or ``CARRY_ON``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from time import perf_counter
+
+from django.conf import settings
+from django.db import transaction
+
+from tools.registry import Check, get_agent
+
+from .. import gate as gate_module
+from ..failpoints import failpoint
+from ..history import tool_result_block, transcript_messages
+from ..integrity import call_record, chain_head, step_digest
+from ..llm import (
+    LLM,
+    AnthropicLLM,
+    CallerTurns,
+    PermanentLLMError,
+    Reply,
+    ScenarioError,
+    ScriptedLLM,
+    estimate_tokens,
+)
+from ..models import CallStatus, Message, Run, RunStatus, Step, ToolCall, stood_in
+from ..rawsql import insert_objects, insert_rows
+from ..services import run_transition
+from ..signals import tool_call_transitioned
+from .execution import Executing
+from .guards import Guarding
+from .lease import lease_renew
+from .outcomes import (
+    CARRY_ON,
+    WAITING_CALL_STATUSES,
+    AdvanceResult,
+    Outcome,
+    StepResult,
+    fail_run,
+)
+from .proposals import Proposals, Proposing, check_reply
+
+log = logging.getLogger("runs.engine")
+
+
+def llm_for_run(run: Run) -> LLM:
+    if run.takes_caller_turns:
+        return CallerTurns()  # a worker finishes what was decided, then waits for the caller
+    if run.llm == Run.LLMKind.ANTHROPIC:
+        if not settings.ANTHROPIC_API_KEY:
+            raise PermanentLLMError("this run uses Anthropic but ANTHROPIC_API_KEY is not set")
+        return AnthropicLLM(
+            api_key=settings.ANTHROPIC_API_KEY,
+            model=settings.ANTHROPIC_MODEL,
+            base_url=settings.ANTHROPIC_BASE_URL,
+        )
+    script = run.script if run.script is not None else get_agent(run.agent).demo_script
+    try:
+        return ScriptedLLM(script)
+    except ScenarioError as exc:
+        raise PermanentLLMError(f"bad scenario: {exc}") from exc
+
+
+class RunStepper(Proposing, Executing, Guarding):
+    """One claim's worth of work on one run, a step at a time. Holds the transcript
+    in memory so a step costs the same at step 2,000 as at step 2.
+
+    Its parts live beside it: ``Proposing`` (proposals.py), ``Executing``
+    (execution.py) and ``Guarding`` (guards.py); the lease is lease.py's."""
+
+    def __init__(self, run: Run, owner: str, llm: LLM | None) -> None:
+        self.run = run
+        self.owner = owner
+        self.agent = get_agent(run.agent)
+        self.tools_for_model = [t.for_model() for t in self.agent.tools]
+        self.llm = llm or llm_for_run(run)
+        self.gate = gate_module.get_gate()
+        # The last checkpoint's digest and how many messages it had closed: the next
+        # step chains from it (runs.integrity).
+        self.chain: tuple[str, int] = chain_head(run)
+        # Loaded once per claim; appended to as we write (we hold the lease). A caller's
+        # session reads nothing back (its "model" is elsewhere): only what the next
+        # checkpoint covers is loaded, messages ``offset`` on (the last one at least),
+        # so a call costs the same at call 2,000 as at call 2.
+        self.offset = 0
+        if run.takes_caller_turns:
+            self.offset = max(0, min(self.chain[1], run.message_count - 1))
+            messages = Message.objects.live().filter(run=run, seq__gte=self.offset).order_by("seq")
+        else:
+            messages = transcript_messages(run)
+        self.transcript = [m.as_model_message() for m in messages]
+        # A fork replays its parent's history: calls the parent already made at
+        # the same place get the parent's recorded result, and nothing runs.
+        self.parent_calls = {}
+        if run.parent_id:
+            parent_calls = ToolCall.objects.live().filter(
+                run_id=run.parent_id, step__gte=run.fork_step, status=CallStatus.COMMITTED
+            )
+            self.parent_calls = {(c.step, c.position): c for c in parent_calls}
+        # Reads executed by _work whose results are written when the step closes
+        # (or pauses): a crash before that just reads again.
+        self.unsaved_reads: list[tuple[ToolCall, str]] = []  # (call, status before its read)
+        # Timing of the step in hand, for its checkpoint (Step.duration_ms, llm_ms).
+        self.step_started, self.llm_ms = perf_counter(), 0
+        # Guards, loaded once per claim and kept up to date in memory: the results the
+        # run has seen (progress), its calls' (tool, status) pairs (stage transitions),
+        # and about how many tokens the next model call's input will be (budgets).
+        self.seen_results: set[str] = set()
+        self.call_facts: set[tuple[str, str]] = set()
+        # Closed steps only: the open step's calls (reads saved at a pause) are
+        # learned when it closes, or its new results would look already seen.
+        closed = ToolCall.objects.live().filter(run=run, step__lt=run.step)
+        if run.takes_caller_turns:
+            # No stuck detector for a session: only the stages' (tool, status) pairs.
+            self.call_facts.update(closed.values_list("tool_name", "status").distinct())
+        else:
+            for tool_name, status, result, is_error, key, attempts in closed.values_list(
+                "tool_name", "status", "result", "is_error", "idempotency_key", "attempts"
+            ):
+                self._learn(tool_name, status, result, is_error, stands_in=stood_in(key, status, attempts))
+        self.input_estimate = estimate_tokens(self.agent.system) + estimate_tokens(self.tools_for_model)
+        self.input_growth = 0  # tokens added since the model's last reply (its reply included)
+        for message in self.transcript:
+            tokens = estimate_tokens(message["content"])
+            self.input_estimate += tokens
+            self.input_growth = (
+                tokens if message["role"] == Message.Role.ASSISTANT else self.input_growth + tokens
+            )
+
+    # --- the step: docs/architecture.md "The step protocol", in this order ----
+    def step(self) -> StepResult:
+        """Advance one step; CARRY_ON means go on with the next one."""
+        run = self.run
+        self.step_started, self.llm_ms = perf_counter(), 0
+        if not self.transcript:
+            raise PermanentLLMError("the run has no transcript")
+        if self.transcript[-1]["role"] == Message.Role.ASSISTANT:
+            # The reply was saved before (we resumed): never ask for it again.
+            calls = self._saved_calls()
+            if not calls:  # an assistant turn without calls ended the run
+                fail_run(run, self.owner, "transcript ends with a final reply but the run was not closed")
+                return AdvanceResult(Outcome.FINISHED)
+            return self._work(calls)
+        if not run.takes_caller_turns:  # a caller elsewhere runs its own loop and budget
+            guarded = self._budget_spent()  # guards, before the model is asked
+            if guarded is CARRY_ON:
+                guarded = self._stuck()
+            if guarded is not CARRY_ON:
+                return guarded
+        reply = self._ask_model()  # 2. outside any transaction
+        proposals = self._propose(reply)
+        if not proposals.calls:  # 7. a reply with no tool call ends the run, once verified
+            return self._close_final(reply, self._verify())
+        if proposals.reads_only:
+            # The fast path: run the reads now, save the reply with the step.
+            self._run_reads(proposals.calls)
+            self._close_reads_only(reply, proposals.calls)
+            return CARRY_ON
+        self._save_reply(reply, proposals)  # 2-3. the reply, its calls and their verdicts
+        return self._work(proposals.calls)  # 4-6. execute, pause or close
+
+    def _ask_model(self) -> Reply:
+        """Slow I/O outside any transaction: nothing is locked while the model thinks."""
+        asked = perf_counter()
+        reply = self.llm.reply(system=self.agent.system, messages=self.transcript, tools=self.tools_for_model)
+        self.llm_ms = round((perf_counter() - asked) * 1000)
+        check_reply(reply)
+        self.run.last_input_tokens = reply.usage.input_tokens
+        self.run.input_tokens += reply.usage.input_tokens
+        self.run.output_tokens += reply.usage.output_tokens
+        self.run.cost += reply.usage.cost
+        return reply
+
+    def _save_reply(self, reply: Reply, proposals: Proposals) -> None:
+        """The reply and one ToolCall per tool_use in one transaction, each write
+        reviewed as it is saved, approvals opened for those that wait.
+
+        One by one: a rule that adds up earlier calls (a total per order) sees this
+        reply's earlier calls and holds its lock until this one is saved, so two
+        runs cannot both slip under it.
+        """
+        run = self.run
+        seq = self.offset + len(self.transcript)
+        with transaction.atomic():
+            self._renew_lease(
+                message_count=seq + 1,
+                llm_attempts=0,
+                error="",
+                last_input_tokens=run.last_input_tokens,
+                **_usage_fields(run),
+            )
+            insert_rows(
+                Message,
+                [{"run_id": run.pk, "seq": seq, "role": Message.Role.ASSISTANT, "content": reply.content}],
+            )
+            for call in proposals.calls:
+                if call.status == CallStatus.PROPOSED:
+                    proposals.verdicts[call.position] = self._review(call, self._tool(call.tool_name))
+                call.save(force_insert=True)
+            self._announce(proposals.calls, proposals.verdicts)
+        self._remember([{"role": Message.Role.ASSISTANT, "content": reply.content}])
+        run.message_count, run.llm_attempts, run.error = seq + 1, 0, ""
+        failpoint("after_model_reply", run.step)
+
+    def _work(self, calls: list[ToolCall]) -> StepResult:
+        """4. Execute what may run, 5. pause while anything waits, 6. close the step."""
+        for call in calls:
+            if call.status == CallStatus.APPROVED:
+                outcome = self._execute(call, self._tool(call.tool_name))
+            elif call.status == CallStatus.EXECUTING:
+                outcome = self._recover(call, self._tool(call.tool_name))
+            else:
+                continue
+            if outcome is not CARRY_ON:
+                return outcome
+        if any(call.status in WAITING_CALL_STATUSES for call in calls):
+            return self._pause()
+        self._close_after_work(calls)
+        return CARRY_ON
+
+    def _pause(self) -> StepResult:
+        """Wait for a decision: release the lease; CARRY_ON if it came meanwhile."""
+        run = self.run
+        with transaction.atomic():
+            # Lock the run row so a decision landing now either sees us
+            # waiting (and wakes us) or is seen by us here.
+            Run.objects.select_for_update().filter(pk=run.pk).first()
+            self._save_read_results()
+            still_pending = (
+                ToolCall.objects.live()
+                .filter(run=run, step=run.step, status__in=WAITING_CALL_STATUSES)
+                .exists()
+            )
+            if still_pending:
+                run_transition(
+                    run_id=run.pk,
+                    old=RunStatus.RUNNING,
+                    new=RunStatus.WAITING_APPROVAL,
+                    owner=self.owner,
+                    reason="waiting for approval",
+                    lease_owner="",
+                    lease_until=None,
+                )
+                return AdvanceResult(Outcome.PAUSED)
+        # Decided while we were working: carry on with the fresh rows.
+        return CARRY_ON
+
+    # --- 6-7. closing a step: one transaction, and a checkpoint that costs the same
+    # at any step. Three ways, one function each. -----------------------------
+    def _close_after_work(self, calls: list[ToolCall]) -> None:
+        """Close a step whose reply and calls were saved before: the user message with
+        every tool result (in tool_use order) and the Step checkpoint."""
+        first = self.offset + len(self.transcript)
+        closing = [_results_message(calls)]
+        checkpoint = self._checkpoint(calls, closing, first=first, seen=first - 1, status=RunStatus.RUNNING)
+        with transaction.atomic():
+            self._write_closing(checkpoint)
+            self._write_step_row(checkpoint)
+        self._closed(checkpoint)
+
+    def _close_reads_only(self, reply: Reply, calls: list[ToolCall]) -> None:
+        """Close a reads-only step: the reply (not saved yet), its calls, their results
+        and the checkpoint in one durable commit. A crash before it loses only the
+        reply, which the model is asked for again."""
+        first = self.offset + len(self.transcript)
+        closing = [_reply_message(reply), _results_message(calls)]
+        checkpoint = self._checkpoint(calls, closing, first=first, seen=first, status=RunStatus.RUNNING)
+        failpoint("after_model_reply", checkpoint.number)  # the reply is in hand, not saved yet
+        with transaction.atomic():
+            self._write_closing(checkpoint)
+            self._insert_calls(calls)
+            self._write_step_row(checkpoint)
+        self._closed(checkpoint)
+
+    def _close_final(self, reply: Reply, checks: list[Check] | None) -> AdvanceResult:
+        """Close the run's last step, a reply with no tool call (not saved yet): the run
+        is done if ``checks`` (verification against the world; None in a dry run) all
+        hold, and otherwise waits for a person."""
+        first = self.offset + len(self.transcript)
+        verified = all(check.ok for check in checks or [])
+        status = RunStatus.DONE if verified else RunStatus.WAITING_APPROVAL
+        closing = [_reply_message(reply)]
+        checkpoint = self._checkpoint([], closing, first=first, seen=first, status=status)
+        failpoint("after_model_reply", checkpoint.number)  # the reply is in hand, not saved yet
+        with transaction.atomic():
+            self._write_closing(checkpoint)
+            self._write_step_row(checkpoint)
+            self._end(reply, checks, verified)
+        self._closed(checkpoint)
+        return AdvanceResult(Outcome.PAUSED if self.run.guard else Outcome.FINISHED)
+
+    def _checkpoint(
+        self, calls: list[ToolCall], closing: list[dict], *, first: int, seen: int, status: str
+    ) -> _Checkpoint:
+        """What closing the step will write, worked out before its transaction:
+        ``closing`` from message ``first`` on, and the model having seen ``seen``
+        messages when it replied."""
+        stage, progress, stalled = self._progress(calls)
+        digest = self._digest(message_count=seen, status=status, closing=closing, calls=calls)
+        return _Checkpoint(self.run.step, first, closing, seen, status, stage, progress, stalled, digest)
+
+    def _write_closing(self, checkpoint: _Checkpoint) -> None:
+        """In the closing transaction: the run's fields, the reads' results, the messages."""
+        run = self.run
+        self._renew_lease(
+            step=checkpoint.number + 1,
+            message_count=checkpoint.message_count,
+            llm_attempts=0,
+            error="",
+            stage=checkpoint.stage,
+            stalled_steps=checkpoint.stalled,
+            last_input_tokens=run.last_input_tokens,
+            **_usage_fields(run),
+        )
+        self._save_read_results()
+        insert_rows(
+            Message,
+            [
+                {
+                    "run_id": run.pk,
+                    "seq": checkpoint.first + i,
+                    "role": message["role"],
+                    "content": message["content"],
+                }
+                for i, message in enumerate(checkpoint.closing)
+            ],
+        )
+
+    def _write_step_row(self, checkpoint: _Checkpoint) -> None:
+        """In the closing transaction: the Step checkpoint."""
+        run = self.run
+        insert_rows(
+            Step,
+            [
+                {
+                    "run_id": run.pk,
+                    "number": checkpoint.number,
+                    "message_count": checkpoint.seen,
+                    "status": checkpoint.status,
+                    "digest": checkpoint.digest,
+                    "stage": run.stage,
+                    "progress": checkpoint.progress,
+                    "duration_ms": round((perf_counter() - self.step_started) * 1000),
+                    "llm_ms": self.llm_ms,
+                    **_usage_fields(run),
+                }
+            ],
+        )
+
+    def _closed(self, checkpoint: _Checkpoint) -> None:
+        """After the closing commit: the run in memory catches up with its row."""
+        run = self.run
+        self._remember(checkpoint.closing)
+        self.chain = (checkpoint.digest, checkpoint.message_count)
+        run.step, run.message_count, run.llm_attempts, run.error = (
+            checkpoint.number + 1,
+            checkpoint.message_count,
+            0,
+            "",
+        )
+        run.stage, run.stalled_steps = checkpoint.stage, checkpoint.stalled
+        failpoint("after_step_commit", checkpoint.number)
+
+    # --- the parts ---------------------------------------------------------
+    def _remember(self, messages: list[dict]) -> None:
+        """Append to the in-memory transcript, keeping the next input's estimate."""
+        for message in messages:
+            if message["role"] == Message.Role.ASSISTANT:
+                self.input_growth = 0
+            tokens = estimate_tokens(message["content"])
+            self.input_estimate += tokens
+            self.input_growth += tokens
+            self.transcript.append(message)
+
+    def _saved_calls(self) -> list[ToolCall]:
+        return list(ToolCall.objects.live().filter(run=self.run, step=self.run.step).order_by("position"))
+
+    def _digest(self, *, message_count: int, status: str, closing: list[dict], calls: list[ToolCall]) -> str:
+        """The digest of the step being closed: the messages since the last checkpoint
+        (those in memory and ``closing``, about to be written) and the calls."""
+        previous, start = self.chain
+        messages = [*self.transcript[start - self.offset :], *closing]
+        return step_digest(
+            previous=previous,
+            run_id=self.run.pk,
+            number=self.run.step,
+            message_count=message_count,
+            status=status,
+            messages=[(start + i, m["role"], m["content"]) for i, m in enumerate(messages)],
+            calls=[call_record(call) for call in calls],
+        )
+
+    def _renew_lease(self, **fields) -> None:
+        """Renew the lease (and write run fields) or find out we lost it."""
+        lease_renew(self.run.pk, self.owner, fields)
+
+    def _insert_calls(self, calls: list[ToolCall]) -> None:
+        """Save a reads-only step's calls, audited unless they are allowed reads."""
+        if any(call.is_audited for call in calls):
+            ToolCall.objects.bulk_create(calls)  # the audit trail needs their ids
+            self._announce(calls, {})  # nothing in a reads-only step waits for a person
+        else:
+            insert_objects(calls)
+
+    def _announce(self, calls: list[ToolCall], verdicts: dict[int, gate_module.Verdict]) -> None:
+        """Open approvals and audit new calls (inside the transaction that saves them)."""
+        for call in calls:
+            if call.status == CallStatus.AWAITING_APPROVAL:
+                self.gate.hold(run=self.run, call=call, verdict=verdicts[call.position])
+            if call.is_audited:
+                tool_call_transitioned.send(
+                    ToolCall, call=call, old="", new=call.status, actor=None, reason=call.verdict_reason
+                )
+
+
+@dataclass(slots=True)
+class _Checkpoint:
+    """A step about to be closed: what its transaction writes and the run then knows."""
+
+    number: int
+    first: int  # the seq of the first closing message
+    closing: list[dict]  # the messages that close the step
+    seen: int  # how many messages the model had seen when it replied
+    status: str
+    stage: str
+    progress: bool
+    stalled: int
+    digest: str
+
+    @property
+    def message_count(self) -> int:
+        return self.first + len(self.closing)
+
+
+def _reply_message(reply: Reply) -> dict:
+    return {"role": Message.Role.ASSISTANT, "content": reply.content}
+
+
+def _results_message(calls: list[ToolCall]) -> dict:
+    return {"role": Message.Role.USER, "content": [tool_result_block(c) for c in calls]}
+
+
+def _usage_fields(run: Run) -> dict:
+    return {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens, "cost": run.cost}

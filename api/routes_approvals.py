@@ -22,7 +22,6 @@ from approvals.decisions.errors import (
     WrongAction,
 )
 from approvals.decisions.services import approval_decide
-from approvals.policy.decided import rule_api_fields
 from approvals.policy.errors import DecisionError, NotAllowed
 
 from . import selectors
@@ -80,10 +79,9 @@ def _approval(request, approval_id: int):
     return approval
 
 
-def _detail(request, approval_id: int) -> dict:
+def _document(request, approval_id: int) -> dict:
     """The approval as it is now (after a write), for the caller."""
-    approval = _approval(request, approval_id)
-    return selectors.approval_detail(approval, user=request.auth) | rule_api_fields(approval)
+    return selectors.approval_document(_approval(request, approval_id), user=request.auth)
 
 
 @router.get("", response={200: ApprovalPage, **errors(422)}, summary="List approval requests")
@@ -95,8 +93,7 @@ def approval_list(request, filters: Query[ApprovalFilters]):
         "count": count,
         "limit": filters.limit,
         "offset": filters.offset,
-        # The rule as it was decided under (its snapshot), not as it is now.
-        "items": [selectors.approval_summary(approval) | rule_api_fields(approval) for approval in approvals],
+        "items": [selectors.approval_summary(approval) for approval in approvals],
     }
 
 
@@ -104,7 +101,7 @@ def approval_list(request, filters: Query[ApprovalFilters]):
 def approval_read(request, approval_id: int = approval_id_path()):
     """What would run (the current proposal and its ``args_hash``), why it was gated,
     who may decide it, the votes so far, and whether you may decide it now."""
-    return _detail(request, approval_id)
+    return _document(request, approval_id)
 
 
 def _decision(body: DecideIn, approval) -> Decision:
@@ -159,7 +156,7 @@ def approval_decide_route(request, body: DecideIn, approval_id: int = approval_i
         "run_woken": result.run_woken,
         "approvals_missing": result.approvals_missing,
         "waits_for": result.waits_for,
-        "approval": _detail(request, approval.pk),
+        "approval": _document(request, approval.pk),
     }
 
 
@@ -174,7 +171,7 @@ def approval_claim_route(request, approval_id: int = approval_id_path()):
         approval_claim(approval_id=approval.pk, reviewer=request.auth)
     except DecisionError as exc:
         raise _refusal(exc) from None
-    return _detail(request, approval.pk)
+    return _document(request, approval.pk)
 
 
 @router.post(
@@ -184,4 +181,4 @@ def approval_release_route(request, approval_id: int = approval_id_path()):
     """Let go of your claim; ``released`` is false if you held none."""
     approval = _approval(request, approval_id)
     released = approval_release(approval_id=approval.pk, reviewer=request.auth)
-    return {"released": released, "approval": _detail(request, approval.pk)}
+    return {"released": released, "approval": _document(request, approval.pk)}

@@ -1,8 +1,9 @@
 """/api/v1/approvals: the queue, one request, decisions, claims.
 
-Decisions go through ``approvals.services.approval_decide`` with a typed
-``Decision``, exactly as the desk's form does (approvals/views.py); its refusals
-become errors with stable codes. An approval the caller may not see answers 404,
+Decisions go through ``approvals.decisions.services.approval_decide`` with a typed
+``Decision``, exactly as the desk's form does (approvals/decisions/views.py); what
+``Decision`` refuses (DecisionInvalid) and the service's refusals become errors with
+stable codes. An approval the caller may not see answers 404,
 exactly like one that does not exist.
 """
 
@@ -12,9 +13,15 @@ from ninja import Path, Query, Router
 
 from approvals.decisions.claims import approval_claim, approval_release
 from approvals.decisions.decision import Decision
-from approvals.decisions.errors import AlreadyClaimed, AlreadyDecided, RunMovedOn, StaleDecision, WrongAction
+from approvals.decisions.errors import (
+    AlreadyClaimed,
+    AlreadyDecided,
+    DecisionInvalid,
+    RunMovedOn,
+    StaleDecision,
+    WrongAction,
+)
 from approvals.decisions.services import approval_decide
-from approvals.policy.decided import rule_api_fields
 from approvals.policy.errors import DecisionError, NotAllowed
 
 from . import selectors
@@ -33,7 +40,7 @@ from .schemas import (
 
 router = Router(tags=["approvals"])
 
-# approvals.services' refusals -> (status, stable code). Order matters: a subclass first.
+# Refusals -> (status, stable code). Order matters: a subclass first.
 DECISION_ERRORS: tuple[tuple[type[DecisionError], int, str], ...] = (
     (NotAllowed, 403, "not_allowed"),
     (RunMovedOn, 409, "run_moved_on"),
@@ -41,6 +48,7 @@ DECISION_ERRORS: tuple[tuple[type[DecisionError], int, str], ...] = (
     (StaleDecision, 409, "stale"),
     (AlreadyClaimed, 409, "already_claimed"),
     (WrongAction, 422, "wrong_action"),
+    (DecisionInvalid, 422, "invalid_decision"),  # what Decision itself refuses
     (DecisionError, 422, "invalid_decision"),
 )
 
@@ -71,10 +79,9 @@ def _approval(request, approval_id: int):
     return approval
 
 
-def _detail(request, approval_id: int) -> dict:
+def _document(request, approval_id: int) -> dict:
     """The approval as it is now (after a write), for the caller."""
-    approval = _approval(request, approval_id)
-    return selectors.approval_detail(approval, user=request.auth) | rule_api_fields(approval)
+    return selectors.approval_document(_approval(request, approval_id), user=request.auth)
 
 
 @router.get("", response={200: ApprovalPage, **errors(422)}, summary="List approval requests")
@@ -86,8 +93,7 @@ def approval_list(request, filters: Query[ApprovalFilters]):
         "count": count,
         "limit": filters.limit,
         "offset": filters.offset,
-        # The rule as it was decided under (its snapshot), not as it is now.
-        "items": [selectors.approval_summary(approval) | rule_api_fields(approval) for approval in approvals],
+        "items": [selectors.approval_summary(approval) for approval in approvals],
     }
 
 
@@ -95,35 +101,37 @@ def approval_list(request, filters: Query[ApprovalFilters]):
 def approval_read(request, approval_id: int = approval_id_path()):
     """What would run (the current proposal and its ``args_hash``), why it was gated,
     who may decide it, the votes so far, and whether you may decide it now."""
-    return _detail(request, approval_id)
+    return _document(request, approval_id)
 
 
 def _decision(body: DecideIn, approval) -> Decision:
-    """The typed decision the body asks for (DecisionError if it is not one)."""
+    """The typed decision the body asks for. The API's own words become Decision's
+    (``edit`` is an approval of ``input``; ``response`` is a response's text) and an
+    approval of a call must name the arguments it saw; every other check is the
+    Decision's (DecisionInvalid, 422 invalid_decision)."""
     action = body.action
     if action in ("approve", "edit"):
         if approval.tool_call_id is not None and not body.args_hash:
             # Always named: an approval that does not say what it saw approves nothing.
-            raise DecisionError(f"To {action}, send args_hash: the hash of the arguments you were shown.")
+            raise DecisionInvalid(
+                f"To {action}, send args_hash: the hash of the arguments you were shown.",
+                field="args_hash",
+                code="required",
+            )
         if action == "edit" and body.input is None:
-            raise DecisionError("An edit sends input: the whole arguments to approve instead.")
+            raise DecisionInvalid(
+                "An edit sends input: the whole arguments to approve instead.", field="edit", code="required"
+            )
         if action == "approve" and body.input is not None:
-            raise DecisionError('Edited arguments go with action "edit".')
-        return Decision.approve(
-            comment=body.comment,
-            args_hash=body.args_hash,
-            edit=body.input if action == "edit" else None,
-            confirm_irreversible=body.confirm_irreversible,
-        )
-    if body.input is not None or body.confirm_irreversible:
-        raise DecisionError(f"Edited arguments and confirmations go with an approval, not {action}.")
-    if action == "decline":
-        return Decision.decline(body.comment, args_hash=body.args_hash)
-    if action == "respond":
-        return Decision.respond(body.response or body.comment, args_hash=body.args_hash)
-    if body.args_hash is not None:
-        raise DecisionError(f"{action} is an action on the run, not on arguments: send no args_hash.")
-    return Decision.act(action, text=body.comment, amount=body.amount)
+            raise DecisionInvalid('Edited arguments go with action "edit".', field="edit", code="invalid")
+    return Decision.of(
+        "approve" if action == "edit" else action,
+        comment=(body.response or body.comment) if action == "respond" else body.comment,
+        args_hash=body.args_hash,
+        edit=body.input,
+        confirm_irreversible=body.confirm_irreversible,
+        amount=body.amount,
+    )
 
 
 @router.post(
@@ -148,7 +156,7 @@ def approval_decide_route(request, body: DecideIn, approval_id: int = approval_i
         "run_woken": result.run_woken,
         "approvals_missing": result.approvals_missing,
         "waits_for": result.waits_for,
-        "approval": _detail(request, approval.pk),
+        "approval": _document(request, approval.pk),
     }
 
 
@@ -163,7 +171,7 @@ def approval_claim_route(request, approval_id: int = approval_id_path()):
         approval_claim(approval_id=approval.pk, reviewer=request.auth)
     except DecisionError as exc:
         raise _refusal(exc) from None
-    return _detail(request, approval.pk)
+    return _document(request, approval.pk)
 
 
 @router.post(
@@ -173,4 +181,4 @@ def approval_release_route(request, approval_id: int = approval_id_path()):
     """Let go of your claim; ``released`` is false if you held none."""
     approval = _approval(request, approval_id)
     released = approval_release(approval_id=approval.pk, reviewer=request.auth)
-    return {"released": released, "approval": _detail(request, approval.pk)}
+    return {"released": released, "approval": _document(request, approval.pk)}

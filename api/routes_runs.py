@@ -88,7 +88,7 @@ def run_start(request, body: RunStartIn):
     except (LookupError, ValueError) as exc:
         raise refuse(422, "invalid_run", str(exc)) from None
     run.refresh_from_db()  # as stored: the budgets' decimals, the parameters read from the task
-    return Status(201, selectors.run_detail(run))
+    return Status(201, selectors.run_document(run))
 
 
 @router.get("", response={200: RunPage, **errors(422)}, summary="List runs")
@@ -107,7 +107,7 @@ def run_list(request, filters: Query[RunFilters]):
 def run_read(request, run_id: int = run_id_path()):
     """Status, usage, budgets and what the run waits on (pending requests, with the
     ``args_hash`` to name when deciding them)."""
-    return selectors.run_detail(_run(request, run_id))
+    return selectors.run_document(_run(request, run_id))
 
 
 @router.get("/{run_id}/transcript", response={200: TranscriptOut, **errors(404, 422)}, summary="Transcript")
@@ -131,7 +131,7 @@ def run_cancel_route(request, run_id: int = run_id_path()):
     result = run_cancel(run=run, actor=request.auth, reason=f"cancelled by {request.auth.get_username()}")
     if not result.cancelled:
         raise refuse(409, "not_cancelled", result.message)
-    return {"cancelled": True, "message": result.message, "run": selectors.run_detail(run)}
+    return {"cancelled": True, "message": result.message, "run": selectors.run_document(run)}
 
 
 def _undo(request, run_id: int, *, to_step: int | None, dry_run: bool, rewind: bool):
@@ -193,4 +193,4 @@ def run_fork_route(request, body: ForkIn, run_id: int = run_id_path()):
         fork = run_fork(run=run, step=body.step, by=request.auth)
     except SagaError as exc:
         raise refuse(409, "fork_refused", str(exc)) from None
-    return Status(201, selectors.run_detail(fork))
+    return Status(201, selectors.run_document(fork))

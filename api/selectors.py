@@ -1,5 +1,9 @@
 """Reads for the JSON API: what a caller may see of runs and approvals, as JSON-ready dicts.
 
+Named by what they build, not like the desk's views: ``run_summary`` /
+``approval_summary`` are one item of a list, ``run_document`` / ``approval_document``
+one run or approval as its GET answers it (the summary and more).
+
 Visibility is the desk's, never retyped: ``runs.selectors.runs_visible_to`` /
 ``run_get`` for runs, ``approvals.selectors.approvals_visible_to`` /
 ``approvals_decidable_by`` for approvals. Something a caller may not see is
@@ -20,6 +24,7 @@ from approvals.decisions.selectors import (
     has_approved_current,
 )
 from approvals.models import ApprovalRequest
+from approvals.policy.decided import rule_api_fields
 from runs.history import transcript_messages
 from runs.models import Run, Step, ToolCall
 from runs.selectors import run_get, run_search, run_step_checkpoint
@@ -89,7 +94,9 @@ def pending_requests(run: Run) -> list[dict]:
     ]
 
 
-def run_detail(run: Run) -> dict:
+def run_document(run: Run) -> dict:
+    """One run as ``GET /runs/{id}`` answers it: its summary, usage, budgets, lineage
+    and what it waits on."""
     return {
         **run_summary(run),
         "stage": run.stage,
@@ -164,6 +171,7 @@ def _shown_input(approval: ApprovalRequest):
 
 
 def approval_summary(approval: ApprovalRequest) -> dict:
+    """One approval in a list (``GET /approvals``)."""
     return {
         "id": approval.pk,
         "kind": approval.kind,
@@ -173,7 +181,9 @@ def approval_summary(approval: ApprovalRequest) -> dict:
         "tool": approval.tool_call.tool_name if approval.tool_call_id else None,
         "input": _shown_input(approval),
         "args_hash": approval.args_hash,
-        "rule": approval.rule.label if approval.rule_id and approval.rule else _snapshot_label(approval),
+        # The rule as it was decided under (its snapshot), not as it is now: ``rule``,
+        # ``rule_as_decided``, ``rule_record``, ``rule_changed_since``.
+        **rule_api_fields(approval),
         "reason": approval.reason,
         "created_at": approval.created_at,
         "expires_at": approval.expires_at,
@@ -182,15 +192,7 @@ def approval_summary(approval: ApprovalRequest) -> dict:
     }
 
 
-def _snapshot_label(approval: ApprovalRequest) -> str | None:
-    """The rule as it was asked under, when the rule itself was deleted since."""
-    snapshot = approval.rule_snapshot if isinstance(approval.rule_snapshot, dict) else None
-    if not snapshot:
-        return None
-    return f"{snapshot.get('name', '?')} (v{snapshot.get('version', '?')})"
-
-
-def approval_detail(approval: ApprovalRequest, *, user) -> dict:
+def approval_document(approval: ApprovalRequest, *, user) -> dict:
     """One approval as its decider needs it: what would run, who may decide, the votes,
     and what the tool says about the arguments (read from the world now, while pending)."""
     proposal = approval.proposal

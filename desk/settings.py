@@ -118,6 +118,7 @@ INSTALLED_APPS = [
     "approvals",
     "ninja",  # serves the API docs' Swagger UI from our static files, no CDN
     "api",
+    "ops",  # operator commands that read across the apps
 ]
 
 MIDDLEWARE = [

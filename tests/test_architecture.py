@@ -9,7 +9,7 @@ from pathlib import Path
 import grimp
 import pytest
 
-PACKAGES = ("tools", "runs", "approvals", "api", "desk")
+PACKAGES = ("tools", "runs", "approvals", "api", "ops", "desk")
 
 # Longest prefix wins. Lower numbers are lower floors; a module may import its own
 # floor and those below it, never one above.

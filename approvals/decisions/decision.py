@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
 
+from approvals.decisions.errors import DecisionInvalid
 from approvals.decisions.guards import action_label
 from approvals.models import ApprovalRequest, GateRule, GuardAction, Proposal, StandingApproval
-from approvals.policy.errors import DecisionError
 from approvals.policy.standing import StandingTerms
 from runs.gate import ALLOW
 from tools.inputs import UnsafeJSON, finite_decimal
@@ -28,13 +28,33 @@ ACTION_TEXT_REQUIRED = {
     GuardAction.HAPPENED: "Say what you found: it becomes the call's result, which the model reads.",
     GuardAction.SEND_BACK: "Sending a run back needs the findings: the model is told them.",
 }
+# What a decline or a response needs in its text.
+KIND_TEXT_REQUIRED = {
+    DecisionKind.DECLINE: "A decline needs a reason: the model is told it.",
+    DecisionKind.RESPOND: "A response needs text: it becomes the tool's result.",
+}
+# A decision's kind in a sentence ("not with a decline").
+KIND_NOUN = {
+    DecisionKind.APPROVE: "an approval",
+    DecisionKind.DECLINE: "a decline",
+    DecisionKind.RESPOND: "a response",
+}
+# What only an approval takes, in words, and what the others do instead.
+APPROVAL_ONLY = {
+    "edit": ("Edited arguments go with an approval", "runs nothing"),
+    "standing": ("A standing approval goes with an approval", "allows nothing"),
+    "confirm_irreversible": ("Confirming an irreversible call goes with an approval", "runs nothing"),
+}
 # Actions that let the run go on close the request approved; the others declined.
 STOPPING_ACTIONS = frozenset({GuardAction.STOP, GuardAction.HAND_OVER})
 
 
 @dataclass(frozen=True)
 class Decision:
-    """One reviewer's decision on one approval, checked once, here, when it is made.
+    """One reviewer's decision on one approval, checked once, here, when it is made:
+    the desk's form, the API and the ``decide`` command build one and word its
+    ``DecisionInvalid`` (``field``, ``code``) their own way; nothing else says what a
+    valid decision is.
 
     ``comment``: the reason of a decline, the text of a response (both required),
     an optional note on an approval. ``args_hash``: the hash of the arguments the
@@ -43,15 +63,16 @@ class Decision:
     the arguments were edited). ``edit``: approve these whole arguments instead (a
     new proposal). ``confirm_irreversible``: the decider confirmed that the call
     cannot be undone. Build one with ``Decision.approve`` / ``decline`` /
-    ``respond``.
+    ``respond``, or ``Decision.of(choice, ...)`` with what a caller was sent.
 
     ``Decision.act(action, text, amount)`` is a guard's action (``action``: grant,
     stop, continue, accept, send_back, happened, not_happened) or ``hand_over``,
     which every kind of request takes, calls included. ``text`` is the comment: the
     note for the model (continue, optional), the reason (accept, required), the
     findings (send_back, required), what the person found (happened, required).
-    ``amount``: how much more a grant gives (required, more than 0, only with grant).
-    Which kind takes which action is checked when it is applied (``approval_decide``).
+    ``amount``: how much more a grant gives (required, more than 0, only with grant;
+    a number or its text). Which kind takes which action is checked when it is
+    applied (``approval_decide``).
     """
 
     Kind = DecisionKind
@@ -71,26 +92,43 @@ class Decision:
         try:
             kind = DecisionKind(self.kind)
         except ValueError:
-            raise DecisionError(f"Unknown decision {self.kind!r}: approve, decline or respond.") from None
-        comment = self.comment.strip()
+            raise DecisionInvalid(
+                f"Unknown decision {self.kind!r}: approve, decline or respond.", field="kind", code="unknown"
+            ) from None
         object.__setattr__(self, "kind", kind)
-        object.__setattr__(self, "comment", comment)
+        object.__setattr__(self, "comment", self.comment.strip())
         if kind == DecisionKind.ACT:
             self._check_action()
-            return
-        if self.action or self.amount is not None:
-            raise DecisionError(f"An action or an amount goes with Decision.act, not a {kind}.")
-        if kind == DecisionKind.DECLINE and not comment:
-            raise DecisionError("A decline needs a reason: the model is told it.")
-        if kind == DecisionKind.RESPOND and not comment:
-            raise DecisionError("A response needs text: it becomes the tool's result.")
-        if kind != DecisionKind.APPROVE and self.edit is not None:
-            raise DecisionError(f"Edited arguments go with an approval: a {kind} runs nothing.")
-        if kind != DecisionKind.APPROVE and self.standing is not None:
-            raise DecisionError(f"A standing approval goes with an approval: a {kind} allows nothing.")
-        if kind != DecisionKind.APPROVE and self.confirm_irreversible:
-            raise DecisionError(
-                f"Confirming an irreversible call goes with an approval: a {kind} runs nothing."
+        else:
+            self._check_kind()
+
+    def _approval_only(self) -> list[str]:
+        """What this decision carries that only an approval takes."""
+        given = {
+            "edit": self.edit is not None,
+            "standing": self.standing is not None,
+            "confirm_irreversible": self.confirm_irreversible,
+        }
+        return [field for field in APPROVAL_ONLY if given[field]]
+
+    def _check_kind(self) -> None:
+        kind = self.kind
+        if self.action:
+            raise DecisionInvalid(
+                f"An action goes with Decision.act, not with {KIND_NOUN[kind]}.",
+                field="action",
+                code="action_only",
+            )
+        if self.amount is not None:
+            raise DecisionInvalid(
+                f"An amount goes with a grant, not with {KIND_NOUN[kind]}.", field="amount", code="grant_only"
+            )
+        if kind in KIND_TEXT_REQUIRED and not self.comment:
+            raise DecisionInvalid(KIND_TEXT_REQUIRED[kind], field="comment", code="required")
+        if kind != DecisionKind.APPROVE and (stray := self._approval_only()):
+            what, instead = APPROVAL_ONLY[stray[0]]
+            raise DecisionInvalid(
+                f"{what}: {KIND_NOUN[kind]} {instead}.", field=stray[0], code="approval_only"
             )
 
     def _check_action(self) -> None:
@@ -100,29 +138,83 @@ class Decision:
             action = None
         if action is None or action == GuardAction.NONE:
             known = ", ".join(a for a in GuardAction.values if a)
-            raise DecisionError(f"Unknown action {self.action!r}: one of {known}.")
+            raise DecisionInvalid(
+                f"Unknown action {self.action!r}: one of {known}.", field="action", code="unknown"
+            )
         object.__setattr__(self, "action", action)
-        if self.edit is not None or self.confirm_irreversible or self.args_hash is not None:
-            raise DecisionError("Edited arguments and confirmations go with an approval, not an action.")
-        if action == GuardAction.GRANT:
-            amount = self.amount
-            if amount is None:
-                raise DecisionError("A grant needs an amount: how many more to give.")
-            try:
-                amount = finite_decimal(str(amount))
-            except UnsafeJSON as exc:
-                raise DecisionError(f"The amount: {exc}.") from None
-            if not amount.is_finite() or amount <= 0:
-                raise DecisionError("A grant gives more than 0.")
-            object.__setattr__(self, "amount", amount)
-        elif self.amount is not None:
-            raise DecisionError(f"An amount goes with a grant, not with {action}.")
+        if stray := self._approval_only():
+            what, _ = APPROVAL_ONLY[stray[0]]
+            raise DecisionInvalid(f"{what}, not an action.", field=stray[0], code="approval_only")
+        if self.args_hash is not None:
+            raise DecisionInvalid(
+                f"{action} is an action on the run, not on arguments: it takes no args_hash.",
+                field="args_hash",
+                code="arguments_only",
+            )
+        self._check_amount(action)
         if action in ACTION_TEXT_REQUIRED and not self.comment:
-            raise DecisionError(ACTION_TEXT_REQUIRED[action])
+            raise DecisionInvalid(ACTION_TEXT_REQUIRED[action], field="comment", code="required")
+
+    def _check_amount(self, action: GuardAction) -> None:
+        if action != GuardAction.GRANT:
+            if self.amount is not None:
+                raise DecisionInvalid(
+                    f"An amount goes with a grant, not with {action}.", field="amount", code="grant_only"
+                )
+            return
+        if self.amount is None:
+            raise DecisionInvalid(
+                "A grant needs an amount: how many more to give.", field="amount", code="required"
+            )
+        try:
+            amount = finite_decimal(str(self.amount).strip())
+        except UnsafeJSON as exc:
+            raise DecisionInvalid(f"The amount: {exc}.", field="amount", code="invalid") from None
+        if not amount.is_finite() or amount <= 0:
+            raise DecisionInvalid("A grant gives more than 0.", field="amount", code="invalid")
+        object.__setattr__(self, "amount", amount)
 
     @classmethod
-    def act(cls, action: str, text: str = "", amount=None) -> Decision:
-        return cls(DecisionKind.ACT, text, action=action, amount=amount)
+    def of(
+        cls,
+        choice: str,
+        *,
+        comment: str = "",
+        args_hash: str | None = None,
+        edit: dict | None = None,
+        confirm_irreversible: bool = False,
+        amount=None,
+        standing: StandingTerms | None = None,
+    ) -> Decision:
+        """``choice`` (approve, decline, respond, or an action's name) with all that came
+        with it: whatever does not go with the choice is refused here, not dropped."""
+        parts = {"args_hash": args_hash, "edit": edit, "confirm_irreversible": confirm_irreversible}
+        if choice in (DecisionKind.APPROVE, DecisionKind.DECLINE, DecisionKind.RESPOND):
+            return cls(DecisionKind(choice), comment, amount=amount, standing=standing, **parts)
+        return cls.act(choice, comment, amount, standing=standing, **parts)
+
+    @classmethod
+    def act(
+        cls,
+        action: str,
+        text: str = "",
+        amount=None,
+        *,
+        args_hash: str | None = None,
+        edit: dict | None = None,
+        confirm_irreversible: bool = False,
+        standing: StandingTerms | None = None,
+    ) -> Decision:
+        return cls(
+            DecisionKind.ACT,
+            text,
+            args_hash,
+            edit,
+            confirm_irreversible,
+            action=action,
+            amount=amount,
+            standing=standing,
+        )
 
     @classmethod
     def approve(

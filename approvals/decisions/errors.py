@@ -8,6 +8,22 @@ from approvals.models import ApprovalRequest
 from approvals.policy.errors import DecisionError
 
 
+class DecisionInvalid(DecisionError):
+    """A decision that is not one (``Decision`` says which, once, when it is built).
+
+    ``field`` is the part of the decision at fault (``kind``, ``action``, ``comment``,
+    ``edit``, ``args_hash``, ``confirm_irreversible``, ``amount``, ``standing``) and
+    ``code`` the rule it breaks, stable for the callers that word it their own way:
+    ``unknown`` (no such decision or action), ``required`` (it needs this),
+    ``approval_only`` (only an approval takes this), ``grant_only`` (only a grant takes
+    an amount), ``action_only`` (only ``Decision.act`` takes an action), ``invalid``
+    (unusable as given). The message says it for a person."""
+
+    def __init__(self, message: str, *, field: str, code: str) -> None:
+        super().__init__(message)
+        self.field, self.code = field, code
+
+
 class AlreadyDecided(DecisionError):
     def __init__(self, approval: ApprovalRequest) -> None:
         self.approval = approval

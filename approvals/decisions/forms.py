@@ -6,6 +6,8 @@ from django import forms
 
 from approvals.decisions.queue import QueueCursor
 from approvals.models import ApprovalRequest, GateRule
+from tools.inputs import UnsafeJSON, finite_decimal, parse_json
+from tools.registry import ToolSpec, input_hash
 
 # The queue's tabs: what the user may decide now, and everything waiting they may see.
 YOURS, ALL = "yours", "all"
@@ -185,3 +187,74 @@ class BulkDecisionForm(forms.Form):
         """The ids of the rows that were ticked (to tick them again when the form comes
         back with an error: nothing is lost)."""
         return {int(m[1]) for raw in self.raw_items if (m := BULK_ITEM.fullmatch(raw.strip()))}
+
+
+# A schema property the form did not post: the argument keeps what was shown.
+NOT_POSTED = object()
+
+
+class ArgumentField(forms.Field):
+    """One argument as typed in the edit form, converted by its schema ``type``:
+    numbers (an integer only if whole), objects and arrays as JSON, anything else
+    as the text typed (blanks and newlines kept)."""
+
+    def __init__(self, schema_type: str, **kwargs) -> None:
+        super().__init__(required=False, **kwargs)
+        self.schema_type = schema_type
+
+    def to_python(self, value):
+        if value is None:
+            return NOT_POSTED
+        try:
+            if self.schema_type in ("number", "integer"):
+                return self._number(value)
+            if self.schema_type in ("object", "array"):
+                return parse_json(value)
+        except UnsafeJSON as exc:
+            raise forms.ValidationError(str(exc)) from None
+        return value
+
+    def _number(self, raw: str):
+        number = finite_decimal(raw)
+        whole = number == number.to_integral_value()
+        if self.schema_type == "integer" and not whole:
+            raise UnsafeJSON(f"{raw.strip()} is not a whole number")
+        return int(number) if whole else float(number)
+
+
+class EditArgumentsForm(forms.Form):
+    """The desk's "approve these arguments": one ``arg-<name>`` field per property of
+    the tool's schema, each converted by its type (``ArgumentField``). Valid, its
+    ``cleaned_data`` is the edited arguments (a property not posted keeps what is
+    shown; one the schema does not name is left out) and ``edited`` them, or None if
+    they are what is shown. Unusable values are form errors (``refusal`` says the
+    first); whether the arguments may run is the service's to say."""
+
+    def __init__(self, spec: ToolSpec | None, shown, data) -> None:
+        super().__init__(data, prefix="arg")
+        self.shown = shown if isinstance(shown, dict) else {}
+        properties = spec.input_schema.get("properties", {}) if spec else {}
+        for name, schema in properties.items():
+            self.fields[name] = ArgumentField(schema.get("type", "string"))
+
+    def clean(self) -> dict:
+        typed = super().clean()
+        arguments = {}
+        for name in self.fields:
+            if name not in typed:
+                continue  # refused: its error says why
+            if typed[name] is not NOT_POSTED:
+                arguments[name] = typed[name]
+            elif name in self.shown:
+                arguments[name] = self.shown[name]
+        return arguments
+
+    @property
+    def edited(self) -> dict | None:
+        arguments = self.cleaned_data
+        return None if input_hash(arguments) == input_hash(self.shown) else arguments
+
+    def refusal(self) -> str:
+        """The first unusable value, in a sentence ("amount: 1e308 is not ...")."""
+        name, errors = next(iter(self.errors.items()))
+        return f"{name}: {errors[0].rstrip('.')}."

@@ -11,6 +11,7 @@ from django_htmx.http import trigger_client_event
 from approvals.decisions.claims import approval_break_claim, approval_claim, approval_release
 from approvals.decisions.decision import Decision
 from approvals.decisions.errors import AlreadyDecided
+from approvals.decisions.forms import EditArgumentsForm
 from approvals.decisions.guards import guard_context
 from approvals.decisions.queue import neighbours, next_decidable
 from approvals.decisions.selectors import (
@@ -22,7 +23,6 @@ from approvals.decisions.selectors import (
     decide_refusal,
     has_approved_current,
     may_break_claims,
-    schema_fields,
 )
 from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest
@@ -30,8 +30,7 @@ from approvals.policy.errors import DecisionError, NotAllowed
 from approvals.policy.standing import standing_terms_from_form
 from approvals.record.verify import verify_run
 from runs.selectors import runs_visible_to
-from tools.inputs import UnsafeJSON, finite_decimal, parse_json
-from tools.registry import input_hash
+from tools.registry import find_tool
 
 
 @require_GET
@@ -113,64 +112,40 @@ def _edited_input(request, approval: ApprovalRequest) -> dict | None:
     if approval.tool_call is None:
         return None  # a guard has no arguments; the service refuses approving it
     shown = approval.proposal.input if approval.proposal else approval.tool_call.input
-    shown = shown if isinstance(shown, dict) else {}
-    edited = {}
-    # Only the schema is needed here, not the page's whole context (its transcript).
-    for field in schema_fields(approval.tool_call.tool_name, shown):
-        name = field["name"]
-        raw = request.POST.get(f"arg-{name}")
-        if raw is None:
-            if name in shown:
-                edited[name] = shown[name]
-            continue
-        try:
-            if field["type"] in ("number", "integer"):
-                number = finite_decimal(raw)
-                if field["type"] == "integer" and number != number.to_integral_value():
-                    raise UnsafeJSON(f"{raw.strip()} is not a whole number")
-                edited[name] = int(number) if number == number.to_integral_value() else float(number)
-            elif field["type"] in ("object", "array"):
-                edited[name] = parse_json(raw)
-            else:
-                edited[name] = raw
-        except UnsafeJSON as exc:
-            raise DecisionError(f"{name}: {exc}.") from None
-    return None if input_hash(edited) == input_hash(shown) else edited
+    form = EditArgumentsForm(find_tool(approval.tool_call.tool_name), shown, request.POST)
+    if not form.is_valid():
+        raise DecisionError(form.refusal())
+    return form.edited
 
 
 def _decision(request, approval: ApprovalRequest) -> Decision:
     """The decision the form posted (its button, comment and the hash of what it showed;
     or a guard's action, its text and amount)."""
-    button = request.POST.get("decision")
-    comment = request.POST.get("comment", "")
-    action = request.POST.get("action")
+    post = request.POST
+    action = post.get("action")
     if action:
         # Which kind takes which action is the service's to say (WrongAction).
-        raw_amount = request.POST.get("amount", "").strip()
-        try:
-            amount = finite_decimal(raw_amount) if raw_amount else None
-        except UnsafeJSON as exc:
-            raise DecisionError(f"The amount: {exc}.") from None
-        return Decision.act(action, text=comment, amount=amount)
-    # Always checked: a form that does not say what it showed decides nothing.
-    args_hash = request.POST.get("args_hash") or ""
-    if button in ("approve", "approve_edited"):
-        return Decision.approve(
-            comment=comment,
-            args_hash=args_hash,
-            # Only "Approve these arguments" reads the argument fields: a plain Approve
-            # approves what was shown, whatever the fields say (a browser may have
-            # altered them: an <input> drops newlines).
-            edit=_edited_input(request, approval) if button == "approve_edited" else None,
-            confirm_irreversible=approval.tool_call is not None
-            and request.POST.get("confirm_irreversible") == approval.tool_call.tool_name,
-            standing=standing_terms_from_form(request.POST),
-        )
-    if button == "decline":
-        return Decision.decline(comment, args_hash=args_hash)
-    if button == "respond":
-        return Decision.respond(comment, args_hash=args_hash)
-    raise DecisionError("Choose approve, decline or respond.")
+        return Decision.act(action, post.get("comment", ""), post.get("amount", "").strip() or None)
+    button = post.get("decision")
+    if button not in ("approve", "approve_edited", "decline", "respond"):
+        raise DecisionError("Choose approve, decline or respond.")
+    approving = button in ("approve", "approve_edited")
+    call = approval.tool_call
+    return Decision.of(
+        "approve" if approving else button,
+        comment=post.get("comment", ""),
+        # Always checked: a form that does not say what it showed decides nothing.
+        args_hash=post.get("args_hash") or "",
+        # Only "Approve these arguments" reads the argument fields: a plain Approve
+        # approves what was shown, whatever the fields say (a browser may have
+        # altered them: an <input> drops newlines).
+        edit=_edited_input(request, approval) if button == "approve_edited" else None,
+        # An approval's own boxes; a decline or a response leaves them unread.
+        confirm_irreversible=approving
+        and call is not None
+        and post.get("confirm_irreversible") == call.tool_name,
+        standing=standing_terms_from_form(post) if approving else None,
+    )
 
 
 @require_POST

@@ -1,16 +1,17 @@
 from __future__ import annotations
 
 import pytest
+from django.core.management.base import CommandError
 
 from approvals.decisions.decision import Decision
-from approvals.decisions.errors import AlreadyDecided, StaleDecision
+from approvals.decisions.errors import AlreadyDecided, DecisionInvalid, StaleDecision
 from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest, AuditEvent, GateRule
 from approvals.policy.errors import DecisionError, NotAllowed
 from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
 from runs.services import run_cancel
-from tests.helpers import decide, script, start, the_approval, turn
+from tests.helpers import decide, run_command, script, start, the_approval, turn
 from tools.models import Payment
 
 # The gate, not the agent's workflow, is under test here: refund-desk without stages.
@@ -215,6 +216,39 @@ def test_a_deny_rule_still_denies_an_irreversible_call(users):
 def test_a_decision_that_means_nothing_is_refused_before_it_reaches_an_approval(make, message):
     with pytest.raises(DecisionError, match=message):
         make()
+
+
+@pytest.mark.parametrize(
+    ("make", "field", "code"),
+    [
+        (lambda: Decision.decline(""), "comment", "required"),
+        (lambda: Decision.of("respond", comment="x", edit={"amount": 1}), "edit", "approval_only"),
+        (lambda: Decision.of("approve", amount=5), "amount", "grant_only"),
+        (lambda: Decision.of("stop", args_hash="ab"), "args_hash", "arguments_only"),
+        (lambda: Decision.of("stop", confirm_irreversible=True), "confirm_irreversible", "approval_only"),
+        (lambda: Decision.of("bless"), "action", "unknown"),
+    ],
+)
+def test_a_refused_decision_names_the_part_at_fault_and_the_rule(make, field, code):
+    with pytest.raises(DecisionInvalid) as refused:
+        make()
+    assert (refused.value.field, refused.value.code) == (field, code)
+
+
+def test_the_command_line_words_what_the_decision_refuses_with_its_flags(users):
+    approval = the_approval(start(requester=users["requester"]))
+    refusals = {
+        ("--act", "stop", "--edit", "{}"): "--edit goes with --approve, not --act.",
+        ("--act", "stop", "--args-hash", "ab"): "--args-hash goes with --approve or --decline, not --act.",
+        ("--decline", "--comment", "no", "--standing-count", "1"): "--standing-amount, --standing-count "
+        "and --standing-hours go with --approve, not --decline.",
+        ("--decline",): "A decline needs a reason: the model is told it.",
+    }
+    for flags, message in refusals.items():
+        with pytest.raises(CommandError) as refused:
+            run_command("decide", str(approval.pk), *flags, "--user", "reviewer")
+        assert str(refused.value) == message
+    assert the_approval(approval.run).status == ApprovalRequest.Status.PENDING
 
 
 def test_a_decision_keeps_its_text_without_the_surrounding_blanks():

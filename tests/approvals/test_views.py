@@ -3,10 +3,12 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from approvals.decisions.forms import EditArgumentsForm
 from approvals.models import ApprovalRequest
 from runs.models import Run
 from tests.helpers import client_for, get_html, post_decision, script, start, the_approval, turn
 from tools.models import Payment
+from tools.registry import find_tool
 
 # The gate, not the agent's workflow, is under test here: refund-desk without stages.
 pytestmark = [
@@ -259,6 +261,16 @@ def test_an_edit_that_breaks_the_schema_is_refused_and_nothing_changes(users):
     assert "does not match" in response.content.decode()
     approval.refresh_from_db()
     assert approval.status == "pending"
+
+
+def test_the_edit_form_types_each_argument_by_the_tools_schema():
+    spec, shown = find_tool("refund_item"), {"order_id": "A-1001", "amount": 2900, "reason": "Broken"}
+    edit = EditArgumentsForm(spec, shown, {"arg-amount": "1500", "arg-reason": "Chipped\nlid", "arg-x": "1"})
+    assert edit.is_valid() and edit.edited == {"order_id": "A-1001", "amount": 1500, "reason": "Chipped\nlid"}
+    same = EditArgumentsForm(spec, shown, {"arg-amount": "2900.0"})
+    assert same.is_valid() and same.edited is None
+    refused = EditArgumentsForm(spec, shown, {"arg-amount": "lots"})
+    assert not refused.is_valid() and refused.refusal().startswith("amount: ")
 
 
 def test_respond_answers_the_model_and_runs_nothing(users):

@@ -1,19 +1,21 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from django.core.management.base import BaseCommand, CommandError
 
-from approvals.decisions.decision import Decision
+from approvals.decisions.decision import Decision, DecisionResult
+from approvals.decisions.errors import DecisionInvalid
 from approvals.decisions.guards import actions_text
 from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest, GuardAction, StandingApproval
 from approvals.policy.errors import DecisionError
-from approvals.policy.standing import standing_terms
+from approvals.policy.standing import StandingTerms, standing_terms
 from runs.engine import run_advance_until_settled
 from runs.management.commands._common import is_id, text_argument, user_by_name
 from runs.tasks import broker_warm
-from tools.inputs import UnsafeJSON, finite_decimal, parse_json
+from tools.inputs import UnsafeJSON, parse_json
 
 ACTIONS = [action for action in GuardAction.values if action]
 
@@ -73,135 +75,64 @@ class Command(BaseCommand):
         )
         parser.add_argument("--sync", action="store_true", help="advance the run here, without a worker")
 
-    def handle(
-        self,
-        *args,
-        approval_id,
-        approve,
-        decline,
-        act,
-        user,
-        comment,
-        amount,
-        sync,
-        confirm_irreversible,
-        edit,
-        args_hash,
-        standing_amount,
-        standing_count,
-        standing_hours,
-        **options,
-    ):
+    def handle(self, *args, approval_id, user, sync, **options):
         if not is_id(str(approval_id)):
             raise CommandError(
                 f"No approval {approval_id}: an approval id is made of digits 0-9, at most 18."
             )
         reviewer = user_by_name(user)
-        comment = text_argument(comment, "The comment")
         if not sync:
             # Load the broker's transport now, not after the decision commits: on Redis
             # the import alone took ~75 ms, between the decision and the run's nudge.
             broker_warm()
-        if act is not None:
-            if edit is not None or args_hash or confirm_irreversible:
-                raise CommandError(
-                    "--edit, --args-hash and --confirm-irreversible go with --approve, not --act."
-                )
-            return self._act(int(approval_id), reviewer, act, comment, amount, sync)
-        if amount is not None:
-            raise CommandError("--amount goes with --act grant.")
-        wants_standing = any(v is not None for v in (standing_amount, standing_count, standing_hours))
-        if wants_standing and not approve:
-            raise CommandError("--standing-amount, --standing-count and --standing-hours go with --approve.")
-        edited = None
-        if edit is not None:
-            if decline:
-                raise CommandError("--edit goes with --approve: a decline runs nothing.")
-            edited, shown_hash = self._merged(int(approval_id), edit)
-            # The merge was made over what is shown now: refuse it if that changes meanwhile.
-            args_hash = args_hash or shown_hash
-        elif approve and not args_hash:
-            self._require_hash_if_edited(int(approval_id))
+        decision = self._decision(int(approval_id), options)
         try:
-            standing = (
-                standing_terms(
-                    amount=text_argument(standing_amount or "", "--standing-amount"),
-                    count=text_argument(standing_count or "", "--standing-count"),
-                    hours=text_argument(
-                        standing_hours or str(StandingApproval.MAX_HOURS), "--standing-hours"
-                    ),
-                )
-                if wants_standing
-                else None
-            )
-            if approve:
-                decision = Decision.approve(
-                    comment=comment,
-                    args_hash=args_hash,
-                    edit=edited,
-                    confirm_irreversible=confirm_irreversible,
-                    standing=standing,
-                )
-            else:
-                decision = Decision.decline(comment, args_hash=args_hash)
             result = approval_decide(
                 approval_id=int(approval_id), reviewer=reviewer, decision=decision, enqueue=not sync
             )
         except DecisionError as exc:
             raise CommandError(str(exc)) from None
-        approval = result.approval
-        if approval.status == ApprovalRequest.Status.PENDING:
-            self.stdout.write(f"approval {approval.pk}: pending. {result.summary}")
+        if decision.kind == Decision.Kind.ACT:
+            self._report_action(result, reviewer, sync)
         else:
-            self.stdout.write(
-                f"approval {approval.pk}: {approval.status} by {reviewer.get_username()}"
-                + (f" (proposal {approval.proposal.number}, edited)" if approval.is_edited else "")
-            )
-            for grant in approval.standing_grants.all():
-                self.stdout.write(
-                    f"{grant.label}: further {grant.tool} calls in run {approval.run_id} "
-                    f"until {grant.expires_at:%Y-%m-%d %H:%M} UTC"
-                )
-        if result.run_woken:
-            if sync:
-                run_advance_until_settled(approval.run_id)
-                approval.run.refresh_from_db()
-                self.stdout.write(f"run {approval.run_id}: {approval.run.status} at step {approval.run.step}")
-            else:
-                self.stdout.write(f"run {approval.run_id}: queued for a worker")
-        else:
-            self.stdout.write(f"run {approval.run_id}: still waiting for other decisions")
+            self._report(result, reviewer, sync)
 
-    def _act(self, approval_id: int, reviewer, action: str, comment: str, amount, sync: bool) -> None:
-        """A guard's action, or a hand-over of any request."""
-        action = text_argument(action, "--act")
-        if action not in ACTIONS:
-            raise CommandError(f"Unknown action {action!r}: one of {', '.join(ACTIONS)}.")
-        if amount is not None:
-            try:
-                amount = finite_decimal(text_argument(amount, "--amount"))
-            except UnsafeJSON as exc:
-                raise CommandError(f"--amount: {exc}") from None
+    # --- the decision the flags ask for ------------------------------------------------
+    def _decision(self, approval_id: int, options: dict) -> Decision:
+        """The flags as a Decision (which says what goes with what), then what only the
+        command line does: an --edit merged over the arguments shown, an approval's
+        hash required once they were edited."""
+        comment = text_argument(options["comment"], "The comment")
+        act, approve = options["act"], options["approve"]
         try:
-            result = approval_decide(
-                approval_id=approval_id,
-                reviewer=reviewer,
-                decision=Decision.act(action, text=comment, amount=amount),
-                enqueue=not sync,
+            parts = {
+                "args_hash": options["args_hash"],
+                "edit": _edit_changes(options["edit"]),
+                "confirm_irreversible": options["confirm_irreversible"],
+                "standing": _standing(options),
+            }
+            amount = None if options["amount"] is None else text_argument(options["amount"], "--amount")
+            if act is not None:
+                return Decision.act(text_argument(act, "--act"), comment, amount, **parts)
+            decision = Decision.of(
+                "approve" if approve else "decline", comment=comment, amount=amount, **parts
             )
+            return self._as_shown(approval_id, decision) if approve else decision
+        except DecisionInvalid as exc:
+            raise CommandError(_in_flags(exc, "--act" if act is not None else "--decline")) from None
         except DecisionError as exc:
             raise CommandError(str(exc)) from None
-        approval = result.approval
-        self.stdout.write(
-            f"approval {approval.pk}: {approval.status} ({approval.action}) by {reviewer.get_username()}"
-        )
-        self.stdout.write(result.summary)
-        run = approval.run
-        run.refresh_from_db()
-        if result.run_woken and sync:
-            run_advance_until_settled(run.pk)
-            run.refresh_from_db()
-        self.stdout.write(f"run {run.pk}: {run.status} at step {run.step}")
+
+    def _as_shown(self, approval_id: int, decision: Decision) -> Decision:
+        """An approval of what is shown now: an edit's changes merged over it, pinned
+        to its hash (the merge was made over it: refused if it changes meanwhile); with
+        no edit and no --args-hash, refused once someone edited the arguments."""
+        if decision.edit is None:
+            if not decision.args_hash:
+                self._require_hash_if_edited(approval_id)
+            return decision
+        shown, shown_hash = self._shown(approval_id)
+        return replace(decision, edit={**shown, **decision.edit}, args_hash=decision.args_hash or shown_hash)
 
     def _require_hash_if_edited(self, approval_id: int) -> None:
         """Someone edited the arguments: an approval from the command line must name
@@ -219,15 +150,8 @@ class Command(BaseCommand):
             f"add --args-hash {proposal.input_hash}"
         )
 
-    def _merged(self, approval_id: int, edit: str) -> tuple[dict, str]:
-        """The JSON merged over the arguments shown now (the current proposal), and
-        the hash of those arguments."""
-        try:
-            changes = parse_json(text_argument(edit, "--edit"))
-        except UnsafeJSON as exc:
-            raise CommandError(f"--edit: {exc}") from None
-        if not isinstance(changes, dict):
-            raise CommandError("--edit takes a JSON object of arguments, e.g. '{\"amount\": 400}'.")
+    def _shown(self, approval_id: int) -> tuple[dict, str]:
+        """The arguments shown now (the current proposal) and their hash."""
         approval = (
             ApprovalRequest.objects.select_related("proposal", "tool_call").filter(pk=approval_id).first()
         )
@@ -239,4 +163,88 @@ class Command(BaseCommand):
                 f"to edit. It takes --act {actions_text(approval.kind)}."
             )
         shown = approval.proposal.input if approval.proposal else approval.tool_call.input
-        return {**(shown if isinstance(shown, dict) else {}), **changes}, approval.args_hash
+        return (shown if isinstance(shown, dict) else {}), approval.args_hash
+
+    # --- what happened -----------------------------------------------------------------
+    def _report(self, result: DecisionResult, reviewer, sync: bool) -> None:
+        approval = result.approval
+        if approval.status == ApprovalRequest.Status.PENDING:
+            self.stdout.write(f"approval {approval.pk}: pending. {result.summary}")
+        else:
+            self.stdout.write(
+                f"approval {approval.pk}: {approval.status} by {reviewer.get_username()}"
+                + (f" (proposal {approval.proposal.number}, edited)" if approval.is_edited else "")
+            )
+            for grant in approval.standing_grants.all():
+                self.stdout.write(
+                    f"{grant.label}: further {grant.tool} calls in run {approval.run_id} "
+                    f"until {grant.expires_at:%Y-%m-%d %H:%M} UTC"
+                )
+        if not result.run_woken:
+            self.stdout.write(f"run {approval.run_id}: still waiting for other decisions")
+        elif sync:
+            run_advance_until_settled(approval.run_id)
+            approval.run.refresh_from_db()
+            self.stdout.write(f"run {approval.run_id}: {approval.run.status} at step {approval.run.step}")
+        else:
+            self.stdout.write(f"run {approval.run_id}: queued for a worker")
+
+    def _report_action(self, result: DecisionResult, reviewer, sync: bool) -> None:
+        """A guard's action, or a hand-over of any request."""
+        approval = result.approval
+        self.stdout.write(
+            f"approval {approval.pk}: {approval.status} ({approval.action}) by {reviewer.get_username()}"
+        )
+        self.stdout.write(result.summary)
+        run = approval.run
+        run.refresh_from_db()
+        if result.run_woken and sync:
+            run_advance_until_settled(run.pk)
+            run.refresh_from_db()
+        self.stdout.write(f"run {run.pk}: {run.status} at step {run.step}")
+
+
+# The flags that carry each part of a Decision, to word its refusals on the command line.
+FLAGS = {
+    "edit": "--edit",
+    "args_hash": "--args-hash",
+    "confirm_irreversible": "--confirm-irreversible",
+    "standing": "--standing-amount, --standing-count and --standing-hours",
+}
+
+
+def _in_flags(exc: DecisionInvalid, choice: str) -> str:
+    """What Decision refused, said with the flags where a flag is at fault (``choice``:
+    the flag of the decision asked for, --decline or --act)."""
+    if exc.code == "grant_only":
+        return "--amount goes with --act grant."
+    if exc.field not in FLAGS or exc.code not in ("approval_only", "arguments_only"):
+        return str(exc)
+    goes = "go" if exc.field == "standing" else "goes"
+    takes = "--approve or --decline" if exc.code == "arguments_only" else "--approve"
+    return f"{FLAGS[exc.field]} {goes} with {takes}, not {choice}."
+
+
+def _edit_changes(edit: str | None) -> dict | None:
+    """--edit as typed: a JSON object of the arguments to change (None: no edit)."""
+    if edit is None:
+        return None
+    try:
+        changes = parse_json(text_argument(edit, "--edit"))
+    except UnsafeJSON as exc:
+        raise CommandError(f"--edit: {exc}") from None
+    if not isinstance(changes, dict):
+        raise CommandError("--edit takes a JSON object of arguments, e.g. '{\"amount\": 400}'.")
+    return changes
+
+
+def _standing(options: dict) -> StandingTerms | None:
+    """The standing approval the --standing-* flags ask for (None: they ask for none)."""
+    amount, count, hours = (options[f"standing_{part}"] for part in ("amount", "count", "hours"))
+    if amount is None and count is None and hours is None:
+        return None
+    return standing_terms(
+        amount=text_argument(amount or "", "--standing-amount"),
+        count=text_argument(count or "", "--standing-count"),
+        hours=text_argument(hours or str(StandingApproval.MAX_HOURS), "--standing-hours"),
+    )

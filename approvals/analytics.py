@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.contrib.auth import get_user_model
-from django.db.models import Q
+from django.db.models import Q, Value
+from django.db.models.functions import Concat
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ApprovalStatus, ApprovalVote, GateRule, RuleMode
@@ -306,9 +307,6 @@ def _decisions(period: Period, calls) -> tuple[list[ReviewerRow], list[Bucket]]:
 
 
 def _users():
-    from django.db.models import Value
-    from django.db.models.functions import Concat
-
     return get_user_model().objects.annotate(name=Concat("first_name", Value(" "), "last_name"))
 
 

@@ -9,6 +9,7 @@ from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
 from django.contrib.auth.models import Group
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, router, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -30,6 +31,7 @@ from approvals.record.chain import event_content, event_hash, event_subject
 from runs.gate import GUARD_ACTIONS
 from runs.models import ApprovalStatus, Effect, GuardKind, Run, ToolCall
 from tools.locks import lock_scope
+from tools.registry import find_tool
 
 # Choices used by database constraints are module-level: a model's Meta cannot see
 # the classes nested in its model. Each model names its own as before
@@ -201,10 +203,6 @@ class GateRule(models.Model):
         super().save(*args, **kwargs)
 
     def clean(self) -> None:
-        from django.core.exceptions import ValidationError
-
-        from tools.registry import find_tool
-
         errors = {}
         spec = find_tool(self.tool) if self.tool != "*" else None
         if self.tool != "*" and spec is None:

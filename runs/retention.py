@@ -39,7 +39,6 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from .integrity import checkpoint_seal, verify_steps
-from .integrity import retention_note as retention_note  # approvals reads it from here too
 from .models import FINISHED_RUN_STATUSES, Message, Run, ToolCall
 
 REDACTED = "[redacted]"

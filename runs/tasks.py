@@ -6,7 +6,7 @@ import contextlib
 import logging
 from datetime import timedelta
 
-from celery import shared_task
+from celery import current_app, shared_task
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -40,8 +40,6 @@ def broker_warm() -> None:
     """Connect to the broker (loading its transport and client library) ahead of a
     nudge, in a short-lived process such as the command line. Best effort: sending
     the nudge reports a broker that is down."""
-    from celery import current_app
-
     with contextlib.suppress(Exception):
         # Finalizing the app (its tasks) and its result backend cost ~130 ms on the first send.
         current_app.tasks  # noqa: B018

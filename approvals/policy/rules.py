@@ -178,7 +178,7 @@ def _matched_for(verdict: Verdict) -> list[dict] | None:
 # approved (a person or a rule let it run), executing, committed, or of unknown
 # outcome (like executing: its effect may have happened; nobody can say it did not),
 # and took effect in its run (attempts > 0: a repeat or a fork's reused result moved
-# nothing). Failed, declined, denied and compensated calls do not count (_so_far).
+# nothing). Failed, declined, denied and compensated calls do not count (_running_total_before_call).
 
 
 def aggregate_matches(
@@ -209,7 +209,9 @@ def aggregate_matches(
     if lock:
         lock_scope(f"aggregate:{call.tool_name}:{scope}")
     since = timezone.now() - timedelta(minutes=rule.window_minutes) if rule.window_minutes else None
-    so_far = _so_far(rule, tool_name=call.tool_name, scope_value=value, since=since, exclude=call.pk)
+    so_far = _running_total_before_call(
+        rule, tool_name=call.tool_name, scope_value=value, since=since, exclude=call.pk
+    )
     total = so_far + this
     if lock:
         pausepoint("aggregate_review")  # race tests: hold the lock a while, as a slow commit would
@@ -233,7 +235,9 @@ def aggregate_matches(
     return hit, why, detail
 
 
-def _so_far(rule: RuleTerms, *, tool_name: str, scope_value, since, exclude: int | None) -> Decimal:
+def _running_total_before_call(
+    rule: RuleTerms, *, tool_name: str, scope_value, since, exclude: int | None
+) -> Decimal:
     """The total of the tool's counting writes in the rule's scope, this call aside.
 
     Plain SQL, like ``enabled_rules``: it runs for every call a rule adds up, and

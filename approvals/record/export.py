@@ -55,9 +55,9 @@ from approvals.record.verify import verify_run
 from runs.integrity import (
     chain_head,
     keyed_hash,
+    retention_note,
 )
 from runs.models import Message, Run, Step, ToolCall
-from runs.retention import retention_note
 from tools.registry import canonical_json
 
 FORMAT = 1

@@ -18,9 +18,9 @@ from approvals.record.audit import (
     standing_facts,
 )
 from approvals.record.chain import event_content, event_hash
-from runs.integrity import Finding, verify_steps
-from runs.models import SEEDED_HISTORY_VERSION, Run
-from runs.retention import RETENTION_ACTIONS, retention_note, seal_in
+from runs.integrity import Finding, retention_note, verify_steps
+from runs.models import SEEDED_HISTORY_VERSION, Run, Step, ToolCall
+from runs.retention import RETENTION_ACTIONS, seal_in
 from tools.registry import input_hash
 
 
@@ -124,8 +124,6 @@ def _seeded_history(run: Run) -> bool:
     a chain head. A run of the desk's own that lost its chain still has its head (the
     triggers refuse to delete it), so it is reported, not excused; one erased whole is
     what an anchor is for."""
-    from runs.models import Step
-
     return (
         run.agent_version == SEEDED_HISTORY_VERSION
         and not Step.objects.filter(run=run).exists()
@@ -137,8 +135,6 @@ def cross_check(run: Run, events: list) -> list[Finding]:
     """What the desk shows from plain rows (statuses, who decided, votes, edits, the
     live steps) against the audit chain, which the database will not let anyone
     rewrite: a row changed after the fact no longer agrees with its history."""
-    from runs.models import Step, ToolCall
-
     findings: list[Finding] = []
     where = f"run {run.pk}"
     created = next((e for e in events if e.action == "run.created"), None)

@@ -7,9 +7,9 @@ from django.core.management.base import BaseCommand
 from approvals.decisions.guards import guard_summary
 from approvals.decisions.selectors import group_names
 from approvals.models import ApprovalRequest
+from runs.integrity import retention_note
 from runs.management.commands._common import run_by_id
 from runs.models import Run
-from runs.retention import retention_note
 from runs.selectors import dry_run_preview, run_outcome, run_outcome_lines
 
 

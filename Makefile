@@ -46,15 +46,21 @@ run: migrate
 	@echo
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho start
 
+# The suite runs in parallel (pytest-xdist): TEST_WORKERS processes, each with its own
+# test databases, Redis database and ports (tests/support.py); a worker that is done
+# takes tests still waiting in another's share. `make test TEST_WORKERS=0`: one process.
+TEST_WORKERS ?= auto
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
+
 test: install-dev
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m ruff format --check .
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
 # The suite measured line by line, Celery workers and manage.py subprocesses included.
 coverage: install-dev
 	rm -rf var/coverage && mkdir -p var/coverage
-	$(BIN)/python -m coverage run -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m coverage run -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 	$(BIN)/python -m coverage combine -q
 	$(BIN)/python -m coverage report
 
@@ -80,7 +86,7 @@ clean:
 PG_URL ?= postgres://countersign:countersign@127.0.0.1:5432
 test-production: install-dev
 	DATABASE_URL=$(PG_URL)/countersign WORLD_DATABASE_URL=$(PG_URL)/countersign_world \
-	DESK_TEST_BROKER_URL=redis://127.0.0.1:6379/15 $(BIN)/python -m pytest $(PYTEST_ARGS)
+	DESK_TEST_BROKER_URL=redis://127.0.0.1:6379/15 $(PYTEST) $(PYTEST_ARGS)
 
 # The random-kill soak (bench/soak.py): real workers SIGKILLed at random moments on
 # PostgreSQL + Redis, invariants checked after every trial; exits 1 on a violation.

@@ -15,8 +15,10 @@ from tools import registry
 
 @pytest.fixture(autouse=True)
 def sandbox(settings, tmp_path):
-    """Each test's onboarding files live in its own sandbox folder."""
+    """Each test's onboarding files live in its own sandbox folder, and its audit anchors
+    in its own folder too: tests run side by side (pytest-xdist), none writes in var/."""
     settings.DESK_SANDBOX_DIR = tmp_path / "sandbox"
+    settings.DESK_ANCHOR_DIR = str(tmp_path / "anchors")
     return settings.DESK_SANDBOX_DIR
 
 

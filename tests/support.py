@@ -5,6 +5,7 @@ Used by tests/integration and tests/e2e through the `desk` fixture (tests/confte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
 from django.db import connections
@@ -30,13 +32,35 @@ def database_url(alias: str) -> str:
     return f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
 
 
+def xdist_worker_number() -> int:
+    """0 without pytest-xdist, else N for its worker ``gwN``."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker[2:]) if worker.startswith("gw") else 0
+
+
+def test_broker_url() -> str:
+    """The broker of this test process's subprocesses: DESK_TEST_BROKER_URL (default: a
+    folder per test, DESK_BROKER_DIR). A Redis broker is emptied before every test, so
+    each pytest-xdist worker takes a database of its own: gw0 the one named, gw1 the
+    one below it, and so on (redis://host/15: gw0 uses 15, gw1 14)."""
+    url = os.environ.get("DESK_TEST_BROKER_URL", "filesystem://")
+    number = xdist_worker_number()
+    if not url.startswith("redis") or not number:
+        return url
+    parts = urlsplit(url)
+    db = int(parts.path.strip("/") or 0) - number
+    if db < 0:
+        raise RuntimeError(f"{url}: too few Redis databases below it for xdist worker gw{number}")
+    return urlunsplit(parts._replace(path=f"/{db}"))
+
+
 class Desk:
     """The environment every subprocess of one test shares."""
 
     def __init__(self, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
         self.workers: list[Worker] = []
-        broker = os.environ.get("DESK_TEST_BROKER_URL", "filesystem://")
+        broker = test_broker_url()
         if broker.startswith("redis"):
             import redis
 
@@ -49,6 +73,7 @@ class Desk:
             "DESK_BROKER_DIR": str(tmp_path / "broker"),
             "DESK_LEASE_SECONDS": "3",
             "DESK_SANDBOX_DIR": str(tmp_path / "sandbox"),
+            "DESK_ANCHOR_DIR": str(tmp_path / "anchors"),
             "DESK_TESTING": "1",
             # One key for every process of the test, as in production (else each makes its own).
             "SECRET_KEY": settings.SECRET_KEY,
@@ -256,10 +281,28 @@ class Worker:
         return self.process.wait(timeout=timeout)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        stop_process_group(self.process)
+
+
+def measured() -> bool:
+    """Whether this suite runs under coverage (`make coverage`), whose subprocesses
+    write what they measured when they get SIGTERM, and lose it to a SIGKILL."""
+    return bool(os.environ.get("COVERAGE_PROCESS_CONFIG") or os.environ.get("COVERAGE_PROCESS_START"))
+
+
+def stop_process_group(process: subprocess.Popen, *, grace: float = 10) -> None:
+    """Stop a test's subprocess and its children at once: SIGKILL, at the end of a test
+    no process needs a graceful stop, and a Celery worker's warm shutdown takes seconds.
+    Under coverage, SIGTERM first (up to ``grace`` seconds), so the process saves its data."""
+    if process.poll() is not None:
+        return
+    if measured():
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
 from django.db import connection
 from django.test import Client
 
+from api import routes_calls
 from api.tokens import apitoken_create, apitoken_revoke
 from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest
@@ -273,17 +273,30 @@ def test_nobody_ends_someone_elses_session(bot, users):
 
 # --- the long poll ------------------------------------------------------------------
 @pytest.mark.django_db(databases=["default", "world"], transaction=True)
-def test_a_long_poll_answers_once_a_reviewer_decides(desk, users, plain_refund_desk):
-    """The reviewer decides from another thread (committed, as the desk would) while
-    the agent's GET waits."""
+def test_a_long_poll_answers_once_a_reviewer_decides(desk, users, plain_refund_desk, monkeypatch):
+    """The reviewer decides from another thread (committed, as the desk would) once
+    the agent's GET has found the call pending and waits."""
     bot = agent_for(users["requester"])
     call_id = bot.ask("refund_item", REFUND, key="r1").json()["id"]
     approval = ApprovalRequest.objects.get(tool_call_id=call_id)
     errors = []
+    waiting = threading.Event()
+    long_poll = routes_calls.external_call_wait
+
+    def observed_long_poll(*, call, seconds, settled):
+        def still_pending(call) -> bool:
+            done = settled(call)
+            if not done:
+                waiting.set()
+            return done
+
+        return long_poll(call=call, seconds=seconds, settled=still_pending)
+
+    monkeypatch.setattr(routes_calls, "external_call_wait", observed_long_poll)
 
     def reviewer_decides() -> None:
         try:
-            time.sleep(0.5)
+            assert waiting.wait(timeout=20), "the GET never waited"
             decide(approval, users["reviewer"], Decision.decline("Not without a photo"))
         except Exception as exc:  # reported below, not lost in the thread
             errors.append(exc)

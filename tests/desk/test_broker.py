@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
+from queue import Empty
 
 import pytest
 from kombu import Connection
@@ -105,7 +105,7 @@ def test_workers_binding_at_once_keep_every_binding_and_a_sender_never_reads_hal
 
 # Each test its own queue name: kombu keeps the bindings it has made in a
 # process-wide state, and would not bind the same name again in another folder.
-def in_flight_connection(tmp_path, timeout: float = 1.0) -> Connection:
+def in_flight_connection(tmp_path, timeout: float = 3600) -> Connection:
     conn = connection(tmp_path)
     conn.transport_options.update(inflight_folder=str(tmp_path / "inflight"), visibility_timeout=timeout)
     return conn
@@ -134,18 +134,22 @@ def test_a_message_whose_worker_died_before_acking_comes_back_after_the_visibili
     died = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert died.stdout.strip() == "1", died.stderr
     assert len(list((tmp_path / "inflight").iterdir())) == 1
-    with in_flight_connection(tmp_path) as conn, conn.SimpleQueue(tmp_path.name) as queue:
-        with pytest.raises(queue.Empty):
-            queue.get(block=False)  # still in flight: its worker might be alive
-        time.sleep(1.2)
-        message = queue.get(block=True, timeout=5)
+    with (
+        in_flight_connection(tmp_path) as conn,
+        conn.SimpleQueue(tmp_path.name) as queue,
+        pytest.raises(Empty),
+    ):
+        queue.get(block=False)  # still in flight: its worker might be alive
+    # Later, past the visibility timeout (0: whatever is in flight is overdue).
+    with in_flight_connection(tmp_path, timeout=0) as conn, conn.SimpleQueue(tmp_path.name) as queue:
+        message = queue.get(block=False)
         assert message.payload == {"n": 1}
         message.ack()
     assert list((tmp_path / "inflight").iterdir()) == []
 
 
 def test_an_acked_message_never_comes_back_and_a_rejected_one_comes_back_at_once(tmp_path):
-    with in_flight_connection(tmp_path, timeout=0.5) as conn, conn.SimpleQueue(tmp_path.name) as queue:
+    with in_flight_connection(tmp_path) as conn, conn.SimpleQueue(tmp_path.name) as queue:
         queue.put({"n": 1})
         queue.put({"n": 2})
         first = queue.get(block=True, timeout=5)
@@ -156,20 +160,26 @@ def test_an_acked_message_never_comes_back_and_a_rejected_one_comes_back_at_once
         # Two messages sent in the same millisecond may come in either order.
         assert again.payload == second.payload and {first.payload["n"], again.payload["n"]} == {1, 2}
         again.ack()
-        time.sleep(1.2)
-        with pytest.raises(queue.Empty):
-            queue.get(block=True, timeout=1.5)
-    assert list((tmp_path / "inflight").iterdir()) == []
+    assert_nothing_comes_back_past_the_visibility_timeout(tmp_path)
 
 
 def test_a_consumer_that_does_not_ack_leaves_nothing_in_flight(tmp_path):
     with (
-        in_flight_connection(tmp_path, timeout=0.5) as conn,
+        in_flight_connection(tmp_path) as conn,
         conn.SimpleQueue(tmp_path.name, no_ack=True) as queue,
     ):
         queue.put({"n": 1})
         assert queue.get(block=True, timeout=5).payload == {"n": 1}
-        time.sleep(1.2)
-        with pytest.raises(queue.Empty):
-            queue.get(block=True, timeout=1.5)
+    assert_nothing_comes_back_past_the_visibility_timeout(tmp_path)
+
+
+def assert_nothing_comes_back_past_the_visibility_timeout(tmp_path) -> None:
+    """Later, past the visibility timeout (0: whatever is in flight is overdue), the
+    queue is empty: nothing was left in flight to come back."""
+    with (
+        in_flight_connection(tmp_path, timeout=0) as conn,
+        conn.SimpleQueue(tmp_path.name) as queue,
+        pytest.raises(Empty),
+    ):
+        queue.get(block=False)
     assert list((tmp_path / "inflight").iterdir()) == []

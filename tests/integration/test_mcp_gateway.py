@@ -75,24 +75,26 @@ def pending_approval(desk, tool: str) -> int:
 async def decided_while_it_waits(session, desk, tool: str, arguments: dict, *decide: str, gated_as: str = ""):
     """Call ``tool`` and, while the call waits, decide its approval in another process
     (``decide`` are the command's arguments after the id; ``gated_as``: the tool's name
-    in the desk, if not the one the client sees). The call's result, and the progress
-    notifications it got while it waited."""
+    in the desk, if not the one the client sees). The decision is made once the client
+    has heard that its call waits (its first progress notification), never before. The
+    call's result, and the progress notifications it got while it waited."""
     answer, progress = {}, []
+    heard = anyio.Event()
+
+    async def note(*update) -> None:
+        progress.append(update)
+        heard.set()
 
     async def call():
-        answer["result"] = await session.call_tool(
-            tool, arguments, progress_callback=lambda *update: _note(progress, update)
-        )
+        answer["result"] = await session.call_tool(tool, arguments, progress_callback=note)
 
     async with anyio.create_task_group() as group:
         group.start_soon(call)
         approval = await anyio.to_thread.run_sync(pending_approval, desk, gated_as or tool)
+        with anyio.fail_after(30):
+            await heard.wait()
         await anyio.to_thread.run_sync(lambda: desk.manage("decide", str(approval), *decide))
     return answer["result"], progress
-
-
-async def _note(progress: list, update) -> None:
-    progress.append(update)
 
 
 def refunds(order_id: str) -> list[Payment]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import http.client
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from approvals.models import ApprovalRequest
 from runs.models import Run
 from tests.helpers import wait_until
-from tests.support import ROOT, Desk
+from tests.support import ROOT, Desk, stop_process_group
 
 pytestmark = [
     pytest.mark.integration,
@@ -67,13 +66,7 @@ class ProcfileProcess:
         return self.log_path.read_text() if self.log_path.exists() else ""
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        stop_process_group(self.process, grace=15)
 
 
 def free_port() -> int:

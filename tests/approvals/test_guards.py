@@ -12,11 +12,9 @@ the desk, and the ``decide`` command.
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.core import mail
 from django.core.management.base import CommandError
 from django.db import transaction
@@ -30,150 +28,27 @@ from approvals.models import ApprovalRequest, AuditEvent, GuardAction, Notificat
 from approvals.notify.sla import approvals_sweep_sla
 from approvals.policy.errors import DecisionError, NotAllowed
 from approvals.record.verify import verify_run
-from runs.gate import GUARD_ACTIONS, get_gate, review_call
+from runs.gate import GUARD_ACTIONS, get_gate
 from runs.models import GuardKind, Message, Run, RunGuard, RunStatus, ToolCall
-from runs.services import run_cancel, run_create, run_transition
-from tests.helpers import client_for, deliver, get_html, run_command
-from tools.registry import find_tool, idempotency_key, input_hash
+from runs.services import run_cancel
+from tests.approvals.guard_runs import (
+    NO_PROGRESS,
+    NOT_VERIFIED,
+    REFUND,
+    TOKENS_SPENT,
+    a_call,
+    a_run,
+    act,
+    gated,
+    snapshot,
+    spend_tokens,
+    trip,
+    unknown_outcome,
+)
+from tests.helpers import client_for, deliver, run_command
+from tools.registry import find_tool, input_hash
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
-
-TOKENS_SPENT = {"budget": "tokens", "limit": 200000, "used": 201345, "next_worst_case": 4096}
-NO_PROGRESS = {
-    "patience": 4,
-    "stalled_steps": 4,
-    "since_step": 3,
-    "recent": [
-        {"step": n, "calls": [{"name": "get_order", "input": {"order_id": "A-1001"}}]} for n in range(3, 7)
-    ],
-}
-NOT_VERIFIED = {
-    "checks": [
-        {"name": "ticket T-1 closed", "ok": False, "detail": "ticket T-1 is open"},
-        {"name": "customer emailed", "ok": True, "detail": "1 email to ada@example.com"},
-    ],
-    "final_text": "Refunded ₹2,900, emailed, closed T-1.",
-}
-REFUND = {"order_id": "A-1001", "amount": 2900, "reason": "Damaged"}
-
-
-# --- putting runs where the engine leaves them ---------------------------------------
-def a_run(requester, **kwargs) -> Run:
-    return run_create(
-        agent_name="refund-desk", task="Refund order A-1001", requester=requester, enqueue=False, **kwargs
-    )
-
-
-def _to_waiting(run: Run, *, guard: str = "", **fields) -> None:
-    """queued -> running -> waiting_approval, as a worker moves it (audited)."""
-    run_transition(run_id=run.pk, old=RunStatus.QUEUED, new=RunStatus.RUNNING, reason="claimed")
-    run_transition(
-        run_id=run.pk,
-        old=RunStatus.RUNNING,
-        new=RunStatus.WAITING_APPROVAL,
-        reason=f"waiting on {guard or 'its calls'}",
-        guard=guard,
-        **fields,
-    )
-
-
-def spend_tokens(run: Run, used: int = 201345) -> None:
-    """The run used ``used`` tokens (input and output), as its model calls would have."""
-    Run.objects.filter(pk=run.pk).update(input_tokens=used - 11345, output_tokens=11345)
-
-
-def trip(run: Run, kind: str, *, reason: str, detail: dict, **fields) -> ApprovalRequest:
-    """The engine stops ``run`` on a guard: in one transaction the run waits on it and
-    the gate opens its request."""
-    with transaction.atomic():
-        _to_waiting(run, guard=kind, **fields)
-        get_gate().open_guard(run=run, kind=kind, reason=reason, detail=detail)
-    run.refresh_from_db()
-    return ApprovalRequest.objects.get(run=run, kind=kind, status="pending")
-
-
-def a_call(
-    run: Run, tool: str, tool_input: dict, *, status: str, step: int = 0, position: int = 0
-) -> ToolCall:
-    return ToolCall.objects.create(
-        run=run,
-        step=step,
-        position=position,
-        tool_use_id=f"toolu_{step}_{position}",
-        tool_name=tool,
-        input=tool_input,
-        input_hash=input_hash(tool_input),
-        idempotency_key=idempotency_key(
-            run_id=run.pk, generation=run.generation, tool_name=tool, tool_input=tool_input
-        ),
-        status=status,
-        attempts=1 if status in (ToolCall.Status.UNKNOWN, ToolCall.Status.COMMITTED) else 0,
-    )
-
-
-def unknown_outcome(run: Run, *, step: int = 0) -> ApprovalRequest:
-    """A refund whose outcome stayed unknown (reconcile could not tell): the engine
-    marks it unknown and asks a person, the run waiting on it."""
-    with transaction.atomic():
-        call = a_call(run, "refund_item", REFUND, status=ToolCall.Status.UNKNOWN, step=step)
-        _to_waiting(run)
-        get_gate().open_guard(
-            run=run,
-            kind=GuardKind.OUTCOME,
-            reason="refund_item: the payment provider timed out twice",
-            detail={"tool": "refund_item", "input": REFUND, "attempts": 2, "why": "provider timed out"},
-            call=call,
-        )
-    run.refresh_from_db()
-    return ApprovalRequest.objects.get(run=run, kind=GuardKind.OUTCOME, status="pending")
-
-
-def gated(run: Run, *calls: tuple[str, dict]) -> list[ApprovalRequest]:
-    """The model's reply asked for ``calls``; the gate holds each for a person (as the
-    engine does in the transaction that saves the reply) and the run waits."""
-    with transaction.atomic():
-        _to_waiting(run)
-        for position, (tool, tool_input) in enumerate(calls):
-            call = a_call(run, tool, tool_input, status=ToolCall.Status.AWAITING_APPROVAL, position=position)
-            verdict = review_call(run=run, call=call, spec=find_tool(tool))
-            ToolCall.objects.filter(pk=call.pk).update(verdict=verdict.effect, verdict_reason=verdict.reason)
-            get_gate().hold(run=run, call=call, verdict=verdict)
-    run.refresh_from_db()
-    return list(ApprovalRequest.objects.filter(run=run).order_by("pk"))
-
-
-def act(approval: ApprovalRequest, reviewer, action: str, text: str = "", amount=None):
-    return approval_decide(
-        approval_id=approval.pk,
-        reviewer=reviewer,
-        decision=Decision.act(action, text=text, amount=amount),
-        enqueue=False,
-    )
-
-
-def snapshot(run: Run, approval: ApprovalRequest) -> tuple:
-    """What a refused decision must leave as it was."""
-    run.refresh_from_db()
-    approval.refresh_from_db()
-    return (
-        run.status,
-        run.guard,
-        run.max_tokens,
-        run.message_count,
-        approval.status,
-        approval.action,
-        approval.decided_by_id,
-        Message.objects.filter(run=run).count(),
-        AuditEvent.objects.filter(approval=approval).count(),
-    )
-
-
-@pytest.fixture
-def outsider(django_user_model):
-    """May decide approvals, but is in no group."""
-    user = django_user_model.objects.create_user("outsider", email="outsider@countersign.local")
-    user.user_permissions.add(Permission.objects.get(codename="decide_approvalrequest"))
-    return user
 
 
 # --- opening -------------------------------------------------------------------------
@@ -783,232 +658,3 @@ def test_a_write_of_unknown_outcome_counts_toward_a_total(users):
     verdict = RuleGate().review(run=run, call=small, spec=find_tool("refund_item"))
     assert verdict.effect == "needs_approval"
     assert "450 so far on order_id A-1001 + 100 = 550 > 500" in verdict.reason
-
-
-# --- the desk ------------------------------------------------------------------------
-def test_the_queue_shows_each_items_kind_and_what_the_guard_found(users):
-    run = a_run(users["requester"])
-    gated(run, ("refund_item", REFUND))
-    other = a_run(users["requester"])
-    trip(other, GuardKind.BUDGET, reason="token budget spent", detail=TOKENS_SPENT)
-    page = get_html(client_for(users["reviewer"]), "/desk/")
-    assert 'data-testid="queue-kind">gated call<' in page
-    assert 'data-testid="queue-kind">budget spent<' in page
-    assert "token budget spent (201,345 of 200,000)" in page
-    only_guards = get_html(client_for(users["reviewer"]), "/desk/", {"kind": "budget"})
-    assert 'data-testid="queue-kind">budget spent<' in only_guards
-    assert 'data-testid="queue-kind">gated call<' not in only_guards
-
-
-@pytest.mark.parametrize(
-    ("kind", "detail", "shows", "buttons"),
-    [
-        (GuardKind.BUDGET, TOKENS_SPENT, ["201,345", "200,000", "4,096"], ["grant", "stop"]),
-        (GuardKind.STUCK, NO_PROGRESS, ["step 6", "get_order", "A-1001"], ["continue", "stop"]),
-        (GuardKind.VERIFY, NOT_VERIFIED, ["ticket T-1 is open", "Refunded ₹2,900"], ["send-back", "accept"]),
-    ],
-)
-def test_the_approval_page_shows_what_the_guard_found_and_only_its_actions(
-    users, kind, detail, shows, buttons
-):
-    run = a_run(users["requester"])
-    approval = trip(run, kind, reason="a guard tripped", detail=detail)
-    page = get_html(client_for(users["reviewer"]), f"/desk/approvals/{approval.pk}/")
-    for text in shows:
-        assert text in page
-    every = {"grant", "stop", "continue", "send-back", "accept", "happened", "not-happened"}
-    for button in every:
-        assert (f'data-testid="{button}"' in page) == (button in buttons), button
-    assert 'data-testid="hand-over"' in page
-    assert 'name="decision" value="approve"' not in page
-
-
-def test_the_outcome_page_asks_whether_it_happened(users):
-    approval = unknown_outcome(a_run(users["requester"]))
-    page = get_html(client_for(users["reviewer"]), f"/desk/approvals/{approval.pk}/")
-    assert "It happened" in page and "It did not happen (retry with the same key)" in page
-    assert "provider timed out" in page and "Damaged" in page
-    assert 'data-testid="stop"' not in page
-
-
-def test_a_call_approval_page_offers_hand_over_too(users):
-    run = a_run(users["requester"])
-    [approval] = gated(run, ("refund_item", REFUND))
-    page = get_html(client_for(users["reviewer"]), f"/desk/approvals/{approval.pk}/")
-    assert 'data-testid="hand-over"' in page and 'name="decision" value="approve"' in page
-
-
-def test_the_send_back_findings_are_prefilled(users):
-    approval = trip(a_run(users["requester"]), GuardKind.VERIFY, reason="not verified", detail=NOT_VERIFIED)
-    page = get_html(client_for(users["reviewer"]), f"/desk/approvals/{approval.pk}/")
-    assert "- ticket T-1 closed: ticket T-1 is open</textarea>" in page
-
-
-def test_a_reviewer_grants_from_the_page_over_htmx(users):
-    run = a_run(users["requester"], max_tokens=200000)
-    spend_tokens(run)
-    approval = trip(run, GuardKind.BUDGET, reason="token budget spent", detail=TOKENS_SPENT)
-    client = client_for(users["reviewer"])
-    response = client.post(
-        f"/desk/approvals/{approval.pk}/decide",
-        {"action": "grant", "amount": "20000", "comment": ""},
-        headers={"HX-Request": "true"},
-    )
-    assert response.status_code == 200
-    assert response["HX-Trigger"] == json.dumps({"approvalDecided": {"id": approval.pk}})
-    assert "Granted more by reviewer" in response.content.decode()
-    run.refresh_from_db()
-    assert run.status == RunStatus.QUEUED and run.max_tokens == 201345 + 20000
-
-
-def test_a_second_decider_on_the_page_gets_a_409_and_who_decided(users):
-    run = a_run(users["requester"])
-    approval = trip(run, GuardKind.STUCK, reason="no progress", detail=NO_PROGRESS)
-    url = f"/desk/approvals/{approval.pk}/decide"
-    assert client_for(users["reviewer"]).post(url, {"action": "continue"}).status_code == 302
-    response = client_for(users["senior"]).post(url, {"action": "stop"})
-    assert response.status_code == 409
-    assert b"already decided (continued) by reviewer" in response.content
-    run.refresh_from_db()
-    assert run.status == RunStatus.QUEUED
-
-
-def test_a_decision_on_a_run_that_moved_on_is_a_409_on_the_page(users):
-    run = a_run(users["requester"])
-    approval = trip(run, GuardKind.STUCK, reason="no progress", detail=NO_PROGRESS)
-    Run.objects.filter(pk=run.pk).update(status=RunStatus.QUEUED, guard="")
-    response = client_for(users["reviewer"]).post(f"/desk/approvals/{approval.pk}/decide", {"action": "stop"})
-    assert response.status_code == 409 and b"Nothing was changed" in response.content
-    approval.refresh_from_db()
-    assert approval.status == "pending"
-
-
-def test_the_page_refuses_the_requester_a_wrong_action_and_a_missing_csrf_token(users):
-    run = a_run(users["requester"])
-    approval = trip(run, GuardKind.VERIFY, reason="not verified", detail=NOT_VERIFIED)
-    url = f"/desk/approvals/{approval.pk}/decide"
-    assert (
-        client_for(users["requester"]).post(url, {"action": "accept", "comment": "fine"}).status_code == 403
-    )
-    wrong = client_for(users["reviewer"]).post(url, {"action": "grant", "amount": "5"})
-    assert wrong.status_code == 400 and b"takes accept, send_back or hand_over" in wrong.content
-    no_reason = client_for(users["reviewer"]).post(url, {"action": "accept", "comment": ""})
-    assert no_reason.status_code == 400 and b"needs a reason" in no_reason.content
-    approve = client_for(users["reviewer"]).post(url, {"decision": "approve", "args_hash": ""})
-    assert approve.status_code == 400
-    csrf = client_for(users["reviewer"], enforce_csrf_checks=True).post(
-        url, {"action": "accept", "comment": "x"}
-    )
-    assert csrf.status_code == 403
-    approval.refresh_from_db()
-    assert approval.status == "pending"
-    run.refresh_from_db()
-    assert run.status == RunStatus.WAITING_APPROVAL
-
-
-def test_what_the_guard_found_is_escaped_on_the_page_and_in_the_queue(users):
-    evil = "<script>alert(1)</script>"
-    detail = {
-        "checks": [{"name": evil, "ok": False, "detail": evil}],
-        "final_text": evil,
-    }
-    approval = trip(a_run(users["requester"]), GuardKind.VERIFY, reason=evil, detail=detail)
-    client = client_for(users["reviewer"])
-    for url in ["/desk/", f"/desk/approvals/{approval.pk}/"]:
-        page = get_html(client, url)
-        assert evil not in page
-        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page, url
-
-
-def test_hand_over_from_a_call_approval_page(users):
-    run = a_run(users["requester"])
-    [approval] = gated(run, ("refund_item", REFUND))
-    response = client_for(users["senior"]).post(
-        f"/desk/approvals/{approval.pk}/decide", {"action": "hand_over", "comment": "mine now"}
-    )
-    assert response.status_code == 302
-    run.refresh_from_db()
-    assert run.status == RunStatus.HANDED_OVER and run.handed_over_to == users["senior"]
-
-
-# --- the command line ----------------------------------------------------------------
-def test_decide_act_grant_from_the_command_line(users):
-    run = a_run(users["requester"], max_tokens=200000)
-    spend_tokens(run)
-    approval = trip(run, GuardKind.BUDGET, reason="token budget spent", detail=TOKENS_SPENT)
-    out = run_command("decide", str(approval.pk), "--act", "grant", "--amount", "5000", "--user", "reviewer")
-    assert f"approval {approval.pk}: approved (grant) by reviewer" in out
-    assert f"run {run.pk}: queued" in out
-    run.refresh_from_db()
-    assert run.max_tokens == 201345 + 5000
-
-
-def test_decide_act_refuses_an_action_of_another_kind(users):
-    run = a_run(users["requester"])
-    approval = trip(run, GuardKind.STUCK, reason="no progress", detail=NO_PROGRESS)
-    with pytest.raises(CommandError, match="takes continue, stop or hand_over; not accept"):
-        run_command("decide", str(approval.pk), "--act", "accept", "--comment", "fine", "--user", "reviewer")
-    with pytest.raises(CommandError, match="Unknown action 'approve'"):
-        run_command("decide", str(approval.pk), "--act", "approve", "--user", "reviewer")
-    with pytest.raises(CommandError, match="do not apply"):
-        run_command("decide", str(approval.pk), "--approve", "--user", "reviewer")
-    with pytest.raises(CommandError, match="no arguments to edit"):
-        run_command("decide", str(approval.pk), "--approve", "--edit", '{"a": 1}', "--user", "reviewer")
-    with pytest.raises(CommandError, match="--amount goes with --act grant"):
-        run_command("decide", str(approval.pk), "--approve", "--amount", "5", "--user", "reviewer")
-    approval.refresh_from_db()
-    assert approval.status == "pending"
-
-
-def test_decide_act_hand_over_on_a_call_approval(users):
-    run = a_run(users["requester"])
-    [approval] = gated(run, ("refund_item", REFUND))
-    out = run_command("decide", str(approval.pk), "--act", "hand_over", "--user", "senior")
-    assert f"run {run.pk}: handed_over" in out
-    run.refresh_from_db()
-    assert run.handed_over_to == users["senior"]
-
-
-def test_decide_act_continue_with_a_note(users):
-    run = a_run(users["requester"])
-    approval = trip(run, GuardKind.STUCK, reason="no progress", detail=NO_PROGRESS, stalled_steps=4)
-    run_command(
-        "decide", str(approval.pk), "--act", "continue", "--comment", "Try T-1.", "--user", "reviewer"
-    )
-    assert "Try T-1." in Message.objects.filter(run=run).order_by("-seq").first().content[0]["text"]
-
-
-def test_runstatus_json_gives_every_item_its_kind_and_the_runs_guard_fields(users):
-    run = a_run(users["requester"], max_tokens=200000, max_cost="2.5", params={"order_id": "A-1001"})
-    [call_approval] = gated(run, ("refund_item", REFUND))
-    call = a_call(
-        run, "refund_item", {**REFUND, "amount": 100}, status=ToolCall.Status.UNKNOWN, step=0, position=1
-    )
-    with transaction.atomic():
-        get_gate().open_guard(
-            run=run,
-            kind="outcome",
-            reason="timed out",
-            detail={"tool": "refund_item", "attempts": 2},
-            call=call,
-        )
-    data = json.loads(run_command("runstatus", str(run.pk), "--json"))
-    items = {item["id"]: item for item in data["pending_approvals"]}
-    assert items[call_approval.pk]["kind"] == "call" and items[call_approval.pk]["tool"] == "refund_item"
-    assert items[call_approval.pk]["args_hash"] == call_approval.args_hash
-    [outcome] = [item for item in items.values() if item["kind"] == "outcome"]
-    assert outcome["detail"] == {"tool": "refund_item", "attempts": 2}
-    assert outcome["tool"] == "refund_item" and outcome["actions"] == [
-        "happened",
-        "not_happened",
-        "hand_over",
-    ]
-    assert data["budget"]["tokens"] == {"limit": 200000, "used": 0}
-    assert data["budget"]["cost"]["limit"] == "2.500000"
-    assert data["budget"]["steps"]["used"] == 0
-    for key in ("stage", "stalled_steps", "guard", "params", "dry_run", "model", "agent_version"):
-        assert key in data, key
-    assert data["params"]["order_id"] == "A-1001"
-    assert data["handed_over_to"] is None and data["verification"] is None and data["verified_at"] is None
-    text = run_command("runstatus", str(run.pk))
-    assert "did refund_item happen?" in text and "decide --act" in text

@@ -5,7 +5,7 @@ Named by what they build, not like the desk's views: ``run_summary`` /
 one run or approval as its GET answers it (the summary and more).
 
 Visibility is the desk's, never retyped: ``runs.selectors.runs_visible_to`` /
-``run_get`` for runs, ``approvals.selectors.approvals_visible_to`` /
+``run_get`` for runs, ``approvals.decisions.selectors.approvals_visible_to`` /
 ``approvals_decidable_by`` for approvals. Something a caller may not see is
 answered exactly like something that does not exist.
 """

@@ -374,7 +374,7 @@ class ApprovalRequest(models.Model):
         permissions = [("decide_approvalrequest", "Can decide approval requests")]
         indexes = [
             models.Index(fields=["status", "created_at"]),
-            # The queue reads its escalated items first (approvals.selectors.queue_page):
+            # The queue reads its escalated items first (approvals.decisions.queue.queue_page):
             # a handful among any number pending.
             models.Index(
                 fields=["escalated_at"],
@@ -505,7 +505,7 @@ class StandingApproval(models.Model):
     """A reviewer's grant, made while approving a call: further calls of the same tool
     in the same run are allowed without asking, within a cap on the amount or a count,
     until it expires (at most 8 hours) or is revoked. Never an irreversible tool, and
-    never more than the reviewer could approve themselves (``approvals.standing``)."""
+    never more than the reviewer could approve themselves (``approvals.policy.standing``)."""
 
     MAX_HOURS = 8
 
@@ -564,7 +564,7 @@ class AuditEvent(models.Model):
 
     Events form one chain per subject (``run:12``, ``rule:3``, ``desk``): each row
     stores its place in the chain (``seq``), its predecessor's hash and the SHA-256
-    of that hash and its own canonical content (``approvals.audit``). Chains per
+    of that hash and its own canonical content (``approvals.record.audit``). Chains per
     subject, so unrelated writes never wait on each other; ``AuditChain`` keeps each
     chain's head, so a deleted last row is noticed too.
     """

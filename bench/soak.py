@@ -11,7 +11,7 @@ Each trial starts a beat (the lease sweep) and ``--workers`` Celery workers (pre
 concurrency 1, as in production; ``--pool solo`` for single-process workers), then starts
 ``--runs`` scripted runs of the two demo agents (``refund-desk`` on an order of its own,
 ``onboarding`` of a user of its own) at random moments over a few seconds. The bench
-plays the reviewer through the service layer (``approvals.services.approval_decide``,
+plays the reviewer through the service layer (``approvals.decisions.services.approval_decide``,
 as the desk does) after a random delay: approve, decline, or edit (a new proposal)
 and approve; a verification request is accepted or left pending at random. Meanwhile it
 SIGKILLs ``--kills`` workers from outside at random moments (most kills wait for a

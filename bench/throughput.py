@@ -20,7 +20,7 @@ started as CI starts them (bench/services.py). DEBUG off, a throwaway key.
    waits for a reviewer), a read of a different order otherwise (new results, so the
    stuck detector sees progress), then a final reply (one more step). The bench plays
    the reviewer: it polls the pending approvals of its runs and approves each through
-   ``approvals.services.approval_decide`` (what the desk's decide view calls) as
+   ``approvals.decisions.services.approval_decide`` (what the desk's decide view calls) as
    ``senior``, not the requester. Printed: steps/s (Step rows over the time from the
    first nudge to the last step's close), runs/min, commits per step (pg_stat_database
    xact_commit of both databases, read with the workers stopped, minus the bench's own

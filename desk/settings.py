@@ -355,7 +355,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(env_int("DESK_WEBHOOK_SWEEP_SECONDS", 30)),
     },
 }
-# The audit chains' heads, signed, written outside the database (approvals.audit):
+# The audit chains' heads, signed, written outside the database (approvals.record.audit):
 # appended to DESK_ANCHOR_DIR/anchors.jsonl (empty: no file) and sent as the
 # audit.anchor webhook; `manage.py verify --against FILE` checks against them.
 DESK_ANCHOR_DIR = env_str("DESK_ANCHOR_DIR", str(VAR_DIR / "anchors"))

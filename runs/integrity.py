@@ -129,7 +129,7 @@ def recompute_steps(
 ) -> Iterator[StepCheck]:
     """Each step's digest recomputed, in the order the steps were written (superseded
     ones against the transcript as it stood then), from rows given: the database's
-    (``verify_steps``) or a file's (``approvals.export``).
+    (``verify_steps``) or a file's (``approvals.record.export``).
 
     ``versions``: seq -> every message written at it, oldest first; ``calls``:
     (step number, superseded_at) -> its calls by position; ``shared``: seq -> a fork's

@@ -85,7 +85,7 @@ class Decision:
     action: str = ""
     amount: Decimal | None = None
     # Approve only: also allow further calls of the same tool in the same run within
-    # these limits (a standing approval, ``approvals.standing``).
+    # these limits (a standing approval, ``approvals.policy.standing``).
     standing: StandingTerms | None = None
 
     def __post_init__(self) -> None:

@@ -115,7 +115,7 @@ def approval_open_guard(
 
 def _audit_opened(approval: ApprovalRequest, *, after: str, detail: str) -> None:
     """``approval.opened``, ending with a digest of who may decide it and the rule it was
-    asked under (approvals.audit), so a later edit of either is caught by verify."""
+    asked under (approvals.record.audit), so a later edit of either is caught by verify."""
     AuditEvent.objects.create(
         actor=None,
         action="approval.opened",

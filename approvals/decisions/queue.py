@@ -48,7 +48,7 @@ QUEUE_ORDER = ("urgency", "sort_at", "id")
 
 def _sla_minutes_expression():
     """``approval_sla_minutes`` as a database expression (NULL: no SLA): the rule's SLA
-    as it stands now (the sweep in approvals.sla reads the same) for a call, the desk's
+    as it stands now (the sweep in approvals.notify.sla reads the same) for a call, the desk's
     guard SLA for a guard."""
     guard_sla = settings.DESK_GUARD_SLA_MINUTES or None
     return Case(

@@ -1,5 +1,5 @@
 """Standing approvals on a run page: list and revoke. The rules
-are in ``approvals.standing``; these views only find what the user may see."""
+are in ``approvals.policy.standing``; these views only find what the user may see."""
 
 from __future__ import annotations
 

@@ -238,7 +238,7 @@ def notify_run_finished(*, run: Run) -> list[Notification]:
     if not honest.clean:
         # "Run 7 finished (Done, 1 declined)": the model's last reply may claim otherwise.
         outcome += f" ({honest.label})"
-    # Receivers hear it in the same transaction (approvals.webhooks).
+    # Receivers hear it in the same transaction (approvals.notify.webhooks).
     webhook_run_ended(run=run)
     return notifications_record(
         event=f"run:{run.pk}:g{run.generation}:{run.status}",

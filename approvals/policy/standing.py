@@ -53,10 +53,6 @@ from tools.inputs import UnsafeJSON, finite_decimal
 from tools.money import rupees
 from tools.registry import find_tool, input_hash
 
-# This module must not import ``approvals.services`` at import time (services imports
-# StandingTerms from here; the gate imports standing_allows). DecisionError is
-# imported where it is raised.
-
 # The gate fact a cap on the amount adds up.
 AMOUNT_FACT = "amount"
 # A call a grant allowed counts while its effect stands or is about to: approved,

@@ -15,7 +15,7 @@ What makes it trustworthy:
   is named by its number (the checkpoints and the audit chain do not cover every
   field: a run's task, a step's usage);
 - the import recomputes every checkpoint digest (``runs.integrity``) and every audit
-  hash (``approvals.audit``) from the file, up to the heads in the header, before it
+  hash (``approvals.record.audit``) from the file, up to the heads in the header, before it
   writes anything, and ``verify_run`` checks the written run before it commits.
 
 All of it is keyed: a file can only be checked, and imported, by a desk with the key

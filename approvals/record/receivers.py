@@ -4,7 +4,7 @@ Recording only: what a transition means for approvals (a run that ended closes
 its requests, a withdrawn call its own) is ``RuleGate.run_ended`` and
 ``RuleGate.call_withdrawn``, called by ``runs`` at the transition.
 
-What a decision depends on is recorded as a digest (``approvals.audit``): a run's task,
+What a decision depends on is recorded as a digest (``approvals.record.audit``): a run's task,
 agent version and params when it is created and on any change of the run that keeps
 its status (a repin); each call's verdict on every event of the call (the call is in
 hand: no query); a rule's content on every save that is not the admin's (the admin

@@ -197,22 +197,7 @@ def _act(approval: ApprovalRequest, actor, decision: Decision, now, *, enqueue: 
     status = (
         ApprovalRequest.Status.DECLINED if action in STOPPING_ACTIONS else ApprovalRequest.Status.APPROVED
     )
-    try:
-        approval_transition(
-            approval=approval,
-            new=status,
-            actor=actor,
-            detail=comment,
-            action=action,
-            decided_by=actor,
-            decided_at=now,
-            comment=comment,
-            claimed_by=None,
-            claimed_until=None,
-        )
-    except ApprovalMoved:
-        approval.refresh_from_db()
-        raise AlreadyDecided(approval) from None
+    _close_row(approval, status=status, actor=actor, now=now, comment=comment, detail=comment, action=action)
     try:
         outcome = _apply_action(approval, actor, decision)
     except GuardConflict as exc:
@@ -450,21 +435,14 @@ def _close(
 ) -> bool:
     """Move a pending approval to its final status, apply it to the call and record
     who hears about it; True if the run was woken (nothing else pending)."""
-    try:
-        approval_transition(
-            approval=approval,
-            new=status,
-            actor=actor,
-            detail=("by policy (timeout): " if by_policy else "") + comment,
-            decided_by=actor,
-            decided_at=now,
-            comment=comment,
-            claimed_by=None,
-            claimed_until=None,
-        )
-    except ApprovalMoved:
-        approval.refresh_from_db()
-        raise AlreadyDecided(approval) from None
+    _close_row(
+        approval,
+        status=status,
+        actor=actor,
+        now=now,
+        comment=comment,
+        detail=("by policy (timeout): " if by_policy else "") + comment,
+    )
     call = approval.tool_call
     if status == ApprovalRequest.Status.APPROVED:
         proposal = approval.proposal
@@ -582,3 +560,26 @@ def approval_expire(*, approval_id: int, enqueue: bool = True) -> bool:
         if woken and enqueue:
             run_enqueue(approval.run_id)
     return True
+
+
+def _close_row(
+    approval: ApprovalRequest, *, status, actor, now, comment: str, detail: str, action: str = ""
+) -> None:
+    """The approval's row leaves pending, naming who and when, its claim ended; a decision
+    that came second is told who came first (``AlreadyDecided``)."""
+    try:
+        approval_transition(
+            approval=approval,
+            new=status,
+            actor=actor,
+            detail=detail,
+            action=action,
+            decided_by=actor,
+            decided_at=now,
+            comment=comment,
+            claimed_by=None,
+            claimed_until=None,
+        )
+    except ApprovalMoved:
+        approval.refresh_from_db()
+        raise AlreadyDecided(approval) from None

@@ -17,31 +17,24 @@ from django.core.management import call_command
 from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
+from tests.tools.world import CHARGE, EMAIL, FILE, REFUND, USER, WEBHOOK, ctx, do, undo
 from tools import counters
 from tools.models import FileOperation, Payment, ProviderFault, Ticket
 from tools.payments import ProviderTimeout, find_by_key
 from tools.refund_desk.agent import DEMO_SCRIPT, DEMO_TASK, seed_world
 from tools.registry import (
-    ToolContext,
     ToolError,
     UnknownOutcome,
-    compensation_key,
     get_agent,
     get_tool,
 )
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
 
-REFUND = {"order_id": "A-1001", "amount": 2900, "reason": "Item arrived broken"}
-EMAIL = {"to": "ada@example.com", "subject": "Your refund", "body": "Refunded."}
 CLOSE = {"ticket_id": "T-1"}
 NOTE = {"order_id": "A-1001", "text": "Customer sent a photo of the broken teapot."}
-USER = {"username": "marie", "email": "marie@example.com"}
-FILE = {"path": "home/marie/welcome.txt", "content": "Welcome, Marie!\n"}
 RENAME = {"path": "notes.txt", "new_path": "archive/notes.txt"}
 DELETE = {"path": "notes.txt"}
-CHARGE = {"account": "marie", "amount": 499.5, "description": "First month"}
-WEBHOOK = {"url": "https://hooks.example.test/onboarded", "payload": {"user": "marie"}}
 
 
 @pytest.fixture(autouse=True)
@@ -50,22 +43,6 @@ def world(sandbox):
     seed_world()
     sandbox.mkdir(parents=True, exist_ok=True)
     (sandbox / "notes.txt").write_text("notes")
-
-
-def ctx(key: str = "k1") -> ToolContext:
-    return ToolContext(run_id=1, step=0, idempotency_key=key)
-
-
-def do(tool: str, args: dict, key: str = "k1"):
-    """What the engine does: capture before the effect, then the effect, with the call's key."""
-    spec = get_tool(tool)
-    pre_state = spec.capture(ctx(key), args) if spec.capture else None
-    return spec.function(ctx(key), args), pre_state
-
-
-def undo(tool: str, args: dict, result, pre_state, key: str = "k1") -> str:
-    """What the saga does: the compensation, with the compensation's own key."""
-    return get_tool(tool).compensate(ctx(compensation_key(key)), args, result, pre_state)
 
 
 def verify(tool: str, args: dict, result, key: str = "k1"):

@@ -63,8 +63,11 @@ def worker(root: Path, kind: str, n: int, out: Path) -> None:
     call_command("seeddemo", verbosity=0)
     from django.contrib.auth import get_user_model
 
-    from approvals.decisions.decision import Decision
-    from approvals.decisions.services import approval_decide
+    try:
+        from approvals.decisions.decision import Decision
+        from approvals.decisions.services import approval_decide
+    except ImportError:  # --against a checkout from before approvals had its rooms
+        from approvals.services import Decision, approval_decide
     from approvals.models import ApprovalRequest, AuditEvent
     from runs.engine import run_advance_until_settled
     from runs.services import run_create

@@ -14,7 +14,10 @@ PACKAGES = ("tools", "runs", "approvals", "api", "ops", "desk")
 # Longest prefix wins. Lower numbers are lower floors; a module may import its own
 # floor and those below it, never one above.
 FLOORS = {
-    "desk.logs": 0,  # log context: the ground floor, imports nothing of ours
+    # The ground floor imports nothing of ours: log context, money as text, locks.
+    "desk.logs": 0,
+    "tools.money": 0,
+    "tools.locks": 0,
     "tools": 1,  # the world and the tools over it
     "runs": 2,  # the loop
     # approvals: one app, its rooms as floors. The ground pieces its models use,
@@ -28,7 +31,7 @@ FLOORS = {
     "approvals.record": 3.2,  # audit, verify, anchors, export and import
     "approvals.policy": 3.3,  # rules, shadow, standing, the decided rule
     "approvals.decisions": 3.4,  # requests, proposals, votes, claims, the desk
-    "approvals.notify": 3.5,  # email, digests, webhooks, SLA: hears decisions' signals
+    "approvals.notify": 3.5,  # email, digests, webhooks, SLA; decisions call its announcer by name
     "approvals": 3.6,  # the gate (DESK_GATE) and the app's top
     "api": 4,
     "ops": 4,  # operator commands that read across the apps

@@ -167,6 +167,9 @@ class UndoOffer:
     menu: bool
     full_rollback: bool
     why_not: str = ""  # why the full rollback is not offered ("" when it is)
+    to_step: bool = False  # roll back (or rewind) to a checkpoint: not while it is live
+    replay: bool = False  # rewind and fork: there is a model to ask again (not a session)
+    wait: str = ""  # while it is live: when rolling back to a step will be offered
 
 
 def undo_offer(run: Run, *, may_undo: bool, undo_live: bool) -> UndoOffer:
@@ -177,13 +180,27 @@ def undo_offer(run: Run, *, may_undo: bool, undo_live: bool) -> UndoOffer:
         return UndoOffer(False, False, "you may not undo runs")
     if run.purged_at or run.redacted_at or run.imported_from or run.kind == Run.Kind.EXTERNAL:
         return UndoOffer(False, False, _elsewhere_refusal(run, "roll back"))
+    live = run_is_live(run)
+    per_step = {
+        "to_step": not live,
+        "replay": not run.takes_caller_turns,
+        "wait": (
+            (
+                "Roll back: once the session stops."
+                if run.takes_caller_turns
+                else "Roll back and rewind: once the run stops."
+            )
+            if live
+            else ""
+        ),
+    }
     if run.status == RunStatus.ROLLED_BACK:
-        return UndoOffer(True, False, "it is rolled back already")
+        return UndoOffer(True, False, "it is rolled back already", **per_step)
     if undo_live:
-        return UndoOffer(True, False, "a rollback of it is under way")
+        return UndoOffer(True, False, "a rollback of it is under way", **per_step)
     if worker_holds(run):
-        return UndoOffer(True, False, "a worker is advancing it right now")
-    return UndoOffer(True, True)
+        return UndoOffer(True, False, "a worker is advancing it right now", **per_step)
+    return UndoOffer(True, True, **per_step)
 
 
 @dataclass(frozen=True)

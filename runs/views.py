@@ -38,7 +38,6 @@ from .run_page import (
 from .saga import (
     SagaError,
     run_fork,
-    run_is_live,
     saga_in_progress,
     undo_offer,
     undo_preview,
@@ -132,7 +131,6 @@ def _status_context(request, run: Run, *, outcome=None, **extra) -> dict:
         "marker": _status_marker(run, undo),
         "can_cancel": not run.is_finished and may_cancel(request.user, run),
         "undo_offer": undo_offer(run, may_undo=may_undo(request.user), undo_live=undo["undo_live"]),
-        "run_is_live": run_is_live(run),
         "budgets": run_budget_usage(run),
         "verification": run_verification(run),
         "version_problem": version_problem,

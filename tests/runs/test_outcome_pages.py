@@ -259,3 +259,15 @@ def test_the_run_tables_htmx_fragment_has_the_honest_badge_too(users):
     content = response.content.decode()
     assert content.lstrip().startswith('<section id="run-table"')
     assert f'href="/runs/{run.pk}/"' in content and ">Done, 1 declined</span>" in content
+
+
+def test_a_live_run_offers_to_roll_back_once_it_stops_and_still_offers_a_fork(users):
+    run = finished_demo(users)
+    # As a worker holding it would leave it: queued or running, checkpoints behind it.
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
+    content = get_html(client_for(users["admin"]), f"/runs/{run.pk}/")
+    menus = re.findall(r'<details class="tl-undo" data-testid="undo-menu">(.*?)</details>', content, re.S)
+    assert menus
+    assert "Roll back and rewind: once the run stops." in menus[2]
+    assert "Roll back to here" not in menus[2] and "Rewind to here" not in menus[2]
+    assert f'href="/runs/{run.pk}/fork?step=2">Fork from here</a>' in menus[2]

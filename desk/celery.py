@@ -12,4 +12,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "desk.settings")
 
 app = Celery("desk")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+# Every installed app's ``tasks`` module, and the rooms of approvals that hold their own
+# (approvals.notify.tasks imports the notify modules whose tasks are defined with them).
 app.autodiscover_tasks()
+app.autodiscover_tasks(["approvals.notify"])

@@ -1,4 +1,5 @@
-"""approvals.decisions.decision."""
+"""What a decision is: one value, checked once, here (`Decision`), whatever channel it came
+from; the desk, the API and `decide` only word its refusal (`DecisionInvalid`)."""
 
 from __future__ import annotations
 

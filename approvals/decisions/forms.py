@@ -1,3 +1,6 @@
+"""The desk's forms: the queue's filters, a bulk decision, and the edit of a call's
+arguments converted by the tool's schema (`EditArgumentsForm`)."""
+
 from __future__ import annotations
 
 import re

@@ -1,3 +1,7 @@
+"""The approval page and its decisions over the desk: parse the request, call the service,
+render what the selectors and the service said. Rules live in `decision`, `services`
+and `selectors`."""
+
 from __future__ import annotations
 
 from django.contrib import messages

@@ -2,10 +2,26 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
-if __name__ == "__main__":
+
+def main() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "desk.settings")
     from django.core.management import execute_from_command_line
 
-    execute_from_command_line(sys.argv)
+    try:
+        execute_from_command_line(sys.argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader stopped reading (`apitoken create | head -1`, `exportrun 7 | less`):
+        # end quietly, as a Unix tool killed by SIGPIPE does, instead of a traceback.
+        # What is still buffered goes nowhere, so exiting cannot fail on it again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from contextlib import closing
+
 from django.core.management.base import BaseCommand, CommandError
 
 from approvals.record.errors import ExportRefused
@@ -25,5 +27,8 @@ class Command(BaseCommand):
             lines = run_export_lines(run)
         except ExportRefused as exc:
             raise CommandError(str(exc)) from None
-        for line in lines:
-            self.stdout.write(line, ending="")
+        # Closed at once if the reader stops reading (`| head`): its open database
+        # cursors go before manage.py closes the connection and ends quietly.
+        with closing(lines):
+            for line in lines:
+                self.stdout.write(line, ending="")

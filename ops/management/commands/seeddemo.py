@@ -73,17 +73,7 @@ class Command(BaseCommand):
         with transaction.atomic():
             password, created = self._users()
             self._rules()
-        if created and password and not settings.DESK_DEMO_PASSWORD:
-            path = settings.VAR_DIR / "demo-password.txt"
-            path.write_text(password + "\n")
-            path.chmod(0o600)
-            self.stdout.write(
-                f"Demo users {', '.join(u[0] for u in USERS)} created; password: {password} (also in {path})"
-            )
-        elif settings.DESK_DEMO_PASSWORD:
-            self.stdout.write("Demo users ready; password from DESK_DEMO_PASSWORD.")
-        else:
-            self.stdout.write("Demo users already exist; password unchanged.")
+        self.stdout.write(self._password_line(password, created=created))
         self.stdout.write(f"World seeded; {GateRule.objects.count()} gate rules.")
         if demo_run and not Run.objects.exists():
             requester = get_user_model().objects.get(username="requester")
@@ -91,6 +81,23 @@ class Command(BaseCommand):
             run_advance_until_settled(run.pk)
             run.refresh_from_db()
             self.stdout.write(f"Demo run {run.pk}: {run.status} at step {run.step}.")
+
+    def _password_line(self, password: str, *, created: bool) -> str:
+        """Where the demo password is, on every run (make run prints it each time)."""
+        names = ", ".join(u[0] for u in USERS)
+        if settings.DESK_DEMO_PASSWORD:
+            return f"Demo users {names} ready; password: the value of DESK_DEMO_PASSWORD."
+        path = settings.VAR_DIR / "demo-password.txt"
+        if created:
+            path.write_text(password + "\n")
+            path.chmod(0o600)
+            return f"Demo users {names} created; password: {password} (also in {path})"
+        if path.is_file():
+            return f"Demo users {names} ready; password: {path.read_text().strip()} (from {path})"
+        return (
+            f"Demo users {names} ready, but {path} is gone: start the command with "
+            "DESK_DEMO_PASSWORD=... to give them a new password, or `make reset` for a fresh demo."
+        )
 
     def _users(self) -> tuple[str, bool]:
         User = get_user_model()
@@ -104,7 +111,13 @@ class Command(BaseCommand):
         for name in ("reviewers", "senior-reviewers", "admins"):
             groups[name].permissions.add(decide, view_all)
         groups["admins"].permissions.add(rollback)
-        password = settings.DESK_DEMO_PASSWORD or secrets.token_urlsafe(12)
+        # A user made later (one was deleted) gets the password the others have.
+        kept = settings.VAR_DIR / "demo-password.txt"
+        password = (
+            settings.DESK_DEMO_PASSWORD
+            or (kept.read_text().strip() if kept.is_file() else "")
+            or secrets.token_urlsafe(12)
+        )
         created_any = False
         for username, group_names, superuser in USERS:
             user, created = User.objects.get_or_create(

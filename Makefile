@@ -11,7 +11,7 @@ endif
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-production soak coverage lint bench bench-production install install-dev migrate clean
+.PHONY: run reset test test-production soak coverage lint bench bench-production install install-dev migrate clean
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "Python 3.12 or newer is needed (Django 6)."; exit 1; }
@@ -31,10 +31,26 @@ install-dev: $(VENV)/.installed-dev
 
 # DEBUG is off unless set, and with DEBUG off the desk will not start without
 # SECRET_KEY and ALLOWED_HOSTS (README.md "Configuration"). The local desk runs with
-# DEBUG on; exported, so honcho's web, worker and beat processes inherit it.
+# DEBUG on: exported here, so honcho's web, worker and beat processes inherit it, and
+# written to var/local.env, which desk/settings.py reads (the environment wins), so
+# `manage.py` commands on this desk need no `export DEBUG=1`.
 run migrate: export DEBUG = 1
+LOCAL_ENV := var/local.env
 
-migrate: install
+# `make run PORT=8001` or `PORT=8001 make run`: honcho hands the web process PORT
+# (-p is its base port; the worker and beat get PORT+100 and +200, unused).
+PORT ?= 8000
+run: export DESK_BASE_URL ?= http://127.0.0.1:$(PORT)
+
+$(LOCAL_ENV):
+	@mkdir -p $(@D)
+	@printf '%s\n' \
+		"# Written by make run: this checkout is a local demo desk, so its manage.py" \
+		"# commands run with DEBUG on without exporting it. The environment wins over" \
+		"# this file; make reset removes it. Never copy it to a production machine." \
+		"DEBUG=1" > $@
+
+migrate: install $(LOCAL_ENV)
 	$(BIN)/python manage.py migrate --noinput -v0
 	$(BIN)/python manage.py migrate --database world --noinput -v0
 
@@ -42,9 +58,17 @@ run: migrate
 	$(BIN)/python manage.py seeddemo --demo-run
 	$(BIN)/python manage.py seedhistory --calls 400 --once
 	@echo
-	@echo "  Countersign: http://127.0.0.1:8000/  (sign in as reviewer; password above or in var/demo-password.txt)"
+	@echo "  Countersign: http://127.0.0.1:$(PORT)/  (sign in as reviewer or admin; password:" \
+		"$$(if [ -n "$$DESK_DEMO_PASSWORD" ]; then echo 'DESK_DEMO_PASSWORD'; \
+		else cat var/demo-password.txt 2>/dev/null || echo 'see seeddemo above'; fi))"
 	@echo
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho start
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/honcho start -p $(PORT)
+
+# A fresh demo: the databases, the broker, the sandbox, the password and var/local.env
+# go; the virtualenv stays. The next `make run` seeds everything anew.
+reset:
+	rm -rf var/
+	@echo "The demo is gone; make run starts a fresh one."
 
 # The suite runs in parallel (pytest-xdist): TEST_WORKERS processes, each with its own
 # test databases, Redis database and ports (tests/support.py); a worker that is done

@@ -7,9 +7,10 @@ Production switches by environment only: DATABASE_URL, WORLD_DATABASE_URL,
 CELERY_BROKER_URL, EMAIL_URL, ANTHROPIC_API_KEY, DESK_BASE_URL, SECRET_KEY,
 ALLOWED_HOSTS and the HTTPS switches, each named as the setting it sets.
 
-DEBUG is off unless DEBUG=1 (``make run`` sets it; tests need neither). With
-DEBUG off, outside tests, the process refuses to start without SECRET_KEY and
-ALLOWED_HOSTS, so a known key is never used in production.
+DEBUG is off unless DEBUG=1 (``make run`` sets it, and writes it to var/local.env,
+which a local desk's processes read; tests need neither). With DEBUG off, outside
+tests, the process refuses to start without SECRET_KEY and ALLOWED_HOSTS, so a known
+key is never used in production.
 """
 
 from __future__ import annotations
@@ -80,6 +81,39 @@ def parse_proxy_ssl_header(value: str) -> tuple[str, str] | None:
 
 
 TESTING = "pytest" in sys.modules or env_bool("DESK_TESTING")
+
+
+def local_env_path() -> Path | None:
+    """The local desk's environment file: DESK_LOCAL_ENV (empty or "off": none), by
+    default var/local.env. Never under test, so a developer's demo desk cannot change
+    what the suite sees."""
+    if TESTING:
+        return None
+    chosen = os.environ.get("DESK_LOCAL_ENV")
+    if chosen is None:
+        return VAR_DIR / "local.env"
+    return None if chosen.strip().lower() in ("", "off") else Path(chosen)
+
+
+def local_env_load(path: Path | None) -> None:
+    """`make run` writes var/local.env (DEBUG=1): on the desk it made, manage.py works
+    without exporting anything. KEY=VALUE lines, # comments; the environment wins.
+    A production machine has no such file, so there DEBUG stays off and the keys
+    stay required."""
+    if path is None or not path.is_file():
+        return
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, equals, value = line.partition("=")
+        name = name.strip().removeprefix("export ").strip()
+        if not equals or not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name):
+            raise ImproperlyConfigured(f"{path}, line {number}: not NAME=value.")
+        os.environ.setdefault(name, value.strip())
+
+
+local_env_load(local_env_path())
 DEBUG = env_bool("DEBUG")
 
 if not DEBUG and not TESTING:
@@ -89,7 +123,7 @@ if not DEBUG and not TESTING:
             f"DEBUG is off, so Countersign will not start without {' and '.join(missing)}. "
             "In production set SECRET_KEY (50+ random characters) and ALLOWED_HOSTS (the desk's "
             'host names, comma-separated); see README.md, "Production environment". '
-            "For a local desk set DEBUG=1 instead (make run does)."
+            "For a local desk set DEBUG=1 instead (make run does, in var/local.env)."
         )
 
 # A known key only ever goes with DEBUG on (a local desk). Tests get a random one

@@ -34,14 +34,15 @@ def production_environment() -> dict[str, str]:
 
 def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     """manage.py in a process that sees only `env` (and PATH): not pytest, no DESK_TESTING,
-    no DEBUG unless `env` has it."""
+    no DEBUG unless `env` has it, and not the var/local.env a `make run` here may have
+    written (tests/desk/test_local_env.py tests that file)."""
     return subprocess.run(
         [sys.executable, "manage.py", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=60,
-        env={"PATH": os.environ["PATH"], **env},
+        env={"PATH": os.environ["PATH"], "DESK_LOCAL_ENV": "off", **env},
     )
 
 

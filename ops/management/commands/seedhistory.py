@@ -31,6 +31,9 @@ from django.utils import timezone
 
 from approvals.gate import RuleGate
 from approvals.models import ApprovalRequest, ApprovalVote, GateRule, Proposal, RuleMode
+from approvals.notify.inbox import preferences_save
+from approvals.notify.kinds import PREFERENCE_KIND_NAMES
+from approvals.notify.models import NotificationPreference
 from approvals.policy.rules import RULE_COLUMNS, RuleTerms, enabled_rules_by_mode
 from approvals.policy.shadow import shadow_verdicts
 from runs.gate import ALLOW, NEEDS_APPROVAL
@@ -109,6 +112,7 @@ class Command(BaseCommand):
         if calls < 1 or days < 1:
             raise CommandError("--calls and --days must be at least 1.")
         if once and Run.objects.filter(agent_version=AGENT_VERSION).exists():
+            self._quiet_history_people()  # a desk seeded before they were kept quiet
             self.stdout.write("History: already there.")
             return
         User = get_user_model()
@@ -121,6 +125,7 @@ class Command(BaseCommand):
                 if not GateRule.objects.filter(name=shadow["name"]).exists():
                     GateRule.objects.create(**shadow)
             reviewers = self._reviewers()
+            self._quiet_history_people()
             rules = _rules()
             made = seed_history(
                 rules=rules,
@@ -165,6 +170,16 @@ class Command(BaseCommand):
                 user = User.objects.get(username=username)
             people[username] = user
         return people
+
+    def _quiet_history_people(self) -> None:
+        """The history's own people (priya, tomas) are demo people: they never get an
+        email about live work, only an entry in their in-app inbox."""
+        User = get_user_model()
+        quiet = {kind: NotificationPreference.Delivery.NONE for kind in PREFERENCE_KIND_NAMES}
+        for username, full_name, *_ in REVIEWERS:
+            user = User.objects.filter(username=username).first() if full_name else None
+            if user is not None:
+                preferences_save(user=user, choices=quiet)
 
 
 def _rules() -> Rules:

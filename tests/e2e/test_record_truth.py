@@ -45,6 +45,7 @@ def test_a_second_refund_run_reads_as_failed_and_refused_not_as_verified(page, u
     screenshot(page, "run-outcome-failed", tmp_path)
 
 
+@pytest.mark.usefixtures("per_order_over_500")  # a second rule that holds on the ₹2,900 refund
 def test_an_approval_shows_the_rule_it_was_asked_under_after_an_admin_raised_it(page, users, tmp_path):
     run = start(requester=users["requester"])
     approval = pending(run)

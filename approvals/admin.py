@@ -81,12 +81,11 @@ class RuleListForm(ThresholdChecked, forms.ModelForm):
 
 @admin.register(GateRule)
 class GateRuleAdmin(admin.ModelAdmin):
-    # Fits a 1366 px screen beside the filters: short headers, the condition in one
-    # column (its value stays editable in place), who decides and the SLA folded in.
+    # Fits a 1366 px screen beside the filters: short headers, the live condition under
+    # the name (its value stays editable in place), who decides and the SLA folded in.
     list_display = [
         "named",
         "tool",
-        "when",
         "value",
         "effect",
         "mode",
@@ -147,15 +146,6 @@ class GateRuleAdmin(admin.ModelAdmin):
             state,
             _flag(rule),
         )
-
-    @admin.display(description="when", ordering="field")
-    def when(self, rule: GateRule) -> str:
-        """The condition without its value ("amount >"): the value is the next column,
-        editable in place."""
-        condition = rule.condition
-        if rule.value and condition.endswith(" " + rule.value):
-            condition = condition[: -len(rule.value) - 1]
-        return condition
 
     @admin.display(description="decides", ordering="required_group__name")
     def who_decides(self, rule: GateRule) -> str:

@@ -66,7 +66,7 @@ class Sample:
     outcome: str
     by_total: bool  # decided by a running total (as a single call with nothing before)
     total_note: str = ""
-    also: tuple[str, ...] = ()  # rules below whose condition holds too
+    also: tuple[str, ...] = ()  # rules below with a condition that holds too (catch-alls aside)
 
 
 @dataclass
@@ -252,7 +252,7 @@ def _decide(live, arg, value, labels, models, spec, irreversible, money) -> Samp
             continue
         if decided is None:
             decided, by_total = term, total
-        else:
+        elif term.field or term.aggregate:  # a catch-all below "holds" on every call: not news
             also.append(labels[term.id])
     if decided is None:
         if spec is not None and spec.is_read:

@@ -21,8 +21,12 @@ from approvals.models import (
 )
 from approvals.notify.notifications import notifications_resend
 from approvals.notify.webhooks import webhook_retry, webhook_send_test
+from approvals.policy.overlap import name_contradiction, number_refusal, plain_threshold, rule_overlap
 from approvals.record.audit import rule_record
+from approvals.tuning import change_effect
 from runs.admin import ReadOnlyAdmin
+from runs.selectors import money_reason
+from tools.money import rupees
 
 RULE_FIELDS = [
     "name",
@@ -47,7 +51,28 @@ RULE_FIELDS = [
 ]
 
 
-class RuleListForm(forms.ModelForm):
+class ThresholdChecked:
+    """A rule form's value as the gate will compare it: "3,000" becomes 3000, and a
+    value that is not a number for a numeric argument ("abc", "NaN", "1e400", -5 for
+    an amount) is refused (``approvals.policy.overlap.number_refusal``)."""
+
+    def clean(self):
+        data = super().clean()
+        tool = data.get("tool", self.instance.tool)
+        field = data.get("field", self.instance.field)
+        if "value" in data:
+            data["value"] = plain_threshold(data["value"] or "")
+            refusal = number_refusal(tool, field, data["value"])
+            if refusal and not self.has_error("value"):
+                self.add_error("value", refusal)
+        return data
+
+
+class RuleForm(ThresholdChecked, forms.ModelForm):
+    pass
+
+
+class RuleListForm(ThresholdChecked, forms.ModelForm):
     """A row of the rule list: the value edited in place in a narrow box."""
 
     class Meta:
@@ -56,12 +81,11 @@ class RuleListForm(forms.ModelForm):
 
 @admin.register(GateRule)
 class GateRuleAdmin(admin.ModelAdmin):
-    # Fits a 1366 px screen beside the filters: short headers, the condition in one
-    # column (its value stays editable in place), who decides and the SLA folded in.
+    # Fits a 1366 px screen beside the filters: short headers, the live condition under
+    # the name (its value stays editable in place), who decides and the SLA folded in.
     list_display = [
-        "name",
+        "named",
         "tool",
-        "when",
         "value",
         "effect",
         "mode",
@@ -74,8 +98,13 @@ class GateRuleAdmin(admin.ModelAdmin):
     list_filter = ["mode", "enabled", "effect", "tool", "aggregate", "required_group"]
     list_select_related = ["required_group"]
     search_fields = ["name", "tool", "field", "value"]
-    readonly_fields = ["version", "updated_at"]
-    fields = [*RULE_FIELDS, "version", "updated_at"]
+    readonly_fields = ["live_condition", "version", "updated_at"]
+    fields = ["name", "live_condition", *RULE_FIELDS[1:], "version", "updated_at"]
+    form = RuleForm
+    change_form_template = "admin/approvals/gaterule/change_form.html"
+
+    class Media:
+        css = {"all": ["css/admin-rules.css"]}
 
     def get_changelist_form(self, request, **kwargs):
         kwargs.setdefault("form", RuleListForm)
@@ -86,14 +115,37 @@ class GateRuleAdmin(admin.ModelAdmin):
         # lead back) it fits a 1366 px screen beside its filters.
         return super().changelist_view(request, {"is_nav_sidebar_enabled": False, **(extra_context or {})})
 
-    @admin.display(description="when", ordering="field")
-    def when(self, rule: GateRule) -> str:
-        """The condition without its value ("amount >"): the value is the next column,
-        editable in place."""
-        condition = rule.condition
-        if rule.value and condition.endswith(" " + rule.value):
-            condition = condition[: -len(rule.value) - 1]
-        return condition
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        # Which rules share this rule's calls, in the gate's order, and who decides at
+        # sample values (approvals.policy.overlap); the template renders it.
+        rule = self.get_object(request, object_id)
+        extra = {"overlap": rule_overlap(rule)} if rule is not None else {}
+        return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
+
+    @admin.display(description="rule", ordering="name")
+    def named(self, rule: GateRule) -> str:
+        """The name, its live condition under it, and a flag when the two disagree."""
+        return format_html(
+            '{}<span class="rule-condition" data-testid="rule-condition">{}</span>{}',
+            rule.name,
+            money_reason(rule.condition),
+            _flag(rule),
+        )
+
+    @admin.display(description="live condition")
+    def live_condition(self, rule: GateRule) -> str:
+        if rule.pk is None:
+            return "—"
+        state = "" if rule.enabled else " (disabled)"
+        state = state or (" (shadow: records only)" if rule.mode != "live" else "")
+        return format_html(
+            '<span data-testid="rule-condition">{}</span> → {}, priority {}{}{}',
+            money_reason(rule.condition),
+            rule.get_effect_display(),
+            rule.priority,
+            state,
+            _flag(rule),
+        )
 
     @admin.display(description="decides", ordering="required_group__name")
     def who_decides(self, rule: GateRule) -> str:
@@ -108,9 +160,11 @@ class GateRuleAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         before = model_to_dict(GateRule.objects.get(pk=obj.pk), RULE_FIELDS) if change else {}
+        after = model_to_dict(obj, RULE_FIELDS)
+        # Replayed before the save: the what-if compares with the live rules as they stand.
+        effect = change_effect(obj.pk, before, after) if change else None
         obj._recorded_by_admin = True  # recorded here, with who changed what (approvals.receivers)
         super().save_model(request, obj, form, change)  # save() bumps the version
-        after = model_to_dict(obj, RULE_FIELDS)
         changed = {k: [before.get(k), v] for k, v in after.items() if before.get(k) != v}
         # The version's content as a digest: verify holds the live rule against it.
         rule_record(
@@ -121,6 +175,10 @@ class GateRuleAdmin(admin.ModelAdmin):
             detail=f"{obj.name}: "
             + "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items()),
         )
+        if effect is not None:
+            self.message_user(request, _effect_message(effect), messages.INFO)
+        if flag := name_contradiction(obj):
+            self.message_user(request, f"{obj.label}: {flag} Rename it?", messages.WARNING)
 
     def delete_model(self, request, obj):
         AuditEvent.objects.create(
@@ -136,6 +194,61 @@ class GateRuleAdmin(admin.ModelAdmin):
         # "Delete selected": each deletion is recorded like a single one.
         for rule in queryset:
             self.delete_model(request, rule)
+
+
+def _flag(rule: GateRule) -> str:
+    why = name_contradiction(rule)
+    return format_html(' <span class="name-flag" data-testid="name-flag">⚠ {}</span>', why) if why else ""
+
+
+def _effect_message(effect) -> str:
+    """The 30-day replay of a rule change, as the message after the save."""
+    if effect.result is None:
+        parts = []
+        if effect.why_not:
+            parts.append(format_html("the threshold change was not replayed: {}", effect.why_not))
+        if effect.not_replayed:
+            parts.append(
+                format_html(
+                    "the what-if replays threshold changes (operator, value) only; not replayed: {}",
+                    "; ".join(effect.not_replayed),
+                )
+            )
+        return format_html(
+            '<span data-testid="rule-effect">Over the last 30 days: {}.</span>',
+            format_html_join("; ", "{}", ((p,) for p in parts)),
+        )
+    r = effect.result
+    harm = ", ".join(
+        f"{rupees(h.value) if h.field == 'amount' else h.value} (run {h.run_id})" for h in r.harm[:5]
+    )
+    return format_html(
+        '<span data-testid="rule-effect">The last 30 days with {} instead of {}: {} call{} of {} replayed; '
+        "approvals asked {} → {}; {} declined call{} it would now let through{}; {} call{} that ran "
+        'unreviewed it would now gate.{}{} <a href="{}">Try other values</a>.</span>',
+        effect.after,
+        effect.before,
+        r.calls,
+        "" if r.calls == 1 else "s",
+        effect.tool,
+        r.asked_now,
+        r.asked_with_change,
+        r.harm_missed,
+        "" if r.harm_missed == 1 else "s",
+        f" ({harm})" if harm else "",
+        r.extra,
+        "" if r.extra == 1 else "s",
+        format_html(
+            " Not replayed: {} (running totals: they may still gate some of these).",
+            ", ".join(r.aggregate_rules),
+        )
+        if r.aggregate_rules
+        else "",
+        format_html(" Also changed, not replayed: {}.", "; ".join(effect.not_replayed))
+        if effect.not_replayed
+        else "",
+        effect.analytics_url,
+    )
 
 
 class VoteInline(admin.TabularInline):

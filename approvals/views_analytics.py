@@ -29,6 +29,7 @@ from approvals.analytics import (
     what_if,
 )
 from approvals.models import GateRule, RuleMode
+from approvals.policy.overlap import number_refusal, plain_threshold
 from runs.gate import NEEDS_APPROVAL
 
 PERIODS = {"24h": ("Last 24 hours", timedelta(hours=24)), "7d": ("Last 7 days", timedelta(days=7))}
@@ -73,7 +74,9 @@ class PeriodForm(forms.Form):
 class WhatIfForm(forms.Form):
     """A change to a live rule's threshold, or a draft rule. Every value is checked
     against the rules and tools as they are: a forged rule id or argument is an
-    error, never a replay of something that does not exist."""
+    error, never a replay of something that does not exist; a threshold for a numeric
+    argument must be a number ("abc", "NaN", "1e400" and a negative amount are refused;
+    "3,000" is read as 3000), as the admin requires (``number_refusal``)."""
 
     CHANGE, DRAFT = "change", "draft"
 
@@ -89,8 +92,11 @@ class WhatIfForm(forms.Form):
         data = super().clean()
         if self.errors:
             return data
+        data["value"] = plain_threshold(data.get("value") or "")
         if data["whatif"] == self.CHANGE:
             rule = self._live_rule(data.get("rule"))
+            if refusal := number_refusal(rule.tool, rule.field, data["value"]):
+                raise ValidationError({"value": refusal})
             if not data.get("value"):
                 raise ValidationError({"value": "Give the value to compare with (e.g. 3000)."})
             data["change"] = WhatIf(
@@ -115,6 +121,8 @@ class WhatIfForm(forms.Form):
         if draft.field and not draft.value:
             raise ValidationError({"value": "Give the value to compare the argument with."})
         draft.clean()  # the admin's own checks: the tool exists, the argument is one of its
+        if refusal := number_refusal(draft.tool, draft.field, draft.value):
+            raise ValidationError({"value": refusal})
         data["change"] = WhatIf(
             tool=draft.tool, field=draft.field, operator=draft.operator, value=draft.value, effect=effect
         )

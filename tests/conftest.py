@@ -57,3 +57,28 @@ def desk(transactional_db, tmp_path, demo):
     desk = Desk(tmp_path)
     yield desk
     desk.stop()
+
+
+@pytest.fixture
+def per_order_over_500(demo):
+    """A per-order running total over ₹500 (reviewers, priority 5, under the per-call
+    rules): the aggregate rule these tests exercise. The demo shipped it until issue 21,
+    when it caught every refund over ₹500 and hid a raised "Refunds over ₹500"; the demo
+    now guards ₹5,000 in total instead (seeddemo)."""
+    from django.contrib.auth.models import Group
+
+    from approvals.models import GateRule
+
+    return GateRule.objects.create(
+        name="Refunds per order over ₹500 in total",  # not the retired demo name: seeddemo leaves it
+        tool="refund_item",
+        aggregate="sum",
+        field="amount",
+        scope="fact",
+        scope_fact="order_id",
+        operator="gt",
+        value="500",
+        effect="needs_approval",
+        priority=5,
+        required_group=Group.objects.get(name="reviewers"),
+    )

@@ -328,6 +328,7 @@ def test_a_reviewer_driving_an_external_agent_cannot_approve_its_own_call(users,
     assert own.read(answer["id"]).json()["decision"] == "pending"
 
 
+@pytest.mark.usefixtures("per_order_over_500")  # a total over ₹500 (tests/conftest.py)
 def test_an_external_agent_splitting_a_refund_meets_the_running_total(bot):
     """Two refunds of ₹300 on one order, each under the ₹500 threshold: the demo's
     per-order total rule counts the one already allowed, so the second waits."""

@@ -1,8 +1,8 @@
 """Aggregate rules: a running total, so that splitting a payment does not beat a threshold.
 
-seeddemo's "Refunds per order over ₹500 in total need approval" sums refund_item's
-amount per order_id over all time, below the per-call rules and above the catch-all
-"Refunds up to ₹500" allow.
+"Refunds per order over ₹500 in total" (the ``per_order_over_500``
+fixture: the demo's rule until issue 21) sums refund_item's amount per order_id over
+all time, below the per-call rules and above the catch-all "Other refunds" allow.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from tools.models import Payment
 # The gate, not the agent's workflow, is under test here: refund-desk without stages.
 pytestmark = [
     pytest.mark.django_db(databases=["default", "world"]),
-    pytest.mark.usefixtures("plain_refund_desk"),
+    pytest.mark.usefixtures("plain_refund_desk", "per_order_over_500"),
 ]
 
-PER_ORDER = "Refunds per order over ₹500 in total need approval"
+PER_ORDER = "Refunds per order over ₹500 in total"
 
 
 def refund(amount, order="A-1001", reason="Partial refund"):

@@ -6,7 +6,7 @@ of queries whatever the history's size.
 
 The history is written directly (bulk_create), as `seedhistory` does: each run read
 its order (allowed) and asked for one refund, gated as the demo's rules gate it
-(over ₹5,000: senior reviewers; over ₹500: reviewers; up to ₹500: allowed).
+(over ₹5,000: senior reviewers; over ₹500: reviewers; other refunds: allowed).
 """
 
 from __future__ import annotations
@@ -288,7 +288,7 @@ def test_raising_the_threshold_from_500_to_3000_reports_approvals_saved_and_harm
     assert f'data-testid="approvals-saved">{len(slipped)}<' in page
     assert f'data-testid="harm-missed">{result.harm_missed}<' in page
     assert "₹2,500.00" in page  # a declined refund it would have let through, formatted
-    assert "Not replayed: Refunds per order over ₹500 in total" in page
+    assert "Not replayed: Refunds per order over ₹5,000 in total" in page
 
 
 def test_a_draft_rule_tried_first_reports_what_it_would_let_through(history, users):
@@ -396,7 +396,7 @@ def test_a_forged_rule_id_is_a_clear_error_and_nothing_is_replayed(users):
         effect="needs_approval",
         mode=RuleMode.SHADOW,
     )
-    aggregate = GateRule.objects.get(name="Refunds per order over ₹500 in total need approval")
+    aggregate = GateRule.objects.get(name="Refunds per order over ₹5,000 in total")
     every_call = GateRule.objects.get(name="Emails to customers")
     for rule_id, why in (
         (999999, "There is no enabled live rule #999999."),

@@ -135,16 +135,16 @@ def test_cancelling_a_run_cancels_its_pending_approvals(users):
         decide(the_approval(run), users["reviewer"])
 
 
-PER_ORDER = "Refunds per order over ₹500 in total need approval"
+PER_ORDER = "Refunds per order over ₹5,000 in total"
 
 
 def test_the_gate_sees_rule_changes_at_once_and_skips_disabled_rules(users):
     from approvals.policy.rules import enabled_rules
 
     names = [r.name for r in enabled_rules("refund_item")]
-    assert names == ["Refunds over ₹5,000", "Refunds over ₹500", PER_ORDER, "Refunds up to ₹500"]
+    assert names == ["Refunds over ₹5,000", PER_ORDER, "Refunds over ₹500", "Other refunds"]
     GateRule.objects.filter(name__in=["Refunds over ₹500", PER_ORDER]).update(enabled=False)
-    assert [r.name for r in enabled_rules("refund_item")] == ["Refunds over ₹5,000", "Refunds up to ₹500"]
+    assert [r.name for r in enabled_rules("refund_item")] == ["Refunds over ₹5,000", "Other refunds"]
     run = start(requester=users["requester"])
     assert Payment.objects.get().amount == 2900  # ₹2,900 now falls to the allow rule
     assert the_approval(run).tool_call.tool_name == "send_email"

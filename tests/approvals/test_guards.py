@@ -646,6 +646,7 @@ def test_a_guard_is_reminded_and_escalated_after_the_guard_sla_but_never_expires
 
 
 # --- aggregate rules ---------------------------------------------------------------
+@pytest.mark.usefixtures("per_order_over_500")  # a total over ₹500 (tests/conftest.py)
 def test_a_write_of_unknown_outcome_counts_toward_a_total(users):
     """Its effect may have happened: ₹450 of unknown outcome + ₹100 passes the
     ₹500-per-order total, though ₹100 alone is under every per-call rule."""

@@ -201,6 +201,7 @@ def test_a_grant_of_two_lets_two_more_refunds_run_and_the_third_waits(users):
     assert ApprovalRequest.objects.filter(run=run).count() == 2
 
 
+@pytest.mark.usefixtures("per_order_over_500")  # a total over ₹500 (tests/conftest.py)
 def test_a_call_above_the_remaining_cap_needs_approval_as_usual(users):
     run = granted_run(users, 600, 700, 400, 800, terms=StandingTerms(max_amount=Decimal(1500)))
     grant = the_grant(run)
@@ -213,6 +214,7 @@ def test_a_call_above_the_remaining_cap_needs_approval_as_usual(users):
     assert Payment.objects.filter(amount=800).count() == 0
 
 
+@pytest.mark.usefixtures("per_order_over_500")  # a total over ₹500 (tests/conftest.py)
 def test_a_refund_split_into_pieces_in_one_reply_counts_every_piece(users):
     # The exact repeat of the approved refund is settled by the engine (not run twice,
     # not counted); each piece counts against the cap, even within one reply.

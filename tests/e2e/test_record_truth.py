@@ -21,9 +21,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(databases=["default", "worl
 
 def test_a_second_refund_run_reads_as_failed_and_refused_not_as_verified(page, users, tmp_path):
     finished_demo(users)  # A-1001 is refunded, its customer emailed, T-1 closed
-    # The reviewer approves its refund, which then fails; its email and close are refused
-    # by stage; its claim is not checked green against the first run's effects.
-    again = approve_all(start(requester=users["requester"]), users["reviewer"])
+    # A senior approves its refund (a second ₹2,900 takes A-1001 over ₹5,000 in total:
+    # senior reviewers), which then fails; its email and close are refused by stage; its
+    # claim is not checked green against the first run's effects.
+    again = approve_all(start(requester=users["requester"]), users["senior"])
     assert again.status == Run.Status.WAITING_APPROVAL and again.guard == "verify"
     approval_decide(
         approval_id=ApprovalRequest.objects.get(run=again, kind="verify", status="pending").pk,
@@ -45,6 +46,7 @@ def test_a_second_refund_run_reads_as_failed_and_refused_not_as_verified(page, u
     screenshot(page, "run-outcome-failed", tmp_path)
 
 
+@pytest.mark.usefixtures("per_order_over_500")  # a second rule that holds on the ₹2,900 refund
 def test_an_approval_shows_the_rule_it_was_asked_under_after_an_admin_raised_it(page, users, tmp_path):
     run = start(requester=users["requester"])
     approval = pending(run)
@@ -65,7 +67,7 @@ def test_an_approval_shows_the_rule_it_was_asked_under_after_an_admin_raised_it(
 
 def test_the_rule_as_decided_and_the_outcome_fit_a_400_px_screen(page, users, tmp_path):
     finished_demo(users)
-    again = approve_all(start(requester=users["requester"]), users["reviewer"])
+    again = approve_all(start(requester=users["requester"]), users["senior"])  # over ₹5,000 in total
     run = start(requester=users["requester"])
     GateRule.objects.filter(name="Refunds over ₹500").update(value="3000", version=2)
     sign_in(page, "reviewer")

@@ -22,6 +22,7 @@ pytestmark = [
 PROCESSES = 4
 
 
+@pytest.mark.usefixtures("per_order_over_500")  # tests/conftest.py: a total over ₹500
 def test_concurrent_refunds_on_one_order_cannot_all_slip_under_the_total(desk):
     scenario = desk.scenario(
         script(

@@ -211,6 +211,7 @@ def test_a_parent_keeps_the_messages_a_live_fork_shares(users, plain_refund_desk
         assert verify(run)["ok"]
 
 
+@pytest.mark.usefixtures("per_order_over_500")  # a total over ₹500 (tests/conftest.py)
 def test_a_purged_refund_still_counts_in_its_orders_total(users, plain_refund_desk):
     first = age(start(script(turn(refund(400)), {"text": "Done."}), requester=users["requester"]), 100)
     assert first.status == Run.Status.DONE

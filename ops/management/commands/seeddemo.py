@@ -24,7 +24,9 @@ USERS = (
 )
 # name, tool, field, operator, value, effect, priority, group
 RULES = (
-    ("Refunds up to ₹500", "refund_item", "", "gt", "", "allow", 0, None),
+    # The catch-alls are named for what they are, not for a threshold of another rule
+    # (raising "Refunds over ₹500" would leave "Refunds up to ₹500" saying the wrong thing).
+    ("Other refunds", "refund_item", "", "gt", "", "allow", 0, None),
     ("Refunds over ₹500", "refund_item", "amount", "gt", "500", "needs_approval", 10, "reviewers"),
     ("Refunds over ₹5,000", "refund_item", "amount", "gt", "5000", "needs_approval", 20, "senior-reviewers"),
     ("Emails to customers", "send_email", "", "gt", "", "needs_approval", 10, "reviewers"),
@@ -35,26 +37,37 @@ RULES = (
     ("Creating users", "create_user", "", "gt", "", "allow", 0, None),
     ("Sandbox files", "create_file", "", "gt", "", "allow", 0, None),
     ("Renaming files", "rename_file", "", "gt", "", "allow", 0, None),
-    ("Charges up to ₹1,000", "charge_card", "", "gt", "", "allow", 0, None),
+    ("Other charges", "charge_card", "", "gt", "", "allow", 0, None),
     ("Charges over ₹1,000", "charge_card", "amount", "gt", "1000", "needs_approval", 10, "reviewers"),
 )
 # Aggregate rules: a running total, so that splitting a refund does not beat the
-# threshold. Below the per-call rules, above the catch-all allow.
+# senior threshold: 3 x ₹2,000 on one order reaches senior reviewers like one ₹6,000
+# refund. It guards the senior threshold, not the reviewers' one: at ₹500 in total it
+# caught every refund over ₹500 again, so raising "Refunds over ₹500" seemed to do
+# nothing. Between the two per-call rules (priority 15): tried before "Refunds over
+# ₹500", or a split's third refund would reach reviewers, not seniors.
 AGGREGATE_RULES = (
     {
-        "name": "Refunds per order over ₹500 in total need approval",
+        "name": "Refunds per order over ₹5,000 in total",
         "tool": "refund_item",
         "aggregate": "sum",
         "field": "amount",
         "scope": "fact",
         "scope_fact": "order_id",
         "operator": "gt",
-        "value": "500",
+        "value": "5000",
         "effect": "needs_approval",
-        "priority": 5,
-        "group": "reviewers",
+        "priority": 15,
+        "group": "senior-reviewers",
     },
 )
+# Rules an earlier seeddemo made that shadowed the ones above: disabled (a recorded
+# change) when still as seeded (version 1, nobody edited them); edited ones are left alone.
+RETIRED_RULES = {
+    "Refunds per order over ₹500 in total need approval": "Refunds per order over ₹5,000 in total",
+    "Refunds up to ₹500": "Other refunds",
+    "Charges up to ₹1,000": "Other charges",
+}
 RULE_FIELDS = ("name", "tool", "field", "operator", "value", "effect", "priority", "group")
 
 
@@ -143,3 +156,9 @@ class Command(BaseCommand):
                 continue
             group = fields.pop("group")
             GateRule.objects.create(**fields, required_group=Group.objects.get(name=group) if group else None)
+        for rule in GateRule.objects.filter(name__in=RETIRED_RULES, version=1, enabled=True):
+            rule.enabled = False
+            rule.save()  # recorded: a new version, disabled
+            self.stdout.write(
+                f"Disabled the earlier demo rule {rule.name!r}: {RETIRED_RULES[rule.name]!r} replaces it."
+            )

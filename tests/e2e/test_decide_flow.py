@@ -5,6 +5,7 @@ page that fits a 400 px screen."""
 from __future__ import annotations
 
 import pytest
+from playwright.sync_api import expect
 
 from approvals.models import ApprovalRequest
 from tests.helpers import decide_and_advance, pending, run_advance_until_settled, script, start, turn
@@ -46,10 +47,14 @@ def test_a_reviewer_approves_three_items_with_the_keyboard_only(page, desk, user
                 screenshot(page, "approval-decided", tmp_path)
             page.keyboard.press("n")
     # No worker here: the last run has not moved on, so the page may not say yet that
-    # nothing else is waiting (its run could ask again). Once it ends, it does.
-    assert "The run is continuing" in page.get_by_test_id("next-offer").inner_text()
+    # nothing else is waiting (its run could ask again). Once it moves on, the page
+    # says where it stopped (here: its verification, which this reviewer may decide).
+    offer = page.get_by_test_id("next-offer")
+    assert "The run is continuing" in offer.inner_text()
+    assert "Nothing else is waiting" not in offer.inner_text()
     run_advance_until_settled(items[-1].run_id)
-    page.get_by_test_id("next-offer").get_by_text("Nothing else is waiting for you.").wait_for()
+    expect(page.get_by_test_id("run-next")).to_be_visible()
+    assert "The run is continuing" not in offer.inner_text()
     assert [a.status for a in ApprovalRequest.objects.filter(pk__in=[i.pk for i in items])] == [
         "approved"
     ] * 3

@@ -34,10 +34,11 @@ from approvals.decisions.selectors import (
     approvals_decidable_by,
     approvals_visible_to,
     claimed_by_someone_else,
+    group_names,
 )
 from approvals.models import ApprovalRequest, ApprovalVote, GateRule
 from approvals.policy.decided import DecidedRule, rule_as_decided
-from runs.models import GuardKind, ToolCall
+from runs.models import GuardKind, Run, ToolCall
 
 # How urgent a pending approval is: the queue's order, computed in the database so that
 # it sorts and pages there. Escalated first; then those with an SLA by due time (the
@@ -451,3 +452,56 @@ def next_decidable(approval: ApprovalRequest, *, user) -> ApprovalRequest | None
         size=1,
     )
     return first[0] if first else None
+
+
+# How a run that ended is told after a decision ("Run #12 finished.").
+RUN_ENDED = {
+    Run.Status.DONE: "finished",
+    Run.Status.FAILED: "failed",
+    Run.Status.CANCELLED: "was cancelled",
+    Run.Status.HANDED_OVER: "was handed over to a person",
+    Run.Status.ROLLED_BACK: "was rolled back",
+}
+
+
+@dataclass(frozen=True)
+class AfterDecision:
+    """What became of a decided approval's run, and what is next for the reviewer (the
+    approval page after a decision, refreshed by its status poll).
+
+    ``state``: ``continuing`` (the run goes on: nothing waits on it yet), ``yours`` (it
+    paused on an approval this reviewer may decide: ``waiting``, also ``next_for_you``),
+    ``others`` (it paused on one someone else decides: ``who``), ``ended`` (``ended``
+    says how). ``next_for_you``: the run's own next approval if it is theirs, else the
+    most urgent one they may decide elsewhere (next_decidable), else None; "nothing
+    else is waiting" is only true once the run is not ``continuing``."""
+
+    state: str
+    run: Run
+    waiting: ApprovalRequest | None = None
+    who: str = ""
+    ended: str = ""
+    next_for_you: ApprovalRequest | None = None
+
+    @property
+    def nothing_else(self) -> bool:
+        return self.next_for_you is None and self.state != "continuing"
+
+
+def after_decision(approval: ApprovalRequest, *, user) -> AfterDecision:
+    """The run's next state after ``approval`` was decided, read now (see AfterDecision)."""
+    run = Run.objects.get(pk=approval.run_id)
+    elsewhere = next_decidable(approval, user=user)
+    if run.status in RUN_ENDED:
+        return AfterDecision("ended", run, ended=RUN_ENDED[run.status], next_for_you=elsewhere)
+    waiting = (
+        ApprovalRequest.objects.filter(run=run, status=ApprovalRequest.Status.PENDING)
+        .select_related("tool_call", "proposal")
+        .order_by("created_at", "id")
+        .first()
+    )
+    if waiting is None:
+        return AfterDecision("continuing", run, next_for_you=elsewhere)
+    if approvals_decidable_by(user).filter(pk=waiting.pk).exists():
+        return AfterDecision("yours", run, waiting=waiting, next_for_you=waiting)
+    return AfterDecision("others", run, waiting=waiting, who=group_names(waiting), next_for_you=elsewhere)

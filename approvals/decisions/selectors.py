@@ -305,7 +305,7 @@ class ApprovalContext:
     # What would run, argument by argument (None: the input is not an object).
     arguments: list[tuple[str, object]] | None = None
     # What the tool tells a reviewer about what would run, read from the world now
-    # (call_notes); only while it waits for a decision.
+    # (call_notes); warnings only while it waits for a decision.
     facts: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     # The rule the request was asked under, as recorded (``rule_as_decided``), and the
@@ -344,7 +344,12 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
     shown = proposal.input if proposal else call.input
     spec = find_tool(call.tool_name)
     transcript = transcript_entries(messages, call_input=shown, keep_unfolded=keep_unfolded)
-    facts, warnings = call_notes(approval) if approval.status == ApprovalRequest.Status.PENDING else ([], [])
+    facts, warnings = call_notes(approval)
+    if approval.status != ApprovalRequest.Status.PENDING:
+        # Decided: the facts are still the world now (the page says so, and re-reads them
+        # with its status), so they include what the decision let run; the warnings were
+        # for deciding (a refund that ran would warn of itself as a repeat).
+        warnings = []
     rule = rule_as_decided(approval)
     return ApprovalContext(
         approval=approval,

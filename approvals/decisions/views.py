@@ -8,6 +8,7 @@ from django.contrib import messages
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import trigger_client_event
@@ -16,8 +17,9 @@ from approvals.decisions.claims import approval_break_claim, approval_claim, app
 from approvals.decisions.decision import Decision
 from approvals.decisions.errors import AlreadyDecided
 from approvals.decisions.forms import EditArgumentsForm
+from approvals.decisions.freshness import desk_version, fragment_etag, tagged, unchanged
 from approvals.decisions.guards import guard_context
-from approvals.decisions.queue import neighbours, next_decidable
+from approvals.decisions.queue import after_decision, neighbours, next_decidable
 from approvals.decisions.selectors import (
     APPROVAL_PAGE_RELATIONS,
     DECIDE_PERMISSION,
@@ -57,12 +59,23 @@ def _approval(request, approval_id: int) -> ApprovalRequest:
     return approval
 
 
-def _page_context(request, approval: ApprovalRequest) -> dict:
+def _status_key(approval_id: int, shown: str) -> str:
+    # The status poll says which status its page shows (?shown=): one that saw it
+    # pending and finds it decided gets the decision region too.
+    return f"approval-status:{approval_id}:{shown}"
+
+
+def _page_context(request, approval: ApprovalRequest, *, version: int | None = None) -> dict:
+    # Read before anything the page shows (freshness.desk_version).
+    version = desk_version() if version is None else version
     prev_id, next_id = neighbours(approval, user=request.user)
     refusal = decide_refusal(user=request.user, approval=approval)
     if refusal is None and has_approved_current(request.user, approval):
         refusal = "You approved these arguments; they need another reviewer's approval."
     pending = approval.status == ApprovalRequest.Status.PENDING
+    # Decided: what became of the run and what is next for this reviewer, read anew on
+    # every refresh of the status (queue.after_decision).
+    after = None if pending else after_decision(approval, user=request.user)
     return {
         # A guard shows what it found and its own actions; a call, what would run.
         "ctx": guard_context(approval) if approval.is_guard else approval_context(approval),
@@ -77,7 +90,14 @@ def _page_context(request, approval: ApprovalRequest) -> dict:
         "next_id": next_id,
         # Once this one is off the reviewer's hands (decided, or theirs no more to
         # decide): the next one they may decide (n).
-        "next_decidable": next_decidable(approval, user=request.user) if refusal or not pending else None,
+        "next_decidable": after.next_for_you
+        if after
+        else (next_decidable(approval, user=request.user) if refusal else None),
+        "after": after,
+        "status_url": f"{reverse('approval-detail', args=[approval.pk])}?shown={approval.status}",
+        "status_etag": fragment_etag(
+            _status_key(approval.pk, approval.status), user=request.user, version=version
+        ),
         "nav_section": "queue",
         "now": timezone.now(),
         # An htmx fragment shows its own flash messages; a full page shows them at the top.
@@ -85,29 +105,65 @@ def _page_context(request, approval: ApprovalRequest) -> dict:
     }
 
 
-def _decided_fragments(request, context: dict, *, main: str = "decision") -> HttpResponse:
-    """The ``main`` region htmx asked for and, swapped out of band, the others that
-    would still say "Pending" (the decision, the status panel, the header's age): the
-    page shows the final state at once. Flash messages go in the main region only."""
-    html = render_to_string(f"approvals/approval_detail.html#{main}", context, request=request)
-    for region in ("decision", "status", "age"):
-        if region != main:
-            oob = {**context, "oob": True, "inline_messages": False}
-            html += render_to_string(f"approvals/approval_detail.html#{region}", oob, request=request)
+# The approval page's regions a decision changes, besides the one htmx asked for; the
+# facts (read from the world now) and the offer of what is next live in partials.
+REGIONS = {
+    "decision": "approvals/approval_detail.html#decision",
+    "status": "approvals/approval_detail.html#status",
+    "age": "approvals/approval_detail.html#age",
+    "facts": "approvals/_call_facts.html",
+    "next": "approvals/_next_offer.html",
+}
+
+
+def _decided_fragments(
+    request, context: dict, *, main: str = "decision", others: tuple[str, ...] = ("decision", "status", "age")
+) -> HttpResponse:
+    """The ``main`` region htmx asked for and, swapped out of band, the ``others`` that
+    would still say "Pending" (the decision, the status panel, the header's age) and
+    the facts, read again: the page shows the final state at once. Flash messages go
+    in the main region only."""
+    html = render_to_string(REGIONS[main], context, request=request)
+    oob = {**context, "oob": True, "inline_messages": False}
+    for region in (*others, "facts"):
+        if region != main and (region != "facts" or not context["approval"].is_guard):
+            html += render_to_string(REGIONS[region], oob, request=request)
     return HttpResponse(html)
 
 
 @require_GET
 def approval_detail(request, approval_id: int):
-    approval = _approval(request, approval_id)
-    context = _page_context(request, approval)
     if request.htmx and request.htmx.target == "approval-status":
-        if approval.status != ApprovalRequest.Status.PENDING:
-            # Decided elsewhere while this page was open: the decision form goes too
-            # (what was typed in it can no longer decide anything).
-            return _decided_fragments(request, context, main="status")
-        return render(request, "approvals/approval_detail.html#status", context)
-    return render(request, "approvals/approval_detail.html", context)
+        return _status_poll(request, approval_id)
+    approval = _approval(request, approval_id)
+    return render(request, "approvals/approval_detail.html", _page_context(request, approval))
+
+
+def _status_poll(request, approval_id: int) -> HttpResponse:
+    """The status panel's refresh, every second or so: 304 while nothing on the desk
+    changed (one query; it says nothing of whether the approval exists), else the panel
+    and what else it moves."""
+    version = desk_version()
+    shown = request.GET.get("shown", "")
+    if (
+        response := unchanged(
+            request, fragment_etag(_status_key(approval_id, shown), user=request.user, version=version)
+        )
+    ) is not None:
+        return response
+    approval = _approval(request, approval_id)
+    context = _page_context(request, approval, version=version)
+    if approval.status == ApprovalRequest.Status.PENDING:
+        response = render(request, REGIONS["status"], context)
+    elif shown != approval.status:
+        # Decided elsewhere while this page was open: the decision form goes too
+        # (what was typed in it can no longer decide anything).
+        response = _decided_fragments(request, context, main="status")
+    else:
+        # Decided before: the run's next state and the facts move on; the decision
+        # region (and its flash message) stays as it is.
+        response = _decided_fragments(request, context, main="status", others=("next",))
+    return tagged(response, context["status_etag"])
 
 
 def _edited_input(request, approval: ApprovalRequest) -> dict | None:

@@ -9,14 +9,18 @@ from urllib.parse import urlencode
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.http import HttpResponse
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import reswap, retarget, trigger_client_event
 
 from approvals.decisions.bulk import approvals_bulk_decide, approvals_bulk_preview
+from approvals.decisions.context_processors import NAV_KEY
 from approvals.decisions.forms import ALL, YOURS, BulkDecisionForm, QueueFilterForm
+from approvals.decisions.freshness import desk_version, fragment_etag, query_key, tagged, unchanged
 from approvals.decisions.queue import (
     QueueCursor,
     QueueKey,
@@ -33,11 +37,21 @@ PAGE_SIZE = 50
 # The summary of a bulk decision made without htmx, shown once by the queue it
 # redirects to (post/redirect/get: reloading the queue decides nothing again).
 BULK_SUMMARY = "desk_bulk_summary"
+# The rows' fragment, by its filters and cursor (freshness.query_key).
+ROWS_KEY = "queue-rows"
 
 
 @require_GET
 def nav_counts(request):
-    return render(request, "base.html#nav", {})
+    """The nav's counts alone (templates/approvals/_nav_counts.html): 304 while nothing
+    on the desk changed (freshness), else both counts, the second out of band."""
+    etag = fragment_etag(NAV_KEY, user=request.user, version=desk_version())
+    if (response := unchanged(request, etag)) is not None:
+        return response
+    context = {"nav_etag": etag, "oob": True}
+    html = render_to_string("approvals/_nav_counts.html#pending", context, request=request)
+    html += render_to_string("approvals/_nav_counts.html#mine", context, request=request)
+    return tagged(HttpResponse(html), etag)
 
 
 @require_GET
@@ -48,8 +62,16 @@ def queue(request):
 def _queue_page(
     request, *, bulk_form: BulkDecisionForm | None = None, bulk_confirm: dict | None = None, status: int = 200
 ):
+    # Before anything it shows is read (freshness): a change meanwhile refreshes the next poll.
+    version = desk_version()
     form = QueueFilterForm(request.GET)
     rows_only = bool(request.htmx) and request.htmx.target == "queue-rows"
+    if rows_only:
+        etag = fragment_etag(
+            query_key(ROWS_KEY, request.META.get("QUERY_STRING", "")), user=request.user, version=version
+        )
+        if (response := unchanged(request, etag)) is not None:
+            return response
     if not rows_only:
         # The rows alone have nowhere to show it; the whole page shows it at the top.
         for problem in form.problems():
@@ -65,6 +87,7 @@ def _queue_page(
     applied = form.applied()
     now = timezone.now()
     query = urlencode(applied)
+    here_query = urlencode({**applied, **page.here})
     context = {
         "page": page,
         "rows": queue_rows(page.object_list, user=request.user, now=now),
@@ -74,7 +97,8 @@ def _queue_page(
         "narrowing": narrowing,
         "query": query,
         # The rows refresh themselves where they are (the same filters and cursor).
-        "here_query": urlencode({**applied, **page.here}),
+        "rows_url": reverse("queue") + (f"?{here_query}" if here_query else ""),
+        "rows_etag": fragment_etag(query_key(ROWS_KEY, here_query), user=request.user, version=version),
         "previous_query": urlencode({**applied, **page.previous}) if page.previous else None,
         "next_query": urlencode({**applied, **page.next}) if page.next else None,
         "tab_queries": {YOURS: urlencode(narrowing), ALL: urlencode({"tab": ALL, **narrowing})},
@@ -94,8 +118,12 @@ def _queue_page(
     if not narrowing:
         # The nav's "Queue N" is the "yours to decide" tab, counted once for both.
         context["nav_pending"] = counts[YOURS]
-    template = "approvals/queue.html#rows" if rows_only else "approvals/queue.html"
-    return render(request, template, context, status=status)
+    context["nav_etag"] = fragment_etag(NAV_KEY, user=request.user, version=version)
+    if rows_only:
+        return tagged(
+            render(request, "approvals/queue.html#rows", context, status=status), context["rows_etag"]
+        )
+    return render(request, "approvals/queue.html", context, status=status)
 
 
 @dataclass

@@ -74,6 +74,23 @@
     if (el) { el.textContent = text; el.classList.add("asking"); }
   }
 
+  // Fragments that refresh themselves (the queue's rows, the nav's counts, the approval
+  // page's status) carry the ETag of what they show (data-etag): their poll asks
+  // "changed since?" and a 304, nothing changed, leaves them as they are (htmx would
+  // swap its empty body in). approvals/decisions/freshness.py says what the tag covers.
+  document.addEventListener("htmx:configRequest", function (event) {
+    var elt = event.detail.elt;
+    if (event.detail.verb === "get" && elt && elt.dataset && elt.dataset.etag) {
+      event.detail.headers["If-None-Match"] = elt.dataset.etag;
+    }
+  });
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    if (event.detail.xhr && event.detail.xhr.status === 304) {
+      event.detail.shouldSwap = false;
+      event.detail.isError = false;
+    }
+  });
+
   // A click anywhere on a queue row opens it (the first cell keeps a real link).
   document.addEventListener("click", function (event) {
     var row = event.target.closest && event.target.closest("tr[data-href]");

@@ -1,7 +1,9 @@
 """LLM adapters behind one small protocol: ``reply(system, messages, tools) -> Reply``.
 
 ``ScriptedLLM`` replays a scenario file and picks its turn by transcript
-position, so a resumed run gets the same reply. ``AnthropicLLM`` uses the
+position, so a resumed run gets the same reply. ``DemoLLM`` asks an agent's demo
+model (``AgentSpec.demo_model``: a pure function of the task and the tool results so
+far) for its next turn, so a resumed run gets the same reply too. ``AnthropicLLM`` uses the
 official SDK with tool use. Errors come out as ``TransientLLMError`` (retry
 later, by re-scheduling the task) or ``PermanentLLMError`` (fail the run).
 """
@@ -14,7 +16,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
 
+from tools.demo import task_of
 from tools.inputs import UnsafeJSON, check_json, parse_json
+from tools.registry import DemoModel
 
 
 class LLMError(Exception):
@@ -164,38 +168,13 @@ class CallerTurns:
         return Decimal(0)
 
 
-class ScriptedLLM:
-    """Replays a scenario; the turn is the number of assistant turns so far."""
+class _TranscriptPosition:
+    """Running totals over the transcript seen so far (assistant turns, input tokens),
+    so a reply costs the same at turn 2,000 as at turn 2 when the caller appends to
+    one list."""
 
-    def __init__(self, scenario: dict) -> None:
-        self.turns = validate_scenario(scenario)["turns"]
-        # Running totals over the transcript seen so far, so a reply costs the
-        # same at turn 2,000 as at turn 2 when the caller appends to one list.
-        self._seen_list: list[dict] | None = None
-        self._seen: tuple[int, int, int] = (0, 0, 0)  # length, assistant turns, tokens
-        self.max_output_tokens = max(
-            [estimate_tokens(self._content(i)) for i in range(len(self.turns))] or [1]
-        )
-
-    def cost_of(self, input_tokens: int, output_tokens: int) -> Decimal:
-        return Decimal(0)  # a script costs nothing
-
-    def _content(self, turn_index: int) -> list[dict]:
-        if turn_index >= len(self.turns):
-            return [{"type": "text", "text": "(end of script)"}]
-        turn = self.turns[turn_index]
-        content = [{"type": "text", "text": turn["text"]}] if turn.get("text") else []
-        for j, call in enumerate(turn.get("tool_calls", [])):
-            content.append(
-                {
-                    "type": "tool_use",
-                    # Deterministic, so a replayed turn carries the same ids.
-                    "id": f"toolu_s{turn_index:04d}_{j}",
-                    "name": call["name"],
-                    "input": call.get("input", {}),
-                }
-            )
-        return content
+    _seen_list: list[dict] | None = None
+    _seen: tuple[int, int, int] = (0, 0, 0)  # length, assistant turns, tokens
 
     def _position(self, system: str, messages: list[dict]) -> tuple[int, int]:
         length, turns, tokens = self._seen
@@ -207,12 +186,72 @@ class ScriptedLLM:
         self._seen_list, self._seen = messages, (len(messages), turns, tokens)
         return turns, tokens
 
+
+def turn_content(turn: dict, turn_index: int) -> list[dict]:
+    """A scenario's or a demo model's turn as a reply's content, its tool_use ids
+    deterministic (``toolu_s<turn>_<n>``), so a replayed turn carries the same ids."""
+    content = [{"type": "text", "text": turn["text"]}] if turn.get("text") else []
+    for j, call in enumerate(turn.get("tool_calls", [])):
+        content.append(
+            {
+                "type": "tool_use",
+                "id": f"toolu_s{turn_index:04d}_{j}",
+                "name": call["name"],
+                "input": call.get("input", {}),
+            }
+        )
+    return content
+
+
+class ScriptedLLM(_TranscriptPosition):
+    """Replays a scenario; the turn is the number of assistant turns so far."""
+
+    def __init__(self, scenario: dict) -> None:
+        self.turns = validate_scenario(scenario)["turns"]
+        self.max_output_tokens = max(
+            [estimate_tokens(self._content(i)) for i in range(len(self.turns))] or [1]
+        )
+
+    def cost_of(self, input_tokens: int, output_tokens: int) -> Decimal:
+        return Decimal(0)  # a script costs nothing
+
+    def _content(self, turn_index: int) -> list[dict]:
+        if turn_index >= len(self.turns):
+            return [{"type": "text", "text": "(end of script)"}]
+        return turn_content(self.turns[turn_index], turn_index)
+
     def reply(self, *, system: str, messages: list[dict], tools: list[dict]) -> Reply:
         turn_index, input_tokens = self._position(system, messages)
         usage = Usage(input_tokens=input_tokens)
         content = self._content(turn_index)
         usage.output_tokens = estimate_tokens(content)
         return Reply(content=content, usage=usage)
+
+
+class DemoLLM(_TranscriptPosition):
+    """An agent's demo model (``AgentSpec.demo_model``, tools.demo) behind the LLM
+    protocol: the offline default for a run with no script. The task is the
+    transcript's first user message; the turn's number (for the ids) is the number of
+    assistant turns so far."""
+
+    # A demo turn quotes at most a reason (500 characters) and a reviewer's comment
+    # (tools.demo.MAX_QUOTE) beside a few sentences: well under this many tokens.
+    max_output_tokens = 1_000
+
+    def __init__(self, model: DemoModel) -> None:
+        self.model = model
+
+    def cost_of(self, input_tokens: int, output_tokens: int) -> Decimal:
+        return Decimal(0)  # it runs here: it costs nothing
+
+    def reply(self, *, system: str, messages: list[dict], tools: list[dict]) -> Reply:
+        turn_index, input_tokens = self._position(system, messages)
+        try:
+            turn = validate_scenario({"turns": [self.model(task_of(messages), messages)]})["turns"][0]
+        except ScenarioError as exc:
+            raise PermanentLLMError(f"the demo model gave a turn that is not one: {exc}") from exc
+        content = turn_content(turn, turn_index)
+        return Reply(content=content, usage=Usage(input_tokens, estimate_tokens(content)))
 
 
 # --- Anthropic --------------------------------------------------------------

@@ -26,6 +26,7 @@ from approvals.notify.notifications import notification_send
 from runs.engine import run_advance_until_settled
 from runs.models import Message, Run, ToolCall
 from runs.services import run_create
+from tools.refund_desk.agent import DEMO_TASK
 
 
 # --- runs --------------------------------------------------------------------------
@@ -126,7 +127,7 @@ def finished_demo(users) -> Run:
     """The refund-desk demo to the end, every gated call approved by the reviewer: the
     refund (step 2) and the email (step 3); the ticket is closed (step 4) without
     asking; done at step 6."""
-    run = approve_all(start(requester=users["requester"]), users["reviewer"])
+    run = approve_all(start(task=DEMO_TASK, requester=users["requester"]), users["reviewer"])
     assert run.status == Run.Status.DONE
     return run
 

@@ -299,6 +299,8 @@ class Transition:
 RequirementsFunction = Callable[[dict, "RunRecord | None"], list[Check]]
 # task_params(task) -> parameters an agent takes from its task's text.
 TaskParamsFunction = Callable[[str], dict]
+# demo_model(task, messages) -> the next turn, {"text": str, "tool_calls": [{"name", "input"}]}.
+DemoModel = Callable[[str, list[dict]], dict]
 
 
 @dataclass(frozen=True)
@@ -308,6 +310,10 @@ class AgentSpec:
     tool_names: tuple[str, ...]
     demo_script: dict = field(default_factory=dict)
     demo_task: str = ""
+    # The offline model a run without a script gets: ``(task, messages) -> {"text",
+    # "tool_calls"}``, a pure function of the task and the tool results so far
+    # (tools.demo). None: the run replays ``demo_script``.
+    demo_model: DemoModel | None = None
     # Guards. Budgets: what a run gets unless its requester asks otherwise, and the
     # most a requester may ask for (an admin may go above).
     budget_default: Budget = field(default_factory=lambda: Budget(steps=50))

@@ -44,6 +44,7 @@ from ..llm import (
     LLM,
     AnthropicLLM,
     CallerTurns,
+    DemoLLM,
     PermanentLLMError,
     Reply,
     ScenarioError,
@@ -81,7 +82,10 @@ def llm_for_run(run: Run) -> LLM:
             model=settings.ANTHROPIC_MODEL,
             base_url=settings.ANTHROPIC_BASE_URL,
         )
-    script = run.script if run.script is not None else get_agent(run.agent).demo_script
+    agent = get_agent(run.agent)
+    if run.script is None and agent.demo_model is not None:
+        return DemoLLM(agent.demo_model)  # the offline default: it follows its task
+    script = run.script if run.script is not None else agent.demo_script
     try:
         return ScriptedLLM(script)
     except ScenarioError as exc:

@@ -34,6 +34,7 @@ from runs.models import Run
 from runs.saga import run_rewind
 from runs.services import run_cancel, run_create
 from tests.helpers import client_for, decide, deliver, script, start, the_approval, turn
+from tools.refund_desk.agent import DEMO_TASK
 
 # The gate, not the agent's workflow, is under test here: refund-desk without stages.
 pytestmark = [
@@ -77,7 +78,7 @@ class FlakySMTP:
 
 
 def test_reviewers_allowed_to_decide_get_one_email_each_with_html_text_link_and_facts(users):
-    run = start(requester=users["requester"])
+    run = start(task=DEMO_TASK, requester=users["requester"])  # its reason: "Item arrived broken"
     approval = the_approval(run)
     assert deliver() == ["sent", "sent", "sent"]
 

@@ -19,6 +19,7 @@ from runs.saga import run_rollback
 from runs.tasks import rollback_run
 from tests.helpers import finished_demo, start
 from tools.models import WorldFault
+from tools.refund_desk.agent import DEMO_SCRIPT
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
 
@@ -108,7 +109,9 @@ def test_an_empty_desk_reports_zeros(db):
 
 def test_runs_approvals_and_steps_are_counted(users):
     done = finished_demo(users)  # two approvals decided
-    waiting = start(requester=users["requester"])  # one pending, on the refunds rule
+    # One pending, on the refunds rule: the demo script asks for A-1001 again (the demo
+    # model would see it refunded already and ask nothing).
+    waiting = start(DEMO_SCRIPT, requester=users["requester"])
     assert waiting.status == Run.Status.WAITING_APPROVAL
     # Known times and totals, as workers would have recorded them.
     pending = ApprovalRequest.objects.get(run=waiting, status="pending")

@@ -10,6 +10,7 @@ from playwright.sync_api import expect
 from approvals.decisions.decision import Decision
 from runs.models import Run
 from tests.helpers import decide_and_advance, finished_demo, start
+from tools.refund_desk.agent import DEMO_SCRIPT
 
 from .conftest import screenshot, sign_in
 
@@ -22,8 +23,9 @@ PAGE_WIDTH = "document.documentElement.scrollWidth"
 @pytest.fixture
 def refund_declined(users, plain_refund_desk):
     """The demo to the end, in this process, with the refund declined as a duplicate:
-    the model's last reply still says it refunded."""
-    run = start(requester=users["requester"])
+    the model's last reply still says it refunded (the demo script does; the demo model
+    would not)."""
+    run = start(DEMO_SCRIPT, requester=users["requester"])
     decide_and_advance(run, users["reviewer"], Decision.decline("duplicate of an earlier refund"))
     decide_and_advance(run, users["reviewer"])
     assert run.status == Run.Status.DONE

@@ -39,7 +39,9 @@ def test_startrun_prints_the_run_id_first_and_sync_pauses_at_the_gate(demo):
 
 
 def test_runstatus_json_lists_pending_approvals(demo):
-    run_id = run_command("startrun", "--agent", "refund-desk", "--task", "t", "--sync").split()[0]
+    run_id = run_command(
+        "startrun", "--agent", "refund-desk", "--task", "Refund order A-1001", "--sync"
+    ).split()[0]
     data = json.loads(run_command("runstatus", run_id, "--json"))
     assert data["status"] == "waiting_approval"
     [item] = data["pending_approvals"]
@@ -49,7 +51,9 @@ def test_runstatus_json_lists_pending_approvals(demo):
 
 
 def test_decide_and_showcheckpoint_from_the_command_line(demo):
-    run_id = run_command("startrun", "--agent", "refund-desk", "--task", "t", "--sync").split()[0]
+    run_id = run_command(
+        "startrun", "--agent", "refund-desk", "--task", "Refund order A-1001", "--sync"
+    ).split()[0]
     approval = ApprovalRequest.objects.get()
     out = run_command(
         "decide",
@@ -119,7 +123,9 @@ def test_unknown_ids_and_names_get_a_clear_error(demo, args, message):
 
 
 def test_showcheckpoint_names_the_steps_that_exist(demo):
-    run_id = run_command("startrun", "--agent", "refund-desk", "--task", "t", "--sync").split()[0]
+    run_id = run_command(
+        "startrun", "--agent", "refund-desk", "--task", "Refund order A-1001", "--sync"
+    ).split()[0]
     with pytest.raises(CommandError, match="no checkpoint for step 7 \\(closed steps: 2\\)"):
         run_command("showcheckpoint", run_id, "--step", "7")
 

@@ -19,6 +19,7 @@ from runs.services import run_create
 from tests.helpers import decide, decide_and_advance, pending, script, start, tool_results, turn
 from tools import counters, payments
 from tools.models import FileOperation, Note, OutboxEmail, Payment, ProviderFault, Ticket
+from tools.refund_desk.agent import DEMO_SCRIPT
 
 # The gate, not the agent's workflow, is under test here: refund-desk without stages.
 pytestmark = [
@@ -290,7 +291,7 @@ class ExplodingGate(ReadsOnlyGate):
 def test_an_unexpected_error_is_retried_a_bounded_number_of_times(users, settings):
     settings.DESK_GATE = "tests.runs.test_engine.ExplodingGate"
     settings.DESK_LLM_MAX_ATTEMPTS = 2
-    run = run_create(agent_name="refund-desk", task="t", enqueue=False)
+    run = run_create(agent_name="refund-desk", task="Refund order A-1001", enqueue=False)
     first = run_advance(run.pk)
     assert first.outcome == Outcome.RETRY and first.retry_after == 2
     run.refresh_from_db()
@@ -307,8 +308,9 @@ def test_an_unexpected_error_is_retried_a_bounded_number_of_times(users, setting
 # --- what runs is what was approved, and nothing half-done ----------------------------
 def test_arguments_changed_after_the_approval_are_not_executed(users):
     """Someone with database access raises an approved refund before a worker runs it:
-    the worker checks the arguments against what was approved and runs nothing."""
-    run = start(requester=users["requester"])
+    the worker checks the arguments against what was approved and runs nothing (the
+    demo script goes on to its email; the demo model would stop and say so)."""
+    run = start(DEMO_SCRIPT, requester=users["requester"])
     decide(pending(run), users["reviewer"])  # ₹2,900 on A-1001 approved; not run yet
     refund = ToolCall.objects.get(run=run, tool_name="refund_item")
     raised = {**refund.input, "order_id": "A-1003", "amount": 12000}

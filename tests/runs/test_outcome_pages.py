@@ -20,6 +20,7 @@ from runs.selectors import args_summary, outcome_of_calls, run_outcome, run_outc
 from runs.services import run_create
 from runs.templatetags.runs_extras import money_reason, rupees
 from tests.helpers import client_for, decide_and_advance, finished_demo, get_html, script, start, turn
+from tools.refund_desk.agent import DEMO_SCRIPT
 
 pytestmark = [
     pytest.mark.django_db(databases=["default", "world"]),
@@ -31,8 +32,9 @@ FINAL_CLAIM = "Refunded ₹2,900.00 for order A-1001, emailed ada@example.com an
 
 def refund_declined(users, comment: str = "duplicate") -> Run:
     """The demo to the end with the refund declined by the reviewer and the email
-    approved: the model's final reply still says it refunded."""
-    run = start(requester=users["requester"])
+    approved: the model's final reply still says it refunded (the demo script does;
+    the demo model would not)."""
+    run = start(DEMO_SCRIPT, requester=users["requester"])
     decide_and_advance(run, users["reviewer"], Decision.decline(comment))
     decide_and_advance(run, users["reviewer"])
     assert run.status == Run.Status.DONE

@@ -31,6 +31,7 @@ from tests.helpers import (
     start,
     turn,
 )
+from tools.refund_desk.agent import DEMO_SCRIPT
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
 
@@ -44,8 +45,11 @@ def run_finished_hooks(settings):
 
 
 def demo_run(users) -> Run:
-    """The refund-desk demo as shipped (stages and requirements), every gated call approved."""
-    return approve_all(start(requester=users["requester"]), users["senior"])  # ₹5,800 on A-1001 in total
+    """The refund-desk demo script as shipped (stages and requirements), every gated call
+    approved. The script, not the demo model: a second one must claim what it did not do."""
+    return approve_all(
+        start(DEMO_SCRIPT, requester=users["requester"]), users["senior"]
+    )  # ₹5,800 on A-1001 in total
 
 
 def second_refund_run(users) -> Run:

@@ -44,7 +44,7 @@ def queued(task: str = "Refund order A-1001", requester=None) -> Run:
 
 def demo_with_the_email_declined(users) -> Run:
     """The demo script to the end: the refund approved, the email declined."""
-    run = start(requester=users["requester"])
+    run = start(DEMO_SCRIPT, requester=users["requester"])
     decide_and_advance(run, users["reviewer"], Decision.approve(comment="Within policy, photo attached"))
     decide_and_advance(run, users["reviewer"], Decision.decline("Customer asked for phone contact only"))
     return run

@@ -47,6 +47,7 @@ from tools.onboarding.actions import (
     verify_user,
     verify_webhook,
 )
+from tools.onboarding.demo_model import demo_turn
 from tools.onboarding.review import charge_context, charge_warnings
 from tools.registry import (
     COMPENSABLE,
@@ -298,6 +299,7 @@ register_agent(
             "call_webhook",
         ),
         demo_script=DEMO_SCRIPT,
+        demo_model=demo_turn,
         demo_task=DEMO_TASK,
         # No stages (any order of its steps makes sense) and no requirements: what
         # a finished onboarding must leave depends on the task, and each write's

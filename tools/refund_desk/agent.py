@@ -6,7 +6,6 @@ Scripts and tests rely on this exactly as ``docs/architecture.md`` describes.
 
 from __future__ import annotations
 
-import re
 from decimal import Decimal
 
 from django.db import transaction
@@ -46,6 +45,7 @@ from tools.refund_desk.actions import (
     verify_refund,
     verify_ticket,
 )
+from tools.refund_desk.demo_model import ORDER_IN_TEXT, demo_turn
 from tools.refund_desk.review import email_context, email_warnings, refund_context, refund_warnings
 from tools.registry import (
     COMPENSABLE,
@@ -246,7 +246,6 @@ DEMO_SCRIPT = {
 }
 
 # --- the agent's guards ------------------------------------------------------------
-ORDER_IN_TEXT = re.compile(r"\b[A-Z]-[0-9]{4}\b")  # ORDER_ID's pattern, inside a sentence
 
 
 def refund_task_params(task: str) -> dict:
@@ -419,6 +418,7 @@ register_agent(
             "add_note",
         ),
         demo_script=DEMO_SCRIPT,
+        demo_model=demo_turn,
         demo_task=DEMO_TASK,
         budget_default=BUDGET_DEFAULT,
         budget_ceiling=BUDGET_CEILING,

@@ -28,7 +28,7 @@ from .models import (
     Step,
     ToolCall,
 )
-from .reasons import is_amount, money_reason  # noqa: F401 (read from here by the pages)
+from .reasons import is_amount, money_reason
 from .saga import PERMISSION as UNDO_PERMISSION
 
 VIEW_ALL_PERMISSION = "runs.view_all_runs"
@@ -530,7 +530,7 @@ def outcome_lines_of_calls(calls, *, finished: bool = True) -> list[OutcomeLine]
                 by, reason = "the desk", text
         elif what == "denied":
             by = f"the rule “{call.verdict_rule}”" if call.verdict_rule else "the gate"
-            reason = call.verdict_reason or text
+            reason = money_reason(call.verdict_reason) or text
         elif what == "refused":
             stage = call.verdict_reason.removeprefix(STAGE_REFUSAL)
             by, reason = "its stage", f"not allowed in stage {stage}"

@@ -23,6 +23,7 @@ from approvals.notify.models import Notification
 from approvals.policy.decided import rule_as_decided
 from runs.history import live_at
 from runs.models import CallStatus, Message, Run, ToolCall
+from runs.reasons import money_reason
 from runs.selectors import args_summary, not_done_filter, not_done_what, outcome_lines_of_calls, run_outcome
 from tools.registry import arguments_in_order
 
@@ -110,7 +111,11 @@ def _why_unhonoured(call: ToolCall, decisions: dict[int, ApprovalRequest]) -> st
         who = f"declined by {_name(approval.decided_by)}" if approval.decided_by else "declined (timed out)"
         return f"{who}: {approval.comment}" if approval.comment else who
     if call.status == CallStatus.DENIED:
-        return f"denied by the rules: {call.verdict_reason}" if call.verdict_reason else "denied by the rules"
+        return (
+            f"denied by the rules: {money_reason(call.verdict_reason)}"
+            if call.verdict_reason
+            else "denied by the rules"
+        )
     if call.status == CallStatus.COMPENSATED:
         return "it ran, then was undone (compensated)"
     if call.status in (CallStatus.FAILED, CallStatus.UNKNOWN):

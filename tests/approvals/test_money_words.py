@@ -191,3 +191,27 @@ def test_an_old_reason_is_shown_in_rupees_and_never_rewritten_and_its_run_verifi
 )
 def test_old_reasons_read_in_rupees_and_others_as_they_are(text, shown):
     assert money_reason(text) == shown
+
+
+def test_an_old_denial_reads_in_rupees_under_the_run_in_runstatus_and_the_requester_s_email(
+    users, monkeypatch
+):
+    GateRule.objects.create(
+        name="Refunds over ₹10,000 are refused", tool="refund_item", field="amount", operator="gt",
+        value="10000", effect="deny", priority=2000,
+    )  # fmt: skip
+    monkeypatch.setattr(
+        "approvals.policy.rules.single_reason",
+        lambda field, actual, op, value, money: f"{field} {actual} {op} {value}",
+    )
+    run = start(script(turn(refund(12000)), {"text": "Refunded."}), requester=users["requester"])
+    monkeypatch.undo()
+    denied = ToolCall.objects.get(run=run, tool_name="refund_item")
+    assert denied.verdict_reason == "amount 12000 > 10000"  # as recorded then
+
+    shown = "amount ₹12,000.00 > ₹10,000.00"
+    assert shown in run_command("runstatus", str(run.pk))
+    assert html.escape(shown, quote=False) in get_html(client_for(users["requester"]), f"/runs/{run.pk}/")
+    deliver()
+    [email] = [m for m in mail.outbox if m.to == ["requester@countersign.local"]]
+    assert shown in email.body

@@ -16,7 +16,7 @@ import json
 import pytest
 from django.core import mail
 
-from approvals.models import GateRule
+from approvals.models import GateRule, WebhookDelivery, WebhookEndpoint
 from approvals.record.verify import verify_run
 from runs.models import Run, ToolCall
 from runs.reasons import money_reason
@@ -215,3 +215,19 @@ def test_an_old_denial_reads_in_rupees_under_the_run_in_runstatus_and_the_reques
     deliver()
     [email] = [m for m in mail.outbox if m.to == ["requester@countersign.local"]]
     assert shown in email.body
+
+
+def test_the_approval_opened_webhook_carries_the_words_and_the_figures(
+    users, django_capture_on_commit_callbacks
+):
+    WebhookEndpoint.objects.create(url="http://127.0.0.1:9/hooks", events=["approval.opened"])
+    with django_capture_on_commit_callbacks(execute=True):
+        split_refund(users)
+    [delivery] = WebhookDelivery.objects.filter(event="approval.opened")
+    sent = delivery.payload["data"]["approval"]
+    assert sent["reason"] == SPLIT
+    assert (sent["figures"]["so_far"], sent["figures"]["this"], sent["figures"]["total"]) == (
+        "490",
+        "450",
+        "940",
+    )

@@ -76,6 +76,24 @@ class Budgets(Schema):
     max_cost: str | None = Field(description="US dollars; None: no limit.")
 
 
+class AggregateFigures(Schema):
+    """An aggregate rule's figures, as plain decimal strings: read these, not the
+    reason's words ("amount ₹490.00 so far on order_id A-1001 + ₹450.00 = ₹940.00 > ₹500.00")."""
+
+    aggregate: Literal["sum", "count"]
+    field: str = Field(description="The argument added up ('' for a count).")
+    scope: str = Field(description="What was added up over: 'order_id A-1001', 'run 7', 'agent refund-desk'.")
+    so_far: str = Field(description="The total before this call: '490'.")
+    this: str = Field(description="This call's part: its amount, or 1 for a count.")
+    total: str = Field(description="so_far + this, compared with value.")
+    operator: str = Field(description="'>', '>=', '<', '<=', '=', '!='.")
+    value: str = Field(description="The rule's threshold: '500'.")
+    window_minutes: int | None = Field(description="Only calls this recent count; None: all time.")
+    money: bool | None = Field(
+        description="Whether the figures are rupees; None: recorded before it was said."
+    )
+
+
 class PendingRequest(Schema):
     """Something the run waits on: a gated call, or a guard (budget, stuck, ...)."""
 
@@ -84,6 +102,8 @@ class PendingRequest(Schema):
     tool: str | None = Field(description="The gated call's tool; None for a guard.")
     input: Any = Field(description="The arguments that would run (the current proposal).")
     args_hash: str = Field(description="Name it when deciding: a decision on other arguments is stale.")
+    reason: str = Field(description="Why it waits, in words, amounts in rupees.")
+    figures: AggregateFigures | None = Field(description="An aggregate rule's figures; None for others.")
 
 
 class RunSummary(Schema):
@@ -313,7 +333,8 @@ class ProposalOut(Schema):
     proposed_by: str | None = Field(description="None: the model's own call.")
     verdict: str
     rule: str
-    reason: str
+    reason: str = Field(description="Why the gate asked, in words, amounts in rupees.")
+    figures: AggregateFigures | None = Field(description="An aggregate rule's figures; None for others.")
     warnings: list[str]
 
 

@@ -27,6 +27,7 @@ from approvals.models import ApprovalRequest
 from approvals.policy.decided import rule_api_fields
 from runs.history import transcript_messages
 from runs.models import Run, Step, ToolCall
+from runs.reasons import aggregate_figures
 from runs.selectors import run_get, run_search, run_step_checkpoint
 
 
@@ -89,6 +90,9 @@ def pending_requests(run: Run) -> list[dict]:
             "tool": approval.tool_call.tool_name if approval.tool_call_id else None,
             "input": _shown_input(approval),
             "args_hash": approval.args_hash,
+            # Why it waits, in words and (an aggregate rule's) in figures.
+            "reason": approval.proposal.reason if approval.proposal_id else approval.reason,
+            "figures": aggregate_figures(approval.proposal.detail) if approval.proposal_id else None,
         }
         for approval in pending
     ]
@@ -214,6 +218,7 @@ def approval_document(approval: ApprovalRequest, *, user) -> dict:
             "verdict": proposal.verdict,
             "rule": proposal.rule_label,
             "reason": proposal.reason,
+            "figures": aggregate_figures(proposal.detail),
             "warnings": [str(w) for w in proposal.warnings or []],
         },
         "proposals": approval.proposals.count(),

@@ -41,9 +41,9 @@ class RuleGate:
         """What the live ``rules`` decide, first match by priority."""
         for index, rule in enumerate(rules):
             if rule.aggregate:
-                hit, why, detail = aggregate_matches(rule, run=run, call=call, facts=facts)
+                hit, why, detail = aggregate_matches(rule, run=run, call=call, facts=facts, money=spec.money)
             else:
-                (hit, why), detail = rule.matches(facts), None
+                (hit, why), detail = rule.matches(facts, money=spec.money), None
             if hit:
                 needs = _who_decides(rule.id) if run.dry_run and rule.effect == NEEDS_APPROVAL else ""
                 asks = rule.effect == NEEDS_APPROVAL or (spec.is_irreversible and rule.effect != DENY)
@@ -51,7 +51,9 @@ class RuleGate:
                 if asks and not run.dry_run:
                     # A person will be asked: note every other rule that holds too, for
                     # the record of the request ``hold`` opens (nothing else pays for it).
-                    others = matched_below(rules[index + 1 :], run=run, call=call, facts=facts)
+                    others = matched_below(
+                        rules[index + 1 :], run=run, call=call, facts=facts, money=spec.money
+                    )
                     matched = (matched_entry(rule, why, detail, decided=True), *others)
                 return Verdict(
                     rule.effect,

@@ -30,6 +30,7 @@ from approvals.notify.models import (  # noqa: F401
 from approvals.record.chain import event_content, event_hash, event_subject
 from runs.gate import GUARD_ACTIONS
 from runs.models import ApprovalStatus, Effect, GuardKind, Run, ToolCall
+from runs.reasons import window_text
 from tools.locks import lock_scope
 from tools.registry import find_tool
 
@@ -267,20 +268,11 @@ class GateRule(models.Model):
             where = {self.Scope.RUN: "per run", self.Scope.AGENT: "per agent"}.get(
                 self.scope, f"per {self.scope_fact}"
             )
-            window = f" over {_minutes(self.window_minutes)}" if self.window_minutes else ""
+            window = f" over {window_text(self.window_minutes)}" if self.window_minutes else ""
             return f"{what} {where}{window} {self.get_operator_display()} {self.value}"
         if not self.field:
             return "every call"
         return f"{self.field} {self.get_operator_display()} {self.value}"
-
-
-def _minutes(minutes: int) -> str:
-    if minutes % 1440 == 0:
-        days = minutes // 1440
-        return "24 h" if days == 1 else f"{days} days"
-    if minutes % 60 == 0:
-        return f"{minutes // 60} h"
-    return f"{minutes} min"
 
 
 def finite_number(value) -> Decimal | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections import defaultdict
 from copy import copy
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from .models import (
     Step,
     ToolCall,
 )
+from .reasons import is_amount, money_reason
 from .saga import PERMISSION as UNDO_PERMISSION
 
 VIEW_ALL_PERMISSION = "runs.view_all_runs"
@@ -243,30 +243,6 @@ def compact_args(value, *, limit: int = 160) -> str:
     ``limit`` characters."""
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str, sort_keys=True)
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def is_amount(name) -> bool:
-    """Whether an argument holds money: "amount", "refund_amount"."""
-    return str(name) == "amount" or str(name).endswith("_amount")
-
-
-# "amount 2900.0 > 500", "amount > 500", "total amount per order_id over 24 h >= 2000":
-# a rule's condition or a verdict's reason whose field is an amount.
-_MONEY_SUBJECT = re.compile(r"^(?:total )?(\w+)\b")
-_NUMBER = r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
-
-
-def money_reason(text) -> str:
-    """A rule's condition or a verdict's reason with its amounts as rupees:
-    "amount 2900.0 > 500" -> "amount ₹2,900.00 > ₹500.00". Text whose field is not an
-    amount ("to contains @example.com", "number of calls per run > 3") is shown as it is."""
-    text = "" if text is None else str(text)
-    subject = _MONEY_SUBJECT.match(text)
-    if subject is None or not is_amount(subject.group(1)):
-        return text
-    # The actual value right after the field, and the threshold after the operator.
-    figures = re.compile(rf"(?<=^{re.escape(subject.group(0))} ){_NUMBER}(?= )|(?<=[<>=] ){_NUMBER}$")
-    return figures.sub(lambda m: rupees(m.group(0)), text)
 
 
 def args_summary(value, *, tool: str = "", limit: int = 160, each: int = 60) -> str:
@@ -554,7 +530,7 @@ def outcome_lines_of_calls(calls, *, finished: bool = True) -> list[OutcomeLine]
                 by, reason = "the desk", text
         elif what == "denied":
             by = f"the rule “{call.verdict_rule}”" if call.verdict_rule else "the gate"
-            reason = call.verdict_reason or text
+            reason = money_reason(call.verdict_reason) or text
         elif what == "refused":
             stage = call.verdict_reason.removeprefix(STAGE_REFUSAL)
             by, reason = "its stage", f"not allowed in stage {stage}"

@@ -13,17 +13,22 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals.decisions.arguments import arg_value
+from approvals.decisions.bulk import shown_warnings
 from approvals.decisions.guards import guard_context
 from approvals.decisions.selectors import approval_sla_minutes, group_names, input_changes, proposal_threshold
 from approvals.models import ApprovalRequest
 from approvals.notify.inbox import notification_path
-from approvals.notify.kinds import Kind
+from approvals.notify.kinds import REVIEWER_KINDS, Kind
 from approvals.notify.models import Notification
 from approvals.policy.decided import rule_as_decided
 from runs.history import live_at
 from runs.models import CallStatus, Message, Run, ToolCall
+from runs.reasons import money_reason
 from runs.selectors import args_summary, not_done_filter, not_done_what, outcome_lines_of_calls, run_outcome
 from tools.registry import arguments_in_order
+
+# The emails that ask a reviewer to decide a call: they carry its warnings.
+WARNED_KINDS = frozenset({*REVIEWER_KINDS, Kind.APPROVAL_PROPOSED})
 
 
 # --- rendering -------------------------------------------------------------
@@ -106,7 +111,11 @@ def _why_unhonoured(call: ToolCall, decisions: dict[int, ApprovalRequest]) -> st
         who = f"declined by {_name(approval.decided_by)}" if approval.decided_by else "declined (timed out)"
         return f"{who}: {approval.comment}" if approval.comment else who
     if call.status == CallStatus.DENIED:
-        return f"denied by the rules: {call.verdict_reason}" if call.verdict_reason else "denied by the rules"
+        return (
+            f"denied by the rules: {money_reason(call.verdict_reason)}"
+            if call.verdict_reason
+            else "denied by the rules"
+        )
     if call.status == CallStatus.COMPENSATED:
         return "it ran, then was undone (compensated)"
     if call.status in (CallStatus.FAILED, CallStatus.UNKNOWN):
@@ -168,6 +177,9 @@ def notification_context(note: Notification) -> dict:
             link=run_link(run.pk) if note.kind == Kind.APPROVAL_DECLINED else approval_link(approval.pk),
             waited_minutes=int((timezone.now() - approval.created_at).total_seconds() // 60),
             sla_minutes=approval_sla_minutes(approval),
+            # What the desk's page warns a reviewer of, first in the email; not in the
+            # requester's decline (a decided call: nothing is left to check).
+            warnings=shown_warnings(approval) if note.kind in WARNED_KINDS else [],
         )
     else:
         run = Run.objects.select_related("requester", "handed_over_to").get(pk=note.run_id)

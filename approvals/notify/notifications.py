@@ -67,7 +67,8 @@ from approvals.notify.models import Notification, NotificationPreference
 from approvals.notify.webhooks import webhook_run_ended
 from desk.logs import log_context
 from runs.models import Run
-from runs.selectors import money_reason, run_outcome
+from runs.reasons import reason_text
+from runs.selectors import run_outcome
 
 log = logging.getLogger(__name__)
 
@@ -171,18 +172,30 @@ def approval_subject(approval: ApprovalRequest, kind: str) -> str:
         return f"[Countersign] {headline}"
     call = approval.tool_call
     run = f"run {approval.run_id}"
+    proposal = approval.proposal
+    # The warnings stored with what would run ("repeats an earlier refund"): the email
+    # says them first; the subject says there are some.
+    warned = _warnings_note(proposal.warnings if proposal is not None else None)
     if kind == Kind.APPROVAL_REMINDER:
-        return f"[Countersign] Reminder: {call.tool_name} for {run} is waiting for a decision"
+        return f"[Countersign] Reminder: {call.tool_name} for {run} is waiting for a decision{warned}"
     if kind == Kind.APPROVAL_ESCALATED:
-        return f"[Countersign] Escalated: {call.tool_name} for {run} needs a senior reviewer"
+        return f"[Countersign] Escalated: {call.tool_name} for {run} needs a senior reviewer{warned}"
     if kind == Kind.APPROVAL_PROPOSED:
-        editor = approval.proposal.proposed_by
+        editor = proposal.proposed_by
         who = (editor.get_full_name() or editor.get_username()) if editor else "A reviewer"
         return (
             f"[Countersign] {who} proposes edited arguments for {call.tool_name} in {run}: "
-            f"approve? ({money_reason(approval.proposal.reason)})"
+            f"approve? ({reason_text(proposal.reason, proposal.detail)}){warned}"
         )
-    return f"[Countersign] Approve {call.tool_name} for {run}? ({money_reason(approval.reason)})"
+    why = reason_text(approval.reason, proposal.detail if proposal is not None else None)
+    return f"[Countersign] Approve {call.tool_name} for {run}? ({why}){warned}"
+
+
+def _warnings_note(warnings) -> str:
+    count = sum(1 for w in warnings if w) if isinstance(warnings, list) else 0
+    if not count:
+        return ""
+    return " · 1 warning" if count == 1 else f" · {count} warnings"
 
 
 def notify_reviewers(*, approval: ApprovalRequest, kind: str) -> list[Notification]:

@@ -22,7 +22,9 @@ Events (``data`` has ``run`` and, for approval events, ``approval``; each with i
 ``link`` into the desk, ``DESK_BASE_URL`` + path; no tool arguments, no secrets):
 
 - ``approval.opened``: a gated call waits for a decision (``opening.approval_open``,
-  ``announcer().approval_opened``);
+  ``announcer().approval_opened``); ``approval.reason`` says why in words, and
+  ``approval.figures`` an aggregate rule's figures as plain decimal strings
+  (so_far, this, total, value; None for other rules), for receivers that compare;
 - ``approval.decided``: a person decided it: ``approval.status`` approved (also when
   the approved arguments are a reviewer's edit: ``approval.edited`` true), declined
   or responded; on a guard or a hand-over, ``approval.action`` says what
@@ -111,6 +113,7 @@ from approvals.notify.endpoints import TEST_EVENT, webhook_address
 from approvals.notify.errors import UnsafeWebhookURL
 from approvals.notify.models import WebhookDelivery, WebhookEndpoint
 from desk.logs import log_context
+from runs.reasons import aggregate_figures
 from runs.selectors import run_outcome, run_outcome_lines
 
 log = logging.getLogger(__name__)
@@ -280,7 +283,9 @@ def webhook_approval_opened(*, approval: ApprovalRequest) -> list[WebhookDeliver
             event="run.needs_attention", event_id=f"approval:{approval.pk}:needs_attention", data=data
         )
     expires = approval.expires_at.isoformat() if approval.expires_at else None
-    data["approval"] = _approval_data(approval, expires_at=expires)
+    proposal = approval.proposal
+    figures = aggregate_figures(proposal.detail) if proposal is not None else None
+    data["approval"] = _approval_data(approval, expires_at=expires, figures=figures)
     return webhooks_record(event="approval.opened", event_id=f"approval:{approval.pk}:opened", data=data)
 
 

@@ -15,6 +15,7 @@ from approvals.models import GateRule, RuleMode, as_comparable, finite_number, p
 from runs.failpoints import pausepoint
 from runs.gate import Verdict
 from runs.models import Run, ToolCall
+from runs.reasons import aggregate_reason, single_reason
 from tools.locks import lock_scope
 
 OPERATOR_SYMBOLS = dict(GateRule.Operator.choices)
@@ -58,14 +59,17 @@ class RuleTerms:
         except TypeError:
             return False
 
-    def matches(self, facts: dict) -> tuple[bool, str]:
-        """Whether the call's facts meet the condition, and why, with the actual value."""
+    def matches(self, facts: dict, *, money: tuple[str, ...] = ()) -> tuple[bool, str]:
+        """Whether the call's facts meet the condition, and why, with the actual value
+        (as rupees, with the threshold, when the field is one of ``money``: the tool's
+        ``ToolSpec.money``)."""
         if not self.field:
             return True, "every call matches"
         if self.field not in facts:
             return False, ""
         actual = facts[self.field]
-        return self.compare(actual), f"{self.field} {actual} {self.operator_symbol} {self.value}"
+        why = single_reason(self.field, actual, self.operator_symbol, self.value, money=money)
+        return self.compare(actual), why
 
 
 COMPARISONS = {
@@ -145,16 +149,20 @@ def matched_entry(rule: RuleTerms, why: str, detail: dict | None, *, decided: bo
     }
 
 
-def matched_below(rules: list[RuleTerms], *, run, call, facts: dict) -> list[dict]:
+def matched_below(
+    rules: list[RuleTerms], *, run, call, facts: dict, money: tuple[str, ...] = ()
+) -> list[dict]:
     """The rules below the one that decided whose condition also holds on the call,
     read from the rules already loaded (an aggregate rule adds up its total, without
     locking it: it decides nothing). Only for a call a person will be asked about."""
     found = []
     for rule in rules:
         if rule.aggregate:
-            hit, why, detail = aggregate_matches(rule, run=run, call=call, facts=facts, lock=False)
+            hit, why, detail = aggregate_matches(
+                rule, run=run, call=call, facts=facts, lock=False, money=money
+            )
         else:
-            (hit, why), detail = rule.matches(facts), None
+            (hit, why), detail = rule.matches(facts, money=money), None
         if hit:
             found.append(matched_entry(rule, why, detail, decided=False))
     return found
@@ -182,11 +190,13 @@ def _matched_for(verdict: Verdict) -> list[dict] | None:
 
 
 def aggregate_matches(
-    rule: RuleTerms, *, run, call, facts: dict, lock: bool = True
+    rule: RuleTerms, *, run, call, facts: dict, lock: bool = True, money: tuple[str, ...] = ()
 ) -> tuple[bool, str, dict | None]:
     """Whether the running total of the tool's calls in the rule's scope, this
-    call included, meets the rule; why, in words; and the figures. ``lock`` False:
-    only to record that it held (``matched_below``), not to decide on it."""
+    call included, meets the rule; why, in words (``runs.reasons.aggregate_reason``:
+    rupees when the field is one of ``money``, the tool's ``ToolSpec.money``); and the
+    figures, as plain numbers for machines. ``lock`` False: only to record that it
+    held (``matched_below``), not to decide on it."""
     if rule.aggregate == GateRule.Aggregate.SUM:
         this = finite_number(facts.get(rule.field))
         if this is None:
@@ -216,10 +226,6 @@ def aggregate_matches(
     if lock:
         pausepoint("aggregate_review")  # race tests: hold the lock a while, as a slow commit would
     hit = rule.compare(total)
-    what = rule.field if rule.aggregate == GateRule.Aggregate.SUM else "calls"
-    op = rule.operator_symbol
-    so_far_text, this_text, total_text = plain_number(so_far), plain_number(this), plain_number(total)
-    why = f"{what} {so_far_text} so far on {scope} + {this_text} = {total_text} {op} {rule.value}"
     detail = {
         "aggregate": rule.aggregate,
         "field": rule.field,
@@ -228,11 +234,13 @@ def aggregate_matches(
         "so_far": plain_number(so_far),
         "this": plain_number(this),
         "total": plain_number(total),
-        "operator": op,
+        "operator": rule.operator_symbol,
         "value": rule.value,
         "window_minutes": rule.window_minutes,
+        # Whether the figures are rupees (a count never is), so every page says so alike.
+        "money": rule.aggregate == GateRule.Aggregate.SUM and rule.field in money,
     }
-    return hit, why, detail
+    return hit, aggregate_reason(detail), detail
 
 
 def _running_total_before_call(

@@ -37,9 +37,9 @@ def shadow_verdicts(*, run, call, spec, facts: dict, rules=None) -> tuple:
         rules = enabled_rules(call.tool_name, mode=RuleMode.SHADOW)
     for rule in rules:
         if rule.aggregate:
-            hit, why, _detail = aggregate_matches(rule, run=run, call=call, facts=facts)
+            hit, why, _detail = aggregate_matches(rule, run=run, call=call, facts=facts, money=spec.money)
         else:
-            hit, why = rule.matches(facts)
+            hit, why = rule.matches(facts, money=spec.money)
         entries.append(
             {
                 "rule_id": rule.id,

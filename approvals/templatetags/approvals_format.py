@@ -10,6 +10,7 @@ from django.utils import timezone
 from django.utils.text import Truncator
 
 from approvals.decisions import arguments, guards
+from runs import reasons
 from runs import selectors as runs_selectors
 from runs.selectors import is_amount
 from tools import money
@@ -103,24 +104,11 @@ def result_text(value) -> str:
     return pretty_json(value)
 
 
-@register.filter
-def aggregate_text(detail) -> str:
-    """An aggregate rule's figures for people: "₹2,450 so far on A-1001 + ₹490 = ₹2,940 > ₹500"."""
-    if not isinstance(detail, dict) or "total" not in detail:
-        return ""
-    money = detail.get("field") == "amount"
-
-    def show(value) -> str:
-        return rupees(value) if money else str(value)
-
-    window = detail.get("window_minutes")
-    within = f" in the last {window} min" if window else ""
-    counted = "" if detail.get("aggregate") == "sum" else " calls"
-    where = detail.get("where", detail.get("scope"))
-    return (
-        f"{show(detail['so_far'])}{counted} so far on {where}{within} + {show(detail['this'])} = "
-        f"{show(detail['total'])} {detail['operator']} {show(detail['value'])}"
-    )
+# An aggregate rule's figures for people: "amount ₹2,450.00 so far on order_id A-1001 +
+# ₹490.00 = ₹2,940.00 > ₹500.00" (runs.reasons: the gate writes its reasons so too).
+aggregate_text = register.filter("aggregate_text", reasons.aggregate_reason)
+# A verdict's reason, from its figures when it has them: ``reason|reason_text:detail``.
+reason_text = register.filter("reason_text", reasons.reason_text)
 
 
 @register.filter

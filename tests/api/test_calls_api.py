@@ -338,4 +338,4 @@ def test_an_external_agent_splitting_a_refund_meets_the_running_total(bot):
     )
     assert first["decision"] == "allow"
     assert second["decision"] == "pending"
-    assert "300 so far on order_id A-1001 + 300 = 600 > 500" in second["reason"]
+    assert "₹300.00 so far on order_id A-1001 + ₹300.00 = ₹600.00 > ₹500.00" in second["reason"]

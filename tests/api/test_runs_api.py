@@ -209,6 +209,8 @@ def test_a_waiting_run_shows_what_it_waits_on_with_the_hash_to_decide_it(users, 
             "tool": "refund_item",
             "input": {"order_id": "A-1001", "amount": 600, "reason": "Scratched case"},
             "args_hash": approval.args_hash,
+            "reason": "amount ₹600.00 > ₹500.00",
+            "figures": None,  # a rule on the call alone: no running total
         }
     ]
     assert body["usage"]["input_tokens"] == waiting_run.input_tokens

@@ -43,10 +43,10 @@ def test_a_model_splitting_a_refund_is_paused_when_the_order_total_passes_the_li
     assert [p.amount for p in Payment.objects.all()] == [490]
     approval = the_approval(run)
     assert approval.rule.name == PER_ORDER
-    assert approval.reason == "amount 490 so far on order_id A-1001 + 450 = 940 > 500"
+    assert approval.reason == "amount ₹490.00 so far on order_id A-1001 + ₹450.00 = ₹940.00 > ₹500.00"
     assert approval.proposal.detail["total"] == "940"
     page = get_html(client_for(users["reviewer"]), f"/desk/approvals/{approval.pk}/")
-    assert "₹490.00 so far on A-1001 + ₹450.00 = ₹940.00 &gt; ₹500.00" in page
+    assert "amount ₹490.00 so far on order_id A-1001 + ₹450.00 = ₹940.00 &gt; ₹500.00" in page
 
 
 def test_two_refunds_in_one_reply_are_added_up_before_either_runs(users):
@@ -58,7 +58,7 @@ def test_two_refunds_in_one_reply_are_added_up_before_either_runs(users):
     )
     calls = list(ToolCall.objects.filter(run=run).order_by("position"))
     assert [c.status for c in calls] == [ToolCall.Status.COMMITTED, ToolCall.Status.AWAITING_APPROVAL]
-    assert "300 so far on order_id A-1001 + 300 = 600 > 500" in calls[1].verdict_reason
+    assert "₹300.00 so far on order_id A-1001 + ₹300.00 = ₹600.00 > ₹500.00" in calls[1].verdict_reason
     assert [p.amount for p in Payment.objects.all()] == [300]
 
 
@@ -80,7 +80,7 @@ def test_earlier_runs_count_toward_the_order_total(users):
     start(script(turn(refund(400)), {"text": "Done."}), requester=users["requester"])
     second = start(script(turn(refund(200)), {"text": "Done."}), requester=users["requester"])
     assert second.status == Run.Status.WAITING_APPROVAL
-    assert "400 so far on order_id A-1001 + 200 = 600" in the_approval(second).reason
+    assert "₹400.00 so far on order_id A-1001 + ₹200.00 = ₹600.00" in the_approval(second).reason
 
 
 def test_a_declined_or_compensated_refund_no_longer_counts(users):
@@ -98,7 +98,7 @@ def test_an_approved_refund_counts_before_it_has_run(users):
     first = start(script(turn(refund(600)), {"text": "Done."}), requester=users["requester"])
     decide(the_approval(first), users["reviewer"])  # approved; its worker has not run it yet
     second = start(script(turn(refund(10)), {"text": "Done."}), requester=users["requester"])
-    assert "600 so far on order_id A-1001 + 10 = 610" in the_approval(second).reason
+    assert "₹600.00 so far on order_id A-1001 + ₹10.00 = ₹610.00" in the_approval(second).reason
 
 
 def test_a_window_counts_only_recent_calls(users):
@@ -128,7 +128,7 @@ def test_a_count_rule_limits_how_often_a_tool_runs_per_scope(users):
     run = start(script(*notes, {"text": "Done."}), requester=users["requester"])
     calls = list(ToolCall.objects.filter(run=run).order_by("step"))
     assert [c.status for c in calls] == ["committed", "committed", "denied"]
-    assert "calls 2 so far on order_id A-1002 + 1 = 3 > 2" in calls[2].result
+    assert "2 calls so far on order_id A-1002 + 1 = 3 > 2" in calls[2].result
 
 
 def test_an_agent_scope_adds_up_every_run_of_the_agent(users):
@@ -149,7 +149,8 @@ def test_an_agent_scope_adds_up_every_run_of_the_agent(users):
     third = start(script(turn(refund(300, "A-1002")), {"text": "Done."}))
     call = ToolCall.objects.get(run=third, tool_name="refund_item")
     assert call.status == ToolCall.Status.DENIED
-    assert "amount 800 so far on agent refund-desk + 300 = 1100 > 1000" in call.result
+    expected = "amount ₹800.00 so far on agent refund-desk in the last 24 h + ₹300.00 = ₹1,100.00 > ₹1,000.00"
+    assert expected in call.result
 
 
 @pytest.mark.parametrize(
@@ -219,7 +220,9 @@ def test_amounts_with_paise_add_up_exactly(users):
         script(turn(refund(0.01, reason="Rounding")), {"text": "Done."}), requester=users["requester"]
     )
     # 940.30 so far is not over 940.30; with the cent it is.
-    assert the_approval(run).reason == ("amount 940.3 so far on order_id A-1001 + 0.01 = 940.31 > 940.30")
+    assert the_approval(run).reason == (
+        "amount ₹940.30 so far on order_id A-1001 + ₹0.01 = ₹940.31 > ₹940.30"
+    )
 
 
 def test_a_window_counts_a_refund_from_when_it_ran_not_when_it_was_asked_for(users):
@@ -231,4 +234,5 @@ def test_a_window_counts_a_refund_from_when_it_ran_not_when_it_was_asked_for(use
     decide(the_approval(first), users["reviewer"])
     run_advance_until_settled(first.pk)  # asked for two hours ago, ran just now
     second = start(script(turn(refund(100)), {"text": "Done."}), requester=users["requester"])
-    assert "600 so far on order_id A-1001 + 100 = 700" in the_approval(second).reason
+    expected = "₹600.00 so far on order_id A-1001 in the last 1 h + ₹100.00 = ₹700.00"
+    assert expected in the_approval(second).reason

@@ -101,7 +101,7 @@ def test_a_reviewer_editing_past_the_senior_rule_waits_for_a_senior(users):
     assert (refund.order.order_id, refund.amount) == ("A-1003", 6000)
     call = ToolCall.objects.get(pk=approval.tool_call_id)
     assert call.original_input["amount"] == 600 and call.input["amount"] == 6000
-    assert call.verdict_rule.startswith("Refunds over ₹5,000") and "6000" in call.verdict_reason
+    assert call.verdict_rule.startswith("Refunds over ₹5,000") and "₹6,000.00" in call.verdict_reason
 
 
 def test_an_edit_into_a_deny_rule_is_refused_and_changes_nothing(users):
@@ -111,7 +111,7 @@ def test_an_edit_into_a_deny_rule_is_refused_and_changes_nothing(users):
     before = (approval.args_hash, AuditEvent.objects.count())
     response = post_edit(client_for(users["senior"]), approval, amount=11000, order_id="A-1003")
     assert response.status_code == 403
-    assert "refused by policy (Refunds over ₹10,000 are refused (v1)): amount 11000 &gt; 10000" in (
+    assert "refused by policy (Refunds over ₹10,000 are refused (v1)): amount ₹11,000.00 &gt; ₹10,000.00" in (
         response.content.decode()
     )
     approval.refresh_from_db()

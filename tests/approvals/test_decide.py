@@ -122,7 +122,7 @@ def test_an_approval_records_the_rule_version_it_was_asked_under(users):
     run = start(requester=users["requester"])
     approval = the_approval(run)
     assert approval.rule_version == 2
-    assert approval.reason == "amount 2900.0 > 400"
+    assert approval.reason == "amount ₹2,900.00 > ₹400.00"
 
 
 def test_cancelling_a_run_cancels_its_pending_approvals(users):

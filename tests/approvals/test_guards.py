@@ -658,4 +658,4 @@ def test_a_write_of_unknown_outcome_counts_toward_a_total(users):
     )  # fmt: skip
     verdict = RuleGate().review(run=run, call=small, spec=find_tool("refund_item"))
     assert verdict.effect == "needs_approval"
-    assert "450 so far on order_id A-1001 + 100 = 550 > 500" in verdict.reason
+    assert "₹450.00 so far on order_id A-1001 + ₹100.00 = ₹550.00 > ₹500.00" in verdict.reason

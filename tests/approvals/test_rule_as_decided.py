@@ -231,7 +231,7 @@ def test_the_page_lists_the_per_order_rule_that_also_matched(users):
     matched = text_of(page_of(users, approval), "matched-rules")
     assert f"{OVER_500} (v1)" in matched and "decided it" in matched
     assert f"{PER_ORDER} (v1)" in matched and "priority 5" in matched
-    assert "₹0.00 so far on A-1001 + ₹2,900.00 = ₹2,900.00 &gt; ₹500.00" in matched
+    assert "amount ₹0.00 so far on order_id A-1001 + ₹2,900.00 = ₹2,900.00 &gt; ₹500.00" in matched
 
 
 def test_the_matched_rules_stay_as_they_were_after_the_rules_change(users):

@@ -67,7 +67,7 @@ def test_a_shadow_rule_never_gates_but_the_call_records_what_it_would_have_decid
             "rule_id": rule.pk,
             "version": rule.version,
             "effect": "needs_approval",
-            "reason": "amount 300 > 100",
+            "reason": "amount ₹300.00 > ₹100.00",
         }
     ]
 

@@ -63,5 +63,6 @@ def test_concurrent_refunds_on_one_order_cannot_all_slip_under_the_total(desk):
     assert statuses == ["done"] + ["waiting_approval"] * (PROCESSES - 1)
     assert [p["amount"] for p in desk.world()["payments"]] == ["400.00"]
     waiting = ApprovalRequest.objects.filter(run_id__in=run_ids, status="pending")
-    assert {a.reason for a in waiting} == {"amount 400 so far on order_id A-1003 + 400 = 800 > 500"}
+    expected = "amount ₹400.00 so far on order_id A-1003 + ₹400.00 = ₹800.00 > ₹500.00"
+    assert {a.reason for a in waiting} == {expected}
     assert ToolCall.objects.filter(tool_name="refund_item").count() == PROCESSES

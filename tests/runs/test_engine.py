@@ -41,7 +41,7 @@ def test_the_demo_pauses_at_the_refund_and_finishes_after_two_approvals(users):
     assert approval.tool_call.tool_name == "refund_item"
     assert approval.tool_call.input["amount"] == 2900.0
     assert approval.rule.name == "Refunds over ₹500"
-    assert approval.reason == "amount 2900.0 > 500"
+    assert approval.reason == "amount ₹2,900.00 > ₹500.00"
     assert Payment.objects.count() == 0
 
     decide_and_advance(run, users["reviewer"])

@@ -223,7 +223,8 @@ def test_a_purged_refund_still_counts_in_its_orders_total(users, plain_refund_de
 
     # 400 + 200 passes the ₹500 per-order total: the purged refund was counted.
     assert second.status == Run.Status.WAITING_APPROVAL
-    assert the_approval(second).reason == "amount 400 so far on order_id A-1001 + 200 = 600 > 500"
+    expected = "amount ₹400.00 so far on order_id A-1001 + ₹200.00 = ₹600.00 > ₹500.00"
+    assert the_approval(second).reason == expected
 
 
 def test_redaction_replaces_the_named_fields_and_nothing_else(users, settings):

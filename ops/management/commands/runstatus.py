@@ -10,6 +10,7 @@ from approvals.models import ApprovalRequest
 from runs.integrity import retention_note
 from runs.management.commands._common import run_by_id
 from runs.models import Run
+from runs.reasons import aggregate_figures, reason_text
 from runs.selectors import dry_run_preview, run_outcome, run_outcome_lines
 
 
@@ -110,7 +111,8 @@ class Command(BaseCommand):
                 )
                 continue
             args = json.dumps(item["input"], ensure_ascii=False)
-            self.stdout.write(f"  pending approval {item['id']}: {item['tool']} {args} ({item['reason']})")
+            why = reason_text(item["reason"], item["figures"])
+            self.stdout.write(f"  pending approval {item['id']}: {item['tool']} {args} ({why})")
 
 
 def _budget(run: Run) -> dict:
@@ -150,6 +152,8 @@ def _pending(approval: ApprovalRequest) -> dict:
         "input": proposal.input if proposal else approval.tool_call.input,
         "rule": proposal.rule_label if proposal else (approval.rule.label if approval.rule else None),
         "reason": proposal.reason if proposal else approval.reason,
+        # An aggregate rule's figures, raw (the reason says them in words).
+        "figures": aggregate_figures(proposal.detail) if proposal else None,
         "args_hash": approval.args_hash,
         "proposal": proposal.number if proposal else 1,
         "proposed_by": proposal.proposed_by.get_username() if approval.is_edited else None,

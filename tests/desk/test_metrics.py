@@ -27,6 +27,7 @@ OUTSIDER = "203.0.113.7"
 MONITORING = "10.20.30.40"
 TOKEN = "scrape-me-7f3a"
 REFUNDS_RULE = "Refunds over ₹500"
+PER_ORDER_RULE = "Refunds per order over ₹5,000 in total"
 
 
 def scrape(client: Client | None = None, **extra) -> dict:
@@ -109,8 +110,8 @@ def test_an_empty_desk_reports_zeros(db):
 
 def test_runs_approvals_and_steps_are_counted(users):
     done = finished_demo(users)  # two approvals decided
-    # One pending, on the refunds rule: the demo script asks for A-1001 again (the demo
-    # model would see it refunded already and ask nothing).
+    # One pending, on the per-order total: the demo script asks for A-1001 again, ₹5,800
+    # in total (the demo model would see it refunded already and ask nothing).
     waiting = start(DEMO_SCRIPT, requester=users["requester"])
     assert waiting.status == Run.Status.WAITING_APPROVAL
     # Known times and totals, as workers would have recorded them.
@@ -130,7 +131,7 @@ def test_runs_approvals_and_steps_are_counted(users):
 
     samples = scrape()
 
-    assert value(samples, "countersign_approvals_waiting", rule=REFUNDS_RULE, kind="call") == 1
+    assert value(samples, "countersign_approvals_waiting", rule=PER_ORDER_RULE, kind="call") == 1
     assert 7200 <= value(samples, "countersign_approval_oldest_age_seconds") < 7200 + 600
     assert value(samples, "countersign_decision_seconds_bucket", le="30") == 0
     assert value(samples, "countersign_decision_seconds_bucket", le="60") == 2

@@ -25,8 +25,13 @@ PAGE_SIZE = 50
 # An email's HTML is untrusted (it quotes model output and tool arguments). It is
 # served on its own, in a sandboxed frame, under a policy that runs no script, loads
 # nothing and may be framed only by the desk: a hostile email can draw, not act.
+# The sandbox keeps the desk's origin (allow-same-origin) so that the outbox page can
+# size its frame to the email (static/js/mail.js); without allow-scripts nothing in it
+# runs (nor does default-src 'none' allow a script), and forms, popups and navigation
+# of the desk stay blocked, opened directly or framed.
 EMAIL_HTML_POLICY = (
-    "sandbox; default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'self'"
+    "sandbox allow-same-origin; default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+    "frame-ancestors 'self'; base-uri 'none'; form-action 'none'"
 )
 
 

@@ -36,11 +36,12 @@ def finished_run_with_the_token(users):
         turn(text=f"Refunded, emailed and closed. {TOKEN}"),
     )
     run = start(steps, task=f"Refund order A-1003: {TOKEN}", requester=users["requester"])
-    while (item := ApprovalRequest.objects.filter(run=run, status="pending", kind="call").first()) is not None:
+    waiting = ApprovalRequest.objects.filter(run=run, status="pending", kind="call")
+    while (item := waiting.first()) is not None:
         decide(item, users["senior"], Decision.of("approve", comment=f"Fine: {TOKEN}"))
         run_advance_until_settled(run.pk)
     run.refresh_from_db()
-    assert run.status == "done", list(ApprovalRequest.objects.filter(run=run).values_list("kind", "status", "reason"))
+    assert run.status == "done", list(run.approvals.values_list("kind", "status", "reason"))
     return run
 
 
@@ -62,14 +63,16 @@ def too_wide(page, url: str) -> str | None:
         """() => {
         const wide = (el) => el.getBoundingClientRect().right > innerWidth + 0.5;
         const name = (el) => el.tagName.toLowerCase() + [...el.classList].map((c) => '.' + c).join('');
-        const found = [...document.querySelectorAll('body *')].filter((el) => wide(el) && ![...el.children].some(wide));
+        const found = [...document.querySelectorAll('body *')]
+          .filter((el) => wide(el) && ![...el.children].some(wide));
         // Text that overflows a box that itself fits.
         const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
         for (let node = walker.nextNode(); node; node = walker.nextNode()) {
           const range = document.createRange(); range.selectNodeContents(node);
           if (range.getBoundingClientRect().right > innerWidth + 0.5) found.push(node.parentElement);
         }
-        return [...new Set(found)].slice(0, 3).map((el) => `${name(el.parentElement)} > ${name(el)}`).join(', '); }"""
+        return [...new Set(found)].slice(0, 3)
+          .map((el) => `${name(el.parentElement)} > ${name(el)}`).join(', '); }"""
     )
     return f"{url}: {width} px ({culprit})"
 

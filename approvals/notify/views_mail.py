@@ -98,6 +98,7 @@ def preferences(request):
         "deliveries": NotificationPreference.Delivery.choices,
         "error": error,
         "email": request.user.email,
-        "nav_section": "inbox",
+        # Not "inbox": the nav marks the page a link leads to, and none leads here.
+        "nav_section": "preferences",
     }
     return render(request, "approvals/preferences.html", context, status=400 if error else 200)

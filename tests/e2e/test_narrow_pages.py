@@ -117,6 +117,9 @@ def test_every_page_fits_a_400_px_screen(page, desk, users, outbox_backend, tmp_
     failures += [problem for url in ("/desk/inbox/", "/desk/") if (problem := too_wide(page, url))]
     page.context.clear_cookies()
     failures += [problem for url in ("/login/",) if (problem := too_wide(page, url))]
+    # The icon the browser asks for on its own, signed in or not.
+    icon = page.request.get("/favicon.ico")
+    assert icon.status == 200 and icon.headers["content-type"].startswith("image/svg+xml")
     assert not failures, "wider than 400 px:\n" + "\n".join(failures)
 
     sign_in(page, "admin")

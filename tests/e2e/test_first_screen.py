@@ -71,9 +71,7 @@ def test_the_demo_refund_can_be_approved_from_the_first_screen(page, desk, users
     page.set_viewport_size(WIDE)
     page.goto(f"/desk/approvals/{item.pk}/")
     assert_the_decision_comes_first(page)
-    screenshot(page, "approval-narrow", tmp_path)
     page.set_viewport_size(WIDE)
-    screenshot(page, "approval", tmp_path)
     # The transcript is one click away: the link in the call panel goes to it.
     page.get_by_test_id("to-transcript").click()
     page.wait_for_url("**#transcript")

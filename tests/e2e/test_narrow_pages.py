@@ -125,3 +125,8 @@ def test_every_page_fits_a_400_px_screen(page, desk, users, outbox_backend, tmp_
     sign_in(page, "admin")
     page.goto("/desk/outbox/")
     screenshot(page, "outbox-narrow", tmp_path)
+    # Wide, the token wraps too: the approval page was 88,684 px wide with a long task.
+    page.set_viewport_size({"width": 1366, "height": 768})
+    for url in (f"/desk/approvals/{pending(waiting).pk}/", f"/runs/{done.pk}/", "/desk/outbox/"):
+        page.goto(url)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1366, url

@@ -13,7 +13,7 @@ from ninja import Path, Query, Router, Status
 from runs.models import Run
 from runs.saga import SagaError, run_fork, undo_preview
 from runs.selectors import may_cancel, may_undo
-from runs.services import BudgetRefused, default_llm_kind, run_cancel, run_create
+from runs.services import BudgetRefused, TaskTooLong, default_llm_kind, run_cancel, run_create
 from runs.tasks import undo_request
 from tools.registry import get_agent
 
@@ -85,6 +85,8 @@ def run_start(request, body: RunStartIn):
         )
     except BudgetRefused as exc:
         raise refuse(403, "budget_refused", f"Budget refused: {exc}.") from None
+    except TaskTooLong as exc:
+        raise refuse(422, "task_too_long", str(exc)) from None
     except (LookupError, ValueError) as exc:
         raise refuse(422, "invalid_run", str(exc)) from None
     run.refresh_from_db()  # as stored: the budgets' decimals, the parameters read from the task

@@ -20,14 +20,13 @@ from pydantic import ConfigDict, StrictBool, StrictInt, StringConstraints
 
 from approvals.models import ApprovalStatus, GuardAction
 from runs.forms import MAX_COST, MAX_PARAM_VALUE, MAX_PARAMS, MAX_STEPS, MAX_TOKENS
-from runs.models import GuardKind, Run, RunKind, RunStatus
+from runs.models import MAX_TASK_CHARS, GuardKind, Run, RunKind, RunStatus
 
 # Ids and step numbers fit a signed 64-bit column: 18 digits always do (desk/converters.py).
 MAX_ID = 10**18 - 1
 # A page of a list: at most this many items, from at most this far in.
 MAX_LIMIT = 100
 MAX_OFFSET = 1_000_000
-MAX_TASK = 10_000
 MAX_COMMENT = 5_000
 
 RunStatusName = Literal[tuple(RunStatus.values)]  # type: ignore[valid-type]
@@ -181,7 +180,12 @@ class RunStartIn(Schema):
     )
 
     agent: Annotated[str, StringConstraints(min_length=1, max_length=100)] = Field(examples=["refund-desk"])
-    task: Annotated[PlainText, StringConstraints(min_length=1, max_length=MAX_TASK)]
+    # At most MAX_TASK_CHARS: run_start refuses a longer one as 422 task_too_long,
+    # saying the limit (a schema error would only say "does not match").
+    task: Annotated[PlainText, StringConstraints(min_length=1)] = Field(
+        json_schema_extra={"maxLength": MAX_TASK_CHARS},
+        description=f"What the agent should do, at most {MAX_TASK_CHARS:,} characters.",
+    )
     script: dict[str, Any] | None = Field(
         None, description='A scenario for the scripted model: {"turns": [...]} (docs/scenarios).'
     )

@@ -2,6 +2,9 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_not_required
+from django.http import HttpResponseRedirect
+from django.templatetags.static import static
 from django.urls import include, path, register_converter
 
 from approvals.decisions import views as approval_views
@@ -13,7 +16,16 @@ from .converters import IdConverter
 # Every URL with an id uses <id:...>; registered before the includes below import theirs.
 register_converter(IdConverter, "id")
 
+
+@login_not_required
+def favicon(request):
+    """Browsers ask for /favicon.ico on their own: the icon base.html links. Not a
+    permanent redirect: in production its name carries a hash of its content."""
+    return HttpResponseRedirect(static("favicon.svg"))
+
+
 urlpatterns = [
+    path("favicon.ico", favicon, name="favicon"),
     path("", approval_views.home, name="home"),
     path("desk/", include("approvals.urls")),
     path("runs/", include("runs.urls")),

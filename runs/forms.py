@@ -10,9 +10,9 @@ from django.contrib.auth import get_user_model
 
 from tools.registry import all_agents, get_agent
 
-from .models import Run
+from .models import MAX_TASK_CHARS, Run
 from .selectors import VIEW_ALL_PERMISSION, run_agent_names
-from .services import default_llm_kind
+from .services import default_llm_kind, task_too_long
 
 
 class RunFilterForm(forms.Form):
@@ -138,10 +138,11 @@ def _budget_help(agent) -> tuple[str, str]:
 
 class RunStartForm(forms.Form):
     agent = forms.ChoiceField()
+    # No max_length: a browser would cut a longer paste short without a word;
+    # clean_task refuses it, saying the limit.
     task = forms.CharField(
-        max_length=10_000,
         widget=forms.Textarea(attrs={"rows": 5}),
-        help_text="What the agent should do: its first message.",
+        help_text=f"What the agent should do: its first message, at most {MAX_TASK_CHARS:,} characters.",
     )
     llm = forms.ChoiceField(label="Model", widget=forms.RadioSelect)
     # Blank: the agent's default. Above the agent's ceiling only for an admin
@@ -205,6 +206,8 @@ class RunStartForm(forms.Form):
         task = self.cleaned_data["task"].strip()
         if not task:
             raise forms.ValidationError("Say what the agent should do.")
+        if problem := task_too_long(task):
+            raise forms.ValidationError(problem)
         return task
 
     @property

@@ -87,6 +87,12 @@ class RunKind(models.TextChoices):
     GATEWAY = "gateway", "MCP gateway session"
 
 
+# The longest task a run takes, in characters after surrounding blanks are stripped:
+# the start form, `startrun` and the API refuse more with the same words
+# (services.task_too_long), and run_create holds it for every other caller.
+MAX_TASK_CHARS = 10_000
+
+
 class Run(models.Model):
     Status = RunStatus
     Kind = RunKind

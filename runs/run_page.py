@@ -188,6 +188,26 @@ class VerificationShown:
         return [check for check in self.checks if check["ok"] and not check["before"]]
 
 
+def _said_once(checks: list[dict]) -> list[dict]:
+    """The checks with those that say the same thing said once: an agent's requirement
+    and a tool's own check of its effect can both find "ticket T-1 is closed". Checks of
+    one name are merged only when they agree (both held, or both failed, both before the
+    run or both not); the merged detail keeps every fact ("T-1 is closed" is in "T-1 is
+    closed (closed by this run)"; details that differ are both kept)."""
+    merged: dict[tuple, dict] = {}
+    for check in checks:
+        key = (check["name"], check["ok"], check["before"])
+        seen = merged.get(key)
+        if seen is None:
+            merged[key] = dict(check)
+        elif check["detail"] and check["detail"] not in seen["detail"]:
+            if seen["detail"] in check["detail"]:
+                seen["detail"] = check["detail"]
+            else:
+                seen["detail"] = f"{seen['detail']}; {check['detail']}"
+    return list(merged.values())
+
+
 def run_verification(run: Run) -> VerificationShown | None:
     """The run's verification against the world (None: nothing was checked). The JSON
     is the engine's: {"checks": [{"name", "ok", "detail", and "before": true for a
@@ -206,6 +226,7 @@ def run_verification(run: Run) -> VerificationShown | None:
         for check in raw
         if isinstance(check, dict)
     ]
+    checks = _said_once(checks)
     failed = [check for check in checks if not check["ok"]]
     at = run.verified_at or _when(data.get("at"))
     accepted = data.get("accepted") if isinstance(data.get("accepted"), dict) else None
@@ -250,6 +271,20 @@ class CallShown:
     would: str  # a dry run's write: what it would have done ("would need reviewers (1)")
     kind: str  # what a rollback does with it (ToolSpec.effect_kind); "" if nothing here
     amount: object | None  # the money it moves, from an argument named like an amount
+    # The approval's votes, when they say more than "Approved by X" above them does:
+    # several approvers, a vote still waiting for others, or a vote by someone else.
+    votes: list = field(default_factory=list)
+
+
+def votes_shown(approval) -> list:
+    """``approval``'s votes unless the one vote is the decision itself, already said once."""
+    if approval is None:
+        return []
+    votes = list(approval.votes.all())
+    alone = len(votes) == 1 and approval.status != ApprovalStatus.PENDING
+    if alone and votes[0].reviewer_id == approval.decided_by_id:
+        return []
+    return votes
 
 
 def pretty(value) -> str:
@@ -281,6 +316,7 @@ def call_shown(run: Run, call: ToolCall) -> CallShown:
         would=call_would(call) if run.dry_run else "",
         kind=spec.effect_kind if undoable else "",
         amount=next((v for k, v in inputs.items() if is_amount(k)), None),
+        votes=votes_shown(approval),
     )
 
 

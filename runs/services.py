@@ -21,7 +21,7 @@ from tools.registry import Budget, get_agent, idempotency_key, input_hash
 
 from .gate import get_gate
 from .llm import validate_scenario
-from .models import FINISHED_RUN_STATUSES, Message, Run, RunGuard, RunStatus, ToolCall
+from .models import FINISHED_RUN_STATUSES, MAX_TASK_CHARS, Message, Run, RunGuard, RunStatus, ToolCall
 from .signals import run_transitioned, tool_call_transitioned
 
 log = logging.getLogger(__name__)
@@ -146,6 +146,8 @@ def run_create(
     task = task.strip()
     if not task:
         raise ValueError("a run needs a task")
+    if problem := task_too_long(task):
+        raise TaskTooLong(problem)
     if script is not None:
         validate_scenario(script)
     budget = run_budget(
@@ -187,6 +189,18 @@ def run_create(
 # The most each budget column holds (Run.max_steps, max_tokens, max_cost: 12 digits,
 # 6 after the point): a bigger one is refused rather than stored and unreadable.
 BUDGET_LIMITS = {"steps": 2**31 - 1, "tokens": 2**63 - 1, "cost": Decimal("999999.999999")}
+
+
+class TaskTooLong(ValueError):
+    """A task over MAX_TASK_CHARS: nothing was made."""
+
+
+def task_too_long(task: str) -> str | None:
+    """What is wrong with ``task``'s length (stripped, as run_create stores it), or None."""
+    length = len(task.strip())
+    if length <= MAX_TASK_CHARS:
+        return None
+    return f"The task is {length:,} characters long: at most {MAX_TASK_CHARS:,} are allowed."
 
 
 class BudgetRefused(ValueError):

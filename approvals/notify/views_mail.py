@@ -25,8 +25,13 @@ PAGE_SIZE = 50
 # An email's HTML is untrusted (it quotes model output and tool arguments). It is
 # served on its own, in a sandboxed frame, under a policy that runs no script, loads
 # nothing and may be framed only by the desk: a hostile email can draw, not act.
+# The sandbox keeps the desk's origin (allow-same-origin) so that the outbox page can
+# size its frame to the email (static/js/mail.js); without allow-scripts nothing in it
+# runs (nor does default-src 'none' allow a script), and forms, popups and navigation
+# of the desk stay blocked, opened directly or framed.
 EMAIL_HTML_POLICY = (
-    "sandbox; default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'self'"
+    "sandbox allow-same-origin; default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+    "frame-ancestors 'self'; base-uri 'none'; form-action 'none'"
 )
 
 
@@ -93,6 +98,7 @@ def preferences(request):
         "deliveries": NotificationPreference.Delivery.choices,
         "error": error,
         "email": request.user.email,
-        "nav_section": "inbox",
+        # Not "inbox": the nav marks the page a link leads to, and none leads here.
+        "nav_section": "preferences",
     }
     return render(request, "approvals/preferences.html", context, status=400 if error else 200)

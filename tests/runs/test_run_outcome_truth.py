@@ -186,8 +186,8 @@ def test_a_clean_demo_run_still_verifies_green_with_checks_it_earned(users):
         "refunds on A-1001 do not exceed ₹2,900.00",
         "the refund on order A-1001 stands",
         "the email to ada@example.com is in the outbox",
-        "ticket T-1 is closed",
-    ]
+    ]  # the requirement and close_ticket's own check both found T-1 closed: said once
+    assert shown.earned[0]["detail"] == "T-1 is closed (closed by this run)"
     outcome = json.loads(run_command("runstatus", str(run.pk), "--json"))["outcome"]
     assert outcome == {"label": "Done", "clean": True, "not_done": []}
     assert run_finished_payload(run)["outcome"] == {"label": "Done", "clean": True, "not_done": []}

@@ -520,3 +520,15 @@ def test_dates_are_whole_days_in_the_local_time_zone(users):
         run.pk
     ]
     assert listed_ids(client.get("/runs/", {"created_from": "2026-03-10"})) == []
+
+
+def test_a_one_person_approval_is_said_once_on_the_run_page(users):
+    """Issue 21: "Approved by reviewer" appeared twice per step (the decision and its vote)."""
+    run = start(requester=users["requester"])
+    decide(ApprovalRequest.objects.get(run=run), users["reviewer"], Decision.approve(comment="Fine by me"))
+    run_advance_until_settled(run.pk)
+    content = client_for(users["requester"]).get(f"/runs/{run.pk}/").content.decode()
+    refund = content.split('<code class="tool">refund_item</code>', 1)[1].split("</li>", 1)[0]
+    assert refund.count('<strong class="reviewer">reviewer</strong>') == 1
+    assert "Approved by reviewer at" not in refund
+    assert refund.count("Fine by me") == 1

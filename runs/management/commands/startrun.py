@@ -8,8 +8,9 @@ from django.core.management.base import BaseCommand, CommandError
 from runs.engine import run_advance_until_settled
 from runs.forms import MAX_PARAMS, MAX_STEPS, MAX_TOKENS
 from runs.llm import ScenarioError, load_scenario
+from runs.models import MAX_TASK_CHARS
 from runs.selectors import dry_run_preview
-from runs.services import run_create
+from runs.services import run_create, task_too_long
 from tools.registry import get_agent
 
 from ._common import amount, task_param, text_argument, user_by_name, whole_number
@@ -20,7 +21,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--agent", required=True)
-        parser.add_argument("--task", required=True)
+        parser.add_argument(
+            "--task", required=True, help=f"what the agent should do, at most {MAX_TASK_CHARS:,} characters"
+        )
         parser.add_argument("--script", help="a scenario file to replay instead of a model")
         parser.add_argument("--user", help="the requester")
         parser.add_argument("--sync", action="store_true", help="advance here, without a worker")
@@ -64,6 +67,8 @@ class Command(BaseCommand):
         **options,
     ):
         text_argument(task, "The task")
+        if problem := task_too_long(task):
+            raise CommandError(problem)
         params = self._params(param)
         try:
             get_agent(agent)

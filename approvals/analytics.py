@@ -40,6 +40,7 @@ from approvals.policy.rules import RULE_COLUMNS, RuleTerms
 from approvals.policy.shadow import NO_MATCH
 from runs.gate import ALLOW, DENY, NEEDS_APPROVAL
 from runs.models import GuardKind, ToolCall
+from runs.reasons import money_reason
 from tools.registry import find_tool
 
 # A reviewer "rubber-stamps" who approves at least this share of at least this many
@@ -407,10 +408,9 @@ def what_if(change: WhatIf, period: Period) -> WhatIfResult:
         changed = []
         for priority, rule, tool in terms:
             if rule.id == change.rule_id:
-                description = (
-                    f"{rule.label}: {rule.field} {rule.operator_symbol} {rule.value} → "
-                    f"{rule.field} {dict(GateRule.Operator.choices)[change.operator]} {change.value}"
-                )
+                before = f"{rule.field} {rule.operator_symbol} {rule.value}"
+                after = f"{rule.field} {dict(GateRule.Operator.choices)[change.operator]} {change.value}"
+                description = f"{rule.label}: {money_reason(before)} → {money_reason(after)}"
                 rule = dataclasses.replace(rule, operator=change.operator, value=change.value)
             changed.append((priority, rule, tool))
     else:
@@ -427,7 +427,9 @@ def what_if(change: WhatIf, period: Period) -> WhatIfResult:
             scope_fact="",
             window_minutes=None,
         )
-        condition = f"{change.field} {draft.operator_symbol} {change.value}" if change.field else "every call"
+        condition = "every call"
+        if change.field:
+            condition = money_reason(f"{change.field} {draft.operator_symbol} {change.value}")
         effect = dict(GateRule.Effect.choices)[change.effect]
         description = f"Draft rule on {change.tool}: {condition} → {effect}"
         top = max((p for p, _, _ in terms), default=0) + 1

@@ -41,7 +41,7 @@ def test_an_admin_reads_the_month_and_tries_a_higher_threshold(page, desk, tmp_p
     page.get_by_role("button", name="Replay").click()
     result = page.get_by_test_id("whatif-result")
     result.wait_for()
-    assert "amount > 500 → amount > 3000" in result.inner_text()
+    assert "amount > ₹500.00 → amount > ₹3,000.00" in result.inner_text()
     assert int(page.get_by_test_id("approvals-saved").inner_text()) > 0
     assert int(page.get_by_test_id("harm-missed").inner_text()) > 0
     assert page.get_by_test_id("harm-row").count() > 0

@@ -336,7 +336,7 @@ def test_what_if_takes_a_threshold_written_with_commas(users):
         "/desk/analytics/",
         {"whatif": "change", "rule": rule(OVER_500).pk, "operator": "gt", "value": "3,000"},
     )
-    assert 'data-testid="whatif-result"' in page and "amount &gt; 3000" in page
+    assert 'data-testid="whatif-result"' in page and "amount &gt; ₹3,000.00" in page
 
 
 # --- the demo's rules -----------------------------------------------------------------------

@@ -13,6 +13,7 @@ from approvals.models import ApprovalRequest, GateRule
 from runs.engine import run_advance_until_settled
 from runs.models import Run
 from tests.helpers import approve_all, finished_demo, pending, start
+from tools.refund_desk.agent import DEMO_SCRIPT
 
 from .conftest import screenshot, sign_in
 
@@ -21,10 +22,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(databases=["default", "worl
 
 def test_a_second_refund_run_reads_as_failed_and_refused_not_as_verified(page, users, tmp_path):
     finished_demo(users)  # A-1001 is refunded, its customer emailed, T-1 closed
-    # A senior approves its refund (a second ₹2,900 takes A-1001 over ₹5,000 in total:
-    # senior reviewers), which then fails; its email and close are refused by stage; its
-    # claim is not checked green against the first run's effects.
-    again = approve_all(start(requester=users["requester"]), users["senior"])
+    # The demo script as shipped, not the demo model (which would see A-1001 refunded and
+    # ask nothing): a senior approves its refund (a second ₹2,900 takes A-1001 over ₹5,000
+    # in total: senior reviewers), which then fails; its email and close are refused by
+    # stage; its claim is not checked green against the first run's effects.
+    again = approve_all(start(DEMO_SCRIPT, requester=users["requester"]), users["senior"])
     assert again.status == Run.Status.WAITING_APPROVAL and again.guard == "verify"
     approval_decide(
         approval_id=ApprovalRequest.objects.get(run=again, kind="verify", status="pending").pk,
@@ -67,8 +69,12 @@ def test_an_approval_shows_the_rule_it_was_asked_under_after_an_admin_raised_it(
 
 def test_the_rule_as_decided_and_the_outcome_fit_a_400_px_screen(page, users, tmp_path):
     finished_demo(users)
-    again = approve_all(start(requester=users["requester"]), users["senior"])  # over ₹5,000 in total
-    run = start(requester=users["requester"])
+    # The demo script again (the demo model would refund nothing): its ₹2,900 takes A-1001
+    # over ₹5,000 in total (seniors), fails, and is refused by stage.
+    again = approve_all(start(DEMO_SCRIPT, requester=users["requester"]), users["senior"])
+    # A part refund on another order waits for the reviewer under "Refunds over ₹500"
+    # (v1), which the admin then raises: the rule as decided, since changed.
+    run = start(task="Refund ₹1,000 of A-1003", requester=users["requester"])
     GateRule.objects.filter(name="Refunds over ₹500").update(value="3000", version=2)
     sign_in(page, "reviewer")
     page.set_viewport_size({"width": 400, "height": 800})
@@ -76,5 +82,7 @@ def test_the_rule_as_decided_and_the_outcome_fit_a_400_px_screen(page, users, tm
         page.goto(url)
         assert page.evaluate("document.documentElement.scrollWidth") <= 400, url
     page.goto(f"/desk/approvals/{pending(run).pk}/")
+    expect(page.get_by_test_id("decided-rule")).to_contain_text("Refunds over ₹500 (v1)")
+    expect(page.get_by_test_id("rule-changed-since")).to_be_visible()
     expect(page.get_by_test_id("matched-rules")).to_be_visible()
     screenshot(page, "approval-rule-changed-narrow", tmp_path)

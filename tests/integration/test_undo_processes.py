@@ -11,6 +11,7 @@ from approvals.models import ApprovalRequest
 from runs.models import Run, ToolCall
 from tests.helpers import finished_demo
 from tools.models import OutboxEmail, Payment, Ticket, WorldUser
+from tools.onboarding.agent import DEMO_TASK as ONBOARDING_TASK
 
 pytestmark = [
     pytest.mark.integration,
@@ -22,7 +23,9 @@ def test_the_onboarding_demo_killed_before_its_email_is_rolled_back_in_the_world
     # A long lease, so that it is surely still live when the first rollback asks
     # (a 3 s one could run out on a busy machine before the command even starts).
     doomed = desk.start_worker(failpoints="before_tool_effect@4", env={"DESK_LEASE_SECONDS": "60"})
-    run_id = desk.start_run("Onboard Marie", agent="onboarding")
+    # The demo's own task: the demo model follows it (on "Onboard Marie" alone it has no
+    # email address and creates nothing), as the shipped script did.
+    run_id = desk.start_run(ONBOARDING_TASK, agent="onboarding")
     [email] = desk.wait_for(run_id, "waiting_approval")["pending_approvals"]
     assert email["tool"] == "send_email"
     # Everything before the email happened, in the world itself.

@@ -14,7 +14,6 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth.models import Group
 
 from approvals.decisions.decision import Decision
 from approvals.models import GateRule
@@ -98,22 +97,12 @@ def test_sample_values_come_from_the_thresholds_and_are_decided_by_the_first_rul
     assert overlap.warning == ""
 
 
-def test_an_aggregate_rule_that_decides_says_it_is_a_single_call_with_nothing_before(users):
+def test_an_aggregate_rule_that_decides_says_it_is_a_single_call_with_nothing_before(
+    users, per_order_over_500
+):
     # The demo as it was before issue 21: a per-order total over ₹500 under "over ₹500".
     GateRule.objects.filter(name=PER_ORDER).update(enabled=False)
-    old = GateRule.objects.create(
-        name="Refunds per order over ₹500 in total",
-        tool="refund_item",
-        aggregate="sum",
-        field="amount",
-        scope="fact",
-        scope_fact="order_id",
-        operator="gt",
-        value="500",
-        effect="needs_approval",
-        priority=5,
-        required_group=Group.objects.get(name="reviewers"),
-    )
+    old = per_order_over_500
     overlap = rule_overlap(raise_to(OVER_500, "3000"))
     at = {s.value: s for s in overlap.samples}
     assert at[Decimal(501)].decision == f"{old.label}"  # the issue's ₹2,900 refund, in short

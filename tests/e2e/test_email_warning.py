@@ -1,5 +1,8 @@
 """A reviewer's email with a warning, in a real browser: the HTML part as the outbox
-serves it, the warning box above the facts (docs/screenshots/email-warning.png)."""
+serves it, the warning box above the facts (docs/screenshots/email-warning.png).
+
+The repeat makes ₹5,800 refunded on A-1001 in all: over the demo's per-order total of
+₹5,000, it waits for the senior reviewers, so it is the senior's email this reads."""
 
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ def test_a_repeated_refund_s_email_shows_its_warnings_above_the_facts(
     DeskEmail.objects.all().delete()
     approval = pending(refund_run("Customer asked again"))
     deliver()
-    email = DeskEmail.objects.get(to="reviewer@countersign.local")
+    email = DeskEmail.objects.get(to="senior@countersign.local")
     assert "warnings" in email.subject
 
     sign_in(page, "admin")

@@ -50,14 +50,21 @@ def row(page, approval: ApprovalRequest):
     return page.locator(f'[data-testid=queue-row][data-approval="{approval.pk}"]')
 
 
+PART = 2000  # of A-1001's ₹2,900: see a_busy_queue
+
+
 def a_busy_queue(users) -> dict:
     """A reviewer's morning: a refund that repeats one already made (due soon, with its
     warnings), one overdue, one due later; beside them the reviewer's own run, a
-    senior-only refund and one escalated to the seniors."""
+    senior-only refund and one escalated to the seniors.
+
+    The repeat is a part of A-1001 (₹2,900), twice: ₹4,000 in all stays under the demo's
+    per-order total of ₹5,000 (seniors), so it is the reviewer's, and it still repeats a
+    refund and exceeds the order (its two warnings)."""
     GateRule.objects.filter(name__in=["Refunds over ₹500", "Refunds over ₹5,000"]).update(sla_minutes=30)
     first = start(
         script(
-            turn(("refund_item", {"order_id": "A-1001", "amount": 2900, "reason": "Arrived broken"})),
+            turn(("refund_item", {"order_id": "A-1001", "amount": PART, "reason": "Arrived broken"})),
             {"text": "Done."},
         ),
         task="Customer Ada Lovelace (ticket T-1): order A-1001 arrived broken, please refund.",
@@ -69,7 +76,7 @@ def a_busy_queue(users) -> dict:
             waiting(
                 users["requester"],
                 "A-1001",
-                2900,
+                PART,
                 task="Customer Ada Lovelace wrote again about order A-1001: refund the teapot.",
             ),
             18,
@@ -109,7 +116,7 @@ def test_yours_to_decide_hides_what_the_reviewer_may_not_decide_and_the_counts_m
     warnings = row(page, items["repeat"]).get_by_test_id("row-warnings")
     stored = ApprovalRequest.objects.get(pk=items["repeat"].pk).proposal.warnings
     assert stored and all(w in warnings.inner_text() for w in stored)
-    assert "₹2,900.00" in row(page, items["repeat"]).inner_text()
+    assert "₹2,000.00" in row(page, items["repeat"]).inner_text()
     screenshot(page, "queue-yours", tmp_path)
 
     page.get_by_test_id("tab-all").click()

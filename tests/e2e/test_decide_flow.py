@@ -133,7 +133,7 @@ def test_the_approval_page_fits_a_400_px_screen(page, desk, users, tmp_path):
     assert page.evaluate("document.documentElement.scrollWidth") <= 400
 
 
-def test_a_repeated_refund_is_flagged_above_the_buttons(page, desk, users, tmp_path):
+def test_a_repeated_refund_is_flagged_above_the_buttons(page, desk, users):
     earlier = waiting_refund(users, "A-1001", 600)
     decide_and_advance(earlier.run, users["senior"])
     assert Payment.objects.filter(kind="refund", amount=600).count() == 1
@@ -152,4 +152,3 @@ def test_a_repeated_refund_is_flagged_above_the_buttons(page, desk, users, tmp_p
     assert warnings.bounding_box()["y"] < page.get_by_role("button", name="Approve").bounding_box()["y"]
     # The result that showed the order is about this call: it stays in view, labelled.
     assert page.get_by_test_id("result-label").first.inner_text() == "get_order returned"
-    screenshot(page, "approval-warnings", tmp_path)

@@ -91,6 +91,9 @@ class RunKind(models.TextChoices):
 # the start form, `startrun` and the API refuse more with the same words
 # (services.task_too_long), and run_create holds it for every other caller.
 MAX_TASK_CHARS = 10_000
+# How much of a task a line of text shows (runstatus, emails); the desk's run page
+# and `runstatus --json` show it whole.
+TASK_SHOWN_CHARS = 500
 
 
 class Run(models.Model):
@@ -204,6 +207,14 @@ class Run(models.Model):
 
     def __str__(self) -> str:
         return f"Run {self.pk} ({self.agent}, {self.status})"
+
+    @property
+    def task_shown(self) -> str:
+        """The task as a line of text shows it: its first TASK_SHOWN_CHARS characters,
+        and how long it is when that is not all of it."""
+        if len(self.task) <= TASK_SHOWN_CHARS:
+            return self.task
+        return f"{self.task[:TASK_SHOWN_CHARS].rstrip()}… ({len(self.task):,} characters in all)"
 
     @property
     def is_finished(self) -> bool:

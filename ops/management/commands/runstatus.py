@@ -82,7 +82,7 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(data, indent=2, ensure_ascii=False))
             return
         self.stdout.write(f"Run {run.pk} [{run.agent}] {run.status} at step {run.step}")
-        self.stdout.write(f"  task: {run.task}")
+        self.stdout.write(f"  task: {run.task_shown}")
         if run.takes_caller_turns:
             self.stdout.write(f"  {run.get_kind_display()}, session {run.session}")
         if data["retention"]:

@@ -25,7 +25,7 @@ from approvals.policy.overlap import name_contradiction, number_refusal, plain_t
 from approvals.record.audit import rule_record
 from approvals.tuning import change_effect
 from runs.admin import ReadOnlyAdmin
-from runs.selectors import money_reason
+from runs.reasons import money_reason
 from tools.money import rupees
 
 RULE_FIELDS = [

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from approvals.analytics import Period, WhatIf, WhatIfResult, what_if
 from approvals.models import GateRule, RuleMode
-from runs.selectors import money_reason
+from runs.reasons import money_reason
 
 REPLAY_DAYS = 30
 THRESHOLD = ("operator", "value")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 
-from runs.selectors import is_amount
+from runs.reasons import is_amount
 from tools.money import rupees
 
 

@@ -22,7 +22,8 @@ from approvals.models import ApprovalRequest, ApprovalVote, Proposal
 from approvals.policy.decided import RULE_NONE, RULE_RECORDED, DecidedRule, rule_as_decided
 from runs.history import transcript_messages
 from runs.models import Message, Step, ToolCall
-from runs.selectors import VIEW_ALL_PERMISSION, money_reason
+from runs.reasons import money_reason
+from runs.selectors import VIEW_ALL_PERMISSION
 from tools.registry import ReviewContext, arguments_in_order, canonical_json, find_tool
 
 DECIDE_PERMISSION = "approvals.decide_approvalrequest"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from approvals.models import ApprovalRequest, GateRule, RuleMode, rule_label
-from runs.selectors import money_reason
+from runs.reasons import money_reason
 
 # --- the rule a request was decided under -------------------------------------------
 # A request records its rule as it was when it opened (``rule_snapshot``, with

@@ -25,7 +25,7 @@ from decimal import Decimal
 
 from approvals.models import GateRule, RuleEffect, as_comparable, finite_number, plain_number
 from approvals.policy.rules import RuleTerms, enabled_rules_by_mode
-from runs.selectors import is_amount, money_reason
+from runs.reasons import is_amount, money_reason
 from tools.money import rupees
 from tools.registry import find_tool
 

@@ -11,8 +11,7 @@ from django.utils.text import Truncator
 
 from approvals.decisions import arguments, guards
 from runs import reasons
-from runs import selectors as runs_selectors
-from runs.selectors import is_amount
+from runs.reasons import is_amount
 from tools import money
 from tools.registry import UNDO_KIND_HELP, UNDO_KINDS
 
@@ -31,7 +30,7 @@ def fact(value, name: str) -> str:
     return rupees(value) if is_amount(name) else str(value)
 
 
-money_reason = register.filter("money_reason", runs_selectors.money_reason)
+money_reason = register.filter("money_reason", reasons.money_reason)
 
 
 arg_text = register.filter("arg_text", arguments.arg_text)

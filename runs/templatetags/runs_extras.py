@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django import template
 
-from runs.selectors import money_reason as selectors_money_reason
+from runs.reasons import money_reason as selectors_money_reason
 from runs.selectors import session_label as selectors_session_label
 from tools import money
 from tools.registry import UNDO_KIND_HELP, UNDO_KINDS

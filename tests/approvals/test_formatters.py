@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 
 from approvals.templatetags import approvals_format as desk
-from runs import selectors
+from runs import reasons
 from runs.templatetags import runs_extras
 from tools import money
 
@@ -53,7 +53,7 @@ FORMATTERS = {
     "runs_extras rupees filter": runs_extras.rupees,
     "approvals_format fact filter": lambda value: desk.fact(value, "amount"),
     "approvals_format arg_value filter": lambda value: desk.arg_value(value, "amount"),
-    "money_reason": lambda value: selectors.money_reason(f"amount {_written(value)} > 500"),
+    "money_reason": lambda value: reasons.money_reason(f"amount {_written(value)} > 500"),
 }
 
 
@@ -91,4 +91,4 @@ def test_ordinary_and_absurd_amounts_read_as_rupees(value, shown):
 
 
 def test_a_reason_with_an_absurd_amount_still_reads_as_rupees():
-    assert selectors.money_reason("amount 1e+30 > 500") == "amount ₹1E+30 > ₹500.00"
+    assert reasons.money_reason("amount 1e+30 > 500") == "amount ₹1E+30 > ₹500.00"

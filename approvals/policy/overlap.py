@@ -174,7 +174,7 @@ def rule_overlap(rule: GateRule) -> Overlap:
         return overlap
     thresholds = [
         number
-        for t in [*live, *shadow, _terms(rule)]
+        for t in [*live, *shadow, RuleTerms.of(rule)]
         if t.field == arg and t.aggregate != GateRule.Aggregate.COUNT
         for number in [finite_number(t.value)]
         if number is not None
@@ -209,22 +209,6 @@ def _holding_ids(sample: Sample, labels: dict[int, str]) -> set[int]:
     if sample.decided_by is not None:
         held.add(sample.decided_by)
     return held
-
-
-def _terms(rule: GateRule) -> RuleTerms:
-    return RuleTerms(
-        id=rule.pk,
-        name=rule.name,
-        field=rule.field,
-        operator=rule.operator,
-        value=rule.value,
-        effect=rule.effect,
-        version=rule.version,
-        aggregate=rule.aggregate,
-        scope=rule.scope,
-        scope_fact=rule.scope_fact,
-        window_minutes=rule.window_minutes,
-    )
 
 
 def _holds(term: RuleTerms, arg: str, value: Decimal) -> tuple[bool | None, bool]:

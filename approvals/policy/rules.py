@@ -39,6 +39,11 @@ class RuleTerms:
     scope_fact: str
     window_minutes: int | None
 
+    @classmethod
+    def of(cls, rule: GateRule) -> RuleTerms:
+        """The terms of a rule row in hand (an admin's form), the same columns the gate reads."""
+        return cls(*(getattr(rule, column) for column in RULE_COLUMNS))
+
     @property
     def label(self) -> str:
         return rule_label(self.name, self.version)

@@ -21,6 +21,9 @@ worker), as Redis does. Consumers that do not ack (Celery's remote control) have
 theirs deleted at once. A task that runs longer than the visibility timeout is
 delivered again meanwhile: every task here is idempotent (it claims its row).
 
+It has no host (``filesystem://``), so it has no default hostname either: kombu's
+"No hostname was supplied" warning came once per message.
+
 ``desk/celery.py`` makes this the ``filesystem://`` transport.
 """
 
@@ -168,3 +171,11 @@ class Channel(filesystem.Channel):
 
 class Transport(filesystem.Transport):
     Channel = Channel
+
+    @property
+    def default_connection_params(self) -> dict:
+        # kombu's virtual transports default the hostname to "localhost", and a
+        # Connection without one logs "No hostname was supplied. Reverting to default
+        # 'localhost'" every time it is described or cloned (once per message sent
+        # by a worker). A folder has no host: no default, no warning.
+        return {"port": self.default_port}

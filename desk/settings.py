@@ -347,6 +347,23 @@ if CELERY_BROKER_URL.startswith("filesystem"):
         "store_processed": False,
         "polling_interval": 0.2,
     }
+# Two queues. "celery" (the default) carries the runs' nudges; "notify" carries the
+# desk's email, digests, webhooks and the SLA sweep (approvals.notify), consumed by a
+# worker of its own (Procfile, Procfile.production), so a nudge never waits behind an
+# email being rendered or an SMTP server being slow. Routed by task name: callers
+# call .delay() as before. A worker started without -Q consumes "celery" only.
+NOTIFY_QUEUE = "notify"
+CELERY_TASK_ROUTES = {
+    name: {"queue": NOTIFY_QUEUE}
+    for name in (
+        "approvals.tasks.send_notification",
+        "approvals.tasks.send_digests",
+        "approvals.tasks.sweep_sla",
+        "approvals.tasks.deliver_webhook",
+        "approvals.tasks.sweep_webhooks",
+        "approvals.tasks.anchor_chains",
+    )
+}
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -435,6 +452,10 @@ MAILERS = {"default": mailer_from_url(env_str("EMAIL_URL"))}
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Countersign <desk@countersign.local>")
 # First retry of a failed SMTP send after up to this many seconds, doubling (jittered).
 DESK_EMAIL_RETRY_SECONDS = env_int("DESK_EMAIL_RETRY_SECONDS", 10)
+# A notification still "sending" this long after its claim lost its worker mid-send
+# and is sent again (same Message-ID). The SMTP exchange has a 10 s timeout per
+# command (EMAIL_URL), so no live send takes this long.
+DESK_EMAIL_SENDING_SECONDS = env_int("DESK_EMAIL_SENDING_SECONDS", 120)
 
 
 # --- Countersign -----------------------------------------------------------

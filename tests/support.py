@@ -22,6 +22,8 @@ from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
+# The runs' nudges ("celery") and the desk's email and webhooks ("notify", CELERY_TASK_ROUTES).
+ALL_QUEUES = f"celery,{settings.NOTIFY_QUEUE}"
 
 
 def database_url(alias: str) -> str:
@@ -166,8 +168,14 @@ class Desk:
         saying ``what`` was awaited, with every worker's log."""
         return wait_until(check, timeout=timeout, message=lambda: f"{what}:\n{self.logs()}")
 
-    def start_worker(self, *, failpoints: str = "", name: str = "", env: dict | None = None) -> Worker:
-        worker = Worker(self, failpoints=failpoints, name=name or f"w{len(self.workers)}", env=env)
+    def start_worker(
+        self, *, failpoints: str = "", name: str = "", env: dict | None = None, queues: str = ALL_QUEUES
+    ) -> Worker:
+        """A solo Celery worker; by default it consumes both queues (runs' nudges and
+        the desk's email and webhooks), so one worker carries a test's whole desk."""
+        worker = Worker(
+            self, failpoints=failpoints, name=name or f"w{len(self.workers)}", env=env, queues=queues
+        )
         self.workers.append(worker)
         return worker
 
@@ -213,6 +221,7 @@ class Worker:
         beat: bool = False,
         web_port: int | None = None,
         env: dict | None = None,
+        queues: str = "",
     ) -> None:
         self.log_path = desk.tmp_path / f"worker-{name}.log"
         env = {**desk.env, **(env or {})}
@@ -242,6 +251,8 @@ class Worker:
                 "-A",
                 "desk",
                 "worker",
+                "-Q",
+                queues or ALL_QUEUES,
                 "--pool=solo",
                 "--without-gossip",
                 "--without-mingle",

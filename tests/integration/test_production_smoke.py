@@ -1,7 +1,8 @@
 """The production process set, started as Procfile.production starts it: gunicorn with
-desk/gunicorn.conf.py and a Celery prefork worker, DEBUG off, the HTTPS switches on,
-static files collected and served by the web process. A demo run goes through it to
-the end, and the health checks and /metrics answer as an operator's probes expect."""
+desk/gunicorn.conf.py, a Celery prefork worker for the runs and one for email, DEBUG
+off, the HTTPS switches on, static files collected and served by the web process. A
+demo run goes through it to the end, its emails through the email worker, and the
+health checks and /metrics answer as an operator's probes expect."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, DeskEmail
 from runs.models import Run
 from tests.helpers import wait_until
 from tests.support import ROOT, Desk, stop_process_group
@@ -114,6 +115,7 @@ def production_environment(tmp_path: Path, port: int) -> dict[str, str]:
         "WEB_CONCURRENCY": "2",
         "GUNICORN_THREADS": "2",
         "CELERY_CONCURRENCY": "1",
+        "NOTIFY_CONCURRENCY": "1",
     }
 
 
@@ -128,7 +130,8 @@ def test_the_production_process_set_serves_the_desk_and_carries_a_demo_run(desk,
     run_id = int(re.search(r"Demo run (\d+): waiting_approval", seeded, re.M).group(1))
 
     web = ProcfileProcess(desk, "web", env=env, ready="Booting worker")
-    ProcfileProcess(desk, "worker", env=env, ready="ready.")
+    worker = ProcfileProcess(desk, "worker", env=env, ready="ready.")
+    notify = ProcfileProcess(desk, "notify", env=env, ready="ready.")
     desk.eventually(lambda: answers(port), what="gunicorn to answer")
     assert "[INFO] Using worker: gthread" in web.log()
 
@@ -164,6 +167,18 @@ def test_the_production_process_set_serves_the_desk_and_carries_a_demo_run(desk,
         assert approval.tool_call.tool_name == tool
         desk.manage("decide", str(approval.pk), "--approve", "--user", "reviewer", env=env)
     desk.eventually(lambda: Run.objects.get(pk=run_id).status == "done", what="the run to end", timeout=90)
+    # The reviewers' emails went out through the notify worker; the runs' worker
+    # never took one (its queue carries the nudges only).
+    desk.eventually(
+        lambda: DeskEmail.objects.filter(subject__contains=f"for run {run_id}").count() >= 2,
+        what="the reviewers' emails",
+        timeout=60,
+    )
+    # ("Task <name>[<id>] received"; the banner lists every task name in both.)
+    assert "approvals.tasks.send_notification[" in notify.log()
+    assert "approvals.tasks.send_notification[" not in worker.log()
+    assert "runs.tasks.advance_run[" in worker.log()
+    assert "runs.tasks.advance_run[" not in notify.log()
 
     # What Prometheus scrapes from the machine itself (DESK_METRICS_NETWORKS' default).
     metrics = get(port, "/metrics")

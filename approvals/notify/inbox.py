@@ -64,7 +64,7 @@ def inbox_status(note: Notification) -> tuple[str, str]:
     return {
         Status.PENDING: ("pending", "being sent"),
         Status.SENDING: ("pending", "being sent"),
-        Status.UNKNOWN: ("unknown", "outcome unknown: the send was interrupted"),
+        Status.UNKNOWN: ("pending", "being sent again: the first send was interrupted"),
         Status.SENT: ("sent", "sent"),
         Status.FAILED: ("failed", "failed: not delivered"),
         Status.HELD: ("held", "held for your next hourly digest"),

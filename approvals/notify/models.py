@@ -19,12 +19,12 @@ from runs.models import Run
 
 class NotificationStatus(models.TextChoices):
     PENDING = "pending"
-    # Claimed by a worker that is talking to the SMTP server. A row left here
-    # by a dead worker has an unknown outcome and is never resent (at most once).
+    # Claimed by a worker that is talking to the SMTP server. A row left here by a
+    # dead worker (past DESK_EMAIL_SENDING_SECONDS) is sent again, with the same
+    # Message-ID: the desk's own people hear at least once (notification_send).
     SENDING = "sending"
-    # Was "sending" when its worker died (the sweep finds it past SENDING_DEADLINE):
-    # the SMTP server may or may not have it. Never resent by the desk itself; staff
-    # may resend it (the Notification admin's action), knowing it may arrive twice.
+    # Written by earlier versions, which never resent an interrupted send; the SLA
+    # sweep now sends these again like an interrupted "sending" row. Nothing writes it.
     UNKNOWN = "unknown", "outcome unknown"
     SENT = "sent"
     FAILED = "failed"

@@ -6,7 +6,9 @@ The row is the outbox: after commit, ``approvals.tasks.send_notification(id)`` i
 enqueued; a worker renders the email from the database and sends it
 (``notification_send``). Nothing is sent by the process that made the event, so a
 ``--sync`` command leaves its emails pending for a worker; the SLA sweep (beat)
-re-enqueues pending rows older than a minute, whose nudge was lost.
+re-enqueues pending rows older than a minute, whose nudge was lost, and sends again
+a row whose worker died mid-send (at least once, same Message-ID: ``notification_send``).
+The tasks run on the ``notify`` queue (CELERY_TASK_ROUTES), apart from the runs' nudges.
 
 Events, recipients, and the one place that records each, in the event's
 transaction: where an approval moves, ``approvals.decisions`` calls its announcer
@@ -55,7 +57,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.mail import mailers
 from django.db import transaction
-from django.db.models import OuterRef, Subquery
+from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
 from approvals.decisions.guards import guard_headline
@@ -72,11 +74,9 @@ from runs.selectors import run_outcome
 
 log = logging.getLogger(__name__)
 
-# One first try and up to five retries (approvals.tasks.send_notification).
+# One first try and up to five retries (approvals.tasks.send_notification); a send
+# cut off by a dead worker counts as an attempt.
 MAX_ATTEMPTS = 6
-# A row "sending" this long after its claim lost its worker: the SMTP exchange has
-# a 10 s timeout (EMAIL_URL), so no live send takes this long.
-SENDING_DEADLINE = timedelta(minutes=2)
 # When several accounts share an address, the one that wants the most email wins:
 # a preference never silences someone else.
 _DELIVERY_RANK = {
@@ -330,24 +330,37 @@ def notification_send(*, notification_id: int) -> str:
     Raises the SMTP error (smtplib.SMTPException / OSError) when it should be
     retried; the task retries it with backoff.
 
-    Exactly once: the claim is a conditional UPDATE ``pending -> sending`` with
-    ``attempts + 1`` (the row says, before the SMTP exchange, what must be believed
-    if this process dies during it). Only one process can win the claim, and only
-    the winner talks to the SMTP server. An SMTP error means the server did not accept the
-    email, so the row goes back to pending for the retry. (The one case a retry can
-    repeat is a reply lost after the server queued the email: SMTP cannot tell it
-    apart, and the stable Message-ID lets a mail client fold the two.)
+    At least once, never twice at the same time: the claim is a conditional UPDATE
+    ``pending -> sending`` with ``attempts + 1`` (the row says, before the SMTP
+    exchange, what must be believed if this process dies during it). Only one
+    process can win the claim, and only the winner talks to the SMTP server. An SMTP
+    error means the server did not accept the email, so the row goes back to
+    pending for the retry.
 
-    If the worker dies after the server accepted the email but before the row says
-    "sent", the row stays "sending" (outcome unknown) and is never resent: we chose
-    at-most-once, because "never sent twice for one event" is the promise, and a
-    missing email has a backstop (the queue lists the approval; the SLA reminder
-    and escalation follow) while a duplicate cannot be taken back. An operator who
-    knows better can set such a row back to pending; the sweep then sends it. The
-    window is kept to the SMTP DATA exchange: the connection is opened before the
-    claim, so a worker dying while it connects leaves the row pending.
+    If the worker dies during the exchange (the server may or may not have the
+    email), the row stays "sending". Once it has been "sending" longer than
+    ``DESK_EMAIL_SENDING_SECONDS`` (no live send takes that long), a redelivered
+    nudge or the SLA sweep takes it back to pending and it is sent again, under the
+    same Message-ID, so a mail client that got the first shows one email. These are
+    the desk's own people (reviewers, requesters): a reviewer who never hears of an
+    approval is worse than one email folded into another. What an agent's tool sends
+    to a customer is not this: it is exactly once through the world's idempotency
+    keys, and an interrupted one ends "outcome unknown" for a person (runs.engine).
+    A nudge that finds a send still inside its deadline looks again at the deadline.
+    The connection is opened before the claim, so a worker dying while it connects
+    leaves the row plainly pending.
     """
     note = Notification.objects.filter(pk=notification_id).first()
+    if note is not None and note.status == Notification.Status.SENDING:
+        deadline = note.claimed_at + sending_deadline() if note.claimed_at else timezone.now()
+        if deadline > timezone.now():
+            # Being sent, or cut off too recently to tell: look again at its deadline.
+            seconds = (deadline - timezone.now()).total_seconds() + 0.5
+            send_notification.apply_async(args=[note.pk], countdown=seconds)
+            return "skipped"
+        if not notification_resume(note):
+            return "skipped"  # another worker took it back first
+        note.refresh_from_db()
     if note is None or note.status != Notification.Status.PENDING:
         return "skipped"
     attempt = note.attempts + 1
@@ -397,6 +410,41 @@ def notification_send(*, notification_id: int) -> str:
             connection.close()
 
 
+def sending_deadline() -> timedelta:
+    """How long a send may be "sending" before it counts as cut off (its worker died)."""
+    return timedelta(seconds=settings.DESK_EMAIL_SENDING_SECONDS)
+
+
+INTERRUPTED = (
+    "the worker sending it stopped mid-way (attempt {attempts}): the mail server may or may not "
+    "have it; sent again with the same Message-ID"
+)
+
+
+def notification_resume(note: Notification) -> bool:
+    """An interrupted send (``note`` as loaded: "sending" past its deadline, or
+    "outcome unknown" from an earlier version of the desk) goes back to pending for
+    another attempt, or to failed if that was its last. A conditional UPDATE on the
+    status, attempts and claim that were loaded: of two sweeps or nudges, one wins.
+    True if this call moved it."""
+    final = note.attempts >= MAX_ATTEMPTS
+    moved = Notification.objects.filter(
+        pk=note.pk, status=note.status, attempts=note.attempts, claimed_at=note.claimed_at
+    ).update(
+        status=Notification.Status.FAILED if final else Notification.Status.PENDING,
+        last_error=INTERRUPTED.format(attempts=note.attempts)
+        + ("; giving up: that was the last attempt" if final else ""),
+    )
+    if moved:
+        log.warning(
+            "notification %s: interrupted mid-send (attempt %s), %s",
+            note.pk,
+            note.attempts,
+            "giving up" if final else "sending it again",
+        )
+    return moved == 1
+
+
 def _attempt_failed(rows, *, note: Notification, attempt: int, exc: OSError) -> bool:
     """Record a failed attempt on ``rows`` (the notification as this attempt knows
     it); True if it was the last one and the notification is now failed."""
@@ -428,21 +476,19 @@ def notifications_renudge(*, older_than) -> int:
     return count
 
 
-def notifications_mark_unknown(*, now) -> int:
-    """Rows left "sending" past SENDING_DEADLINE lost their worker mid-send: mark
-    them "outcome unknown" for staff (never resent by the desk itself)."""
+def notifications_resume_interrupted(*, now) -> int:
+    """Rows left "sending" past their deadline (their worker died mid-send) and rows
+    an earlier version marked "outcome unknown" are sent again (``notification_resume``):
+    how many were enqueued."""
     stale = Notification.objects.filter(
-        status=Notification.Status.SENDING, claimed_at__lt=now - SENDING_DEADLINE
-    )
-    count = stale.update(
-        status=Notification.Status.UNKNOWN,
-        last_error=(
-            "the worker sending it stopped mid-way: the mail server may or may not have it. "
-            "Not resent automatically; staff can resend it from the admin."
-        ),
-    )
-    if count:
-        log.error("%s notification(s) interrupted mid-send: outcome unknown, shown to staff", count)
+        Q(status=Notification.Status.SENDING, claimed_at__lt=now - sending_deadline())
+        | Q(status=Notification.Status.UNKNOWN)
+    ).order_by("id")[:500]
+    count = 0
+    for note in list(stale):
+        if notification_resume(note) and note.attempts < MAX_ATTEMPTS:
+            notification_enqueue(note.pk)
+            count += 1
     return count
 
 

@@ -39,7 +39,11 @@ from approvals.decisions.selectors import ESCALATION_GROUP, approval_sla_minutes
 from approvals.decisions.services import approval_expire
 from approvals.models import ApprovalRequest, AuditEvent, GateRule
 from approvals.notify.kinds import Kind
-from approvals.notify.notifications import notifications_mark_unknown, notifications_renudge, notify_reviewers
+from approvals.notify.notifications import (
+    notifications_renudge,
+    notifications_resume_interrupted,
+    notify_reviewers,
+)
 from approvals.record.audit import approval_with_facts
 from runs.models import GuardKind
 
@@ -57,7 +61,7 @@ class SweepCounts:
     escalated: int = 0
     reminded: int = 0
     renudged: int = 0
-    unknown: int = 0
+    resumed: int = 0
 
 
 def approval_remind(*, approval_id: int, now: datetime) -> bool:
@@ -116,7 +120,8 @@ def _load(approval_id: int) -> ApprovalRequest:
 
 
 def approvals_sweep_sla(*, now: datetime | None = None) -> SweepCounts:
-    """Expire, escalate and remind what is due at ``now``; re-nudge lost emails.
+    """Expire, escalate and remind what is due at ``now``; re-nudge lost emails and
+    send again those cut off mid-send.
 
     ``now`` picks what is due (tests pass it instead of freezing time). Expiry is
     re-checked by ``approval_expire`` against the clock, so a test of expiry moves
@@ -142,8 +147,8 @@ def approvals_sweep_sla(*, now: datetime | None = None) -> SweepCounts:
         _escalate_and_remind(guards, settings.DESK_GUARD_SLA_MINUTES, now=now, group=group, counts=counts)
 
     counts.renudged = notifications_renudge(older_than=now - LOST_NUDGE_AGE)
-    counts.unknown = notifications_mark_unknown(now=now)
-    if counts.expired or counts.escalated or counts.reminded or counts.renudged:
+    counts.resumed = notifications_resume_interrupted(now=now)
+    if counts.expired or counts.escalated or counts.reminded or counts.renudged or counts.resumed:
         log.info("SLA sweep: %s", counts)
     return counts
 

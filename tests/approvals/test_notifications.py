@@ -21,19 +21,22 @@ from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest, AuditEvent, Notification
 from approvals.notify.kinds import Kind
 from approvals.notify.notifications import (
-    SENDING_DEADLINE,
+    MAX_ATTEMPTS,
     notification_send,
     notifications_record,
     notifications_renudge,
     send_notification,
+    sending_deadline,
 )
 from approvals.notify.sla import approvals_sweep_sla
 from runs.engine import run_advance, run_advance_until_settled
 from runs.llm import PermanentLLMError
-from runs.models import Run
+from runs.models import Run, ToolCall
 from runs.saga import run_rewind
 from runs.services import run_cancel, run_create
+from tests.approvals.guard_runs import a_call
 from tests.helpers import client_for, decide, deliver, script, start, the_approval, turn
+from tools.models import OutboxEmail
 from tools.refund_desk.agent import DEMO_TASK
 
 # The gate, not the agent's workflow, is under test here: refund-desk without stages.
@@ -229,6 +232,7 @@ def interrupted_send(users, monkeypatch) -> Notification:
     note = Notification.objects.get(approval=the_approval(run), recipient="reviewer@countersign.local")
 
     def crash(backend, messages):
+        note.message_id = messages[0].extra_headers["Message-ID"]  # what the server may have
         raise KeyboardInterrupt  # stands in for os._exit after the server accepted
 
     monkeypatch.setattr(EmailBackend, "send_messages", crash)
@@ -238,34 +242,124 @@ def interrupted_send(users, monkeypatch) -> Notification:
     return note
 
 
-def test_a_worker_that_dies_mid_send_never_resends(users, monkeypatch, django_capture_on_commit_callbacks):
-    """At-most-once: the outcome of a send cut off by a crash is unknown, so it is
-    recorded as such and not repeated, by a redelivered nudge or by the sweep."""
+def message_ids(address: str) -> list[str]:
+    return [m.extra_headers["Message-ID"] for m in inbox(address)]
+
+
+def test_a_nudge_redelivered_during_a_send_sends_nothing_and_looks_again_at_the_deadline(
+    users, monkeypatch, django_capture_on_commit_callbacks
+):
+    """The worker may still be talking to the SMTP server: a second send now could be a
+    second email for nothing. The nudge comes back when the send must be over."""
     note = interrupted_send(users, monkeypatch)
     note.refresh_from_db()
     assert note.status == "sending" and note.attempts == 1
+    later = []
+    monkeypatch.setattr(send_notification, "apply_async", lambda **kw: later.append(kw))
     assert notification_send(notification_id=note.pk) == "skipped"
+    [again] = later
+    assert again["args"] == [note.pk]
+    assert 0 < again["countdown"] <= sending_deadline().total_seconds() + 1
+    assert inbox("reviewer@countersign.local") == []
+    # The renudge of lost nudges leaves a row being sent alone.
     enqueued = []
     monkeypatch.setattr(send_notification, "delay", enqueued.append)
     with django_capture_on_commit_callbacks(execute=True):
         notifications_renudge(older_than=timezone.now() + timedelta(minutes=5))
     assert note.pk not in enqueued and len(enqueued) == 2  # only the other two, still pending
-    assert inbox("reviewer@countersign.local") == []
 
 
-def test_the_sweep_marks_an_interrupted_send_outcome_unknown_and_never_resends_it(users, monkeypatch):
+def test_a_send_cut_off_by_a_dead_worker_is_sent_again_on_redelivery_with_the_same_message_id(
+    users, monkeypatch
+):
+    """At least once for the desk's own people: the server may have had the first
+    one, so the second carries the same Message-ID and a mail client shows one."""
+    note = interrupted_send(users, monkeypatch)
+    deliver()  # the other reviewers
+    others = [m.extra_headers["Message-ID"] for m in mail.outbox]
+    # The dead worker's claim is past its deadline when the nudge comes back.
+    Notification.objects.filter(pk=note.pk).update(
+        claimed_at=timezone.now() - sending_deadline() - timedelta(seconds=1)
+    )
+    assert notification_send(notification_id=note.pk) == "sent"
+    assert message_ids("reviewer@countersign.local") == [note.message_id]
+    assert note.message_id not in others  # each email its own id
+    note.refresh_from_db()
+    assert note.status == "sent" and note.attempts == 2 and note.sent_at is not None
+    # Sent is sent: another redelivery, or the sweep, sends nothing more.
+    assert notification_send(notification_id=note.pk) == "skipped"
+    approvals_sweep_sla(now=timezone.now() + timedelta(hours=1))
+    deliver()
+    assert len(inbox("reviewer@countersign.local")) == 1
+
+
+def test_the_sweep_sends_an_interrupted_send_again_once_its_deadline_passed(
+    users, monkeypatch, django_capture_on_commit_callbacks
+):
     note = interrupted_send(users, monkeypatch)
     note.refresh_from_db()
     assert note.status == "sending" and note.claimed_at is not None
     # Still inside the deadline: maybe a slow server, not a dead worker.
-    assert approvals_sweep_sla(now=note.claimed_at + timedelta(seconds=30)).unknown == 0
-    counts = approvals_sweep_sla(now=note.claimed_at + SENDING_DEADLINE + timedelta(seconds=1))
-    assert counts.unknown == 1
+    assert approvals_sweep_sla(now=note.claimed_at + timedelta(seconds=30)).resumed == 0
+    enqueued = []
+    monkeypatch.setattr(send_notification, "delay", enqueued.append)
+    with django_capture_on_commit_callbacks(execute=True):
+        counts = approvals_sweep_sla(now=note.claimed_at + sending_deadline() + timedelta(seconds=1))
+    assert counts.resumed == 1 and note.pk in enqueued
     note.refresh_from_db()
-    assert note.status == "unknown" and "may or may not have it" in note.last_error
-    assert notification_send(notification_id=note.pk) == "skipped"
+    assert note.status == "pending" and "sent again with the same Message-ID" in note.last_error
+    # A second sweep (a second beat) finds nothing more to resume.
+    assert approvals_sweep_sla(now=note.claimed_at + sending_deadline() + timedelta(seconds=2)).resumed == 0
     deliver()
-    assert [m.to for m in inbox("reviewer@countersign.local")] == []
+    assert message_ids("reviewer@countersign.local") == [note.message_id]
+    # The reviewer's inbox says it was sent.
+    html = client_for(users["reviewer"]).get(reverse("inbox")).content.decode()
+    assert '<span class="mail-status sent">sent</span>' in html
+    assert "interrupted" not in html
+
+
+def test_an_email_an_earlier_version_left_outcome_unknown_is_sent_by_the_sweep(users):
+    run = start(requester=users["requester"])
+    note = Notification.objects.get(approval=the_approval(run), recipient="reviewer@countersign.local")
+    Notification.objects.filter(pk=note.pk).update(status="unknown", attempts=1, claimed_at=timezone.now())
+    assert approvals_sweep_sla().resumed == 1
+    deliver()
+    assert len(inbox("reviewer@countersign.local")) == 1
+    assert Notification.objects.get(pk=note.pk).status == "sent"
+
+
+def test_a_send_interrupted_on_every_attempt_ends_failed_not_in_a_loop(users, monkeypatch):
+    """A message that kills its worker each time (say, one that exhausts its memory)
+    stops after the last attempt instead of killing workers forever."""
+    note = interrupted_send(users, monkeypatch)
+    Notification.objects.filter(pk=note.pk).update(attempts=MAX_ATTEMPTS)
+    counts = approvals_sweep_sla(now=timezone.now() + sending_deadline() + timedelta(seconds=1))
+    assert counts.resumed == 0
+    note.refresh_from_db()
+    assert note.status == "failed" and "that was the last attempt" in note.last_error
+    deliver()
+    assert inbox("reviewer@countersign.local") == []
+
+
+def test_a_customer_email_cut_off_mid_send_stays_outcome_unknown_and_is_not_sent_again(users):
+    """What an agent's tool sends a customer is exactly once through the world's key:
+    the desk sending its own interrupted emails again never touches it."""
+    run = start(requester=users["requester"])
+    # The customer's email, cut off mid-send: nobody could tell whether it went.
+    call = a_call(
+        run,
+        "send_email",
+        {"to": "grace@example.com", "subject": "Refund", "body": "Refunded."},
+        status=ToolCall.Status.UNKNOWN,
+        step=5,
+    )
+    emails = OutboxEmail.objects.count()
+    approvals_sweep_sla(now=timezone.now() + timedelta(hours=1))
+    deliver()
+    call.refresh_from_db()
+    assert call.status == ToolCall.Status.UNKNOWN
+    assert OutboxEmail.objects.count() == emails
+    assert not any(m.to == ["grace@example.com"] for m in mail.outbox)
 
 
 def test_staff_resend_an_outcome_unknown_email_from_the_admin_once(users, monkeypatch, client):

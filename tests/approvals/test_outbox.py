@@ -158,7 +158,7 @@ def test_the_inbox_lists_my_notifications_newest_first_with_what_became_of_each(
     html = get_html(client_for(users["reviewer"]), reverse("inbox"))
     order = [html.index(f"/desk/approvals/{a.pk}/") for a in (fourth, third, second, first)]
     assert order == sorted(order)
-    assert "outcome unknown: the send was interrupted" in html
+    assert "being sent again: the first send was interrupted" in html
     assert "held for your next hourly digest" in html
     assert "not emailed (your preference)" in html
     assert '<span class="mail-status sent">sent</span>' in html

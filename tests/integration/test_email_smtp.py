@@ -4,6 +4,7 @@ SMTP outage is retried and each email still arrives exactly once."""
 
 from __future__ import annotations
 
+import asyncio
 import email
 import email.policy
 import socket
@@ -136,3 +137,57 @@ def test_reviewers_get_the_email_over_smtp_once_and_an_outage_is_retried(desk, s
     message = smtp.inbox.one(declined, "requester@countersign.local")
     assert "Ask for a photo first" in message.get_body(("plain",)).get_content()
     assert f"{BASE_URL}/runs/{run_id}/" in message.get_body(("plain",)).get_content()
+
+
+class Stalling(Inbox):
+    """Keeps the first email it is given, then never answers: the sender waits for
+    the reply that says the server took it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stalled = 0
+
+    async def handle_DATA(self, server, session, envelope):
+        if not self.stalled:
+            self.stalled += 1
+            message = email.message_from_bytes(envelope.content, policy=email.policy.default)
+            self.messages.append(message)
+            await asyncio.sleep(3600)
+        return await super().handle_DATA(server, session, envelope)
+
+
+def test_a_worker_killed_while_the_server_takes_a_reviewers_email_has_it_sent_again_with_the_same_message_id(
+    desk, smtp
+):
+    """Reviewers are always told: the server had the email, the worker died before it
+    heard so. The email is sent again with the same Message-ID (a mail client shows
+    one), and the desk shows it sent."""
+    smtp.inbox = Stalling()
+    smtp.stop()
+    smtp.start()
+    desk.env.update(
+        EMAIL_URL=f"smtp://127.0.0.1:{smtp.port}",
+        DESK_BASE_URL=BASE_URL,
+        DESK_EMAIL_SENDING_SECONDS="2",
+        DESK_SLA_SWEEP_SECONDS="1",
+    )
+    worker = desk.start_worker()
+    run_id = desk.start_run("Refund A-1001, it broke")
+    desk.eventually(lambda: smtp.inbox.stalled, what="the server to hold an email")
+    cut = Notification.objects.get(status="sending")
+    worker.stop()  # SIGKILL, waiting for the server's reply
+    [first] = smtp.inbox.messages
+
+    desk.start_beat()
+    desk.start_worker()
+    desk.eventually(lambda: not Notification.objects.exclude(status="sent").exists(), what="every email sent")
+    again = [m for m in smtp.inbox.messages[1:] if m["Message-ID"] == first["Message-ID"]]
+    assert len(again) == 1, [m["Message-ID"] for m in smtp.inbox.messages]
+    assert str(first["To"]) == str(again[0]["To"]) == cut.recipient
+    cut.refresh_from_db()
+    assert cut.status == "sent" and cut.attempts == 2
+    # Every other email once; every notification reached its reviewer.
+    delivered = smtp.inbox.delivered()
+    assert delivered.pop((cut.event, cut.recipient)) == 2
+    assert all(count == 1 for count in delivered.values()), delivered
+    assert run_id

@@ -11,7 +11,7 @@ endif
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run reset test test-production soak coverage lint bench bench-production install install-dev migrate clean
+.PHONY: run reset test test-production soak soak-embedded coverage lint bench bench-production install install-dev migrate clean
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "Python 3.12 or newer is needed (Django 6)."; exit 1; }
@@ -114,8 +114,12 @@ test-production: install-dev
 
 # The random-kill soak (bench/soak.py): real workers SIGKILLed at random moments on
 # PostgreSQL + Redis, invariants checked after every trial; exits 1 on a violation.
-# CI runs 20 trials; `make soak SOAK_TRIALS=200` for the full proof.
+# CI runs 20 trials; `make soak SOAK_TRIALS=200` for the full proof, in one run.
+# `make soak-embedded SOAK_TRIALS=100`: the same on `make run`'s SQLite + embedded broker.
 SOAK_TRIALS ?= 20
 soak: install
 	bash .ci/services
 	$(BIN)/python bench/soak.py --trials $(SOAK_TRIALS)
+
+soak-embedded: install
+	$(BIN)/python bench/soak.py --trials $(SOAK_TRIALS) --db sqlite --broker filesystem

@@ -4,11 +4,15 @@
 Run from the project root:
 
     .venv/bin/python bench/soak.py --trials 20                      # CI: PostgreSQL + Redis
-    .venv/bin/python bench/soak.py --trials 200 --seed 1            # the full soak (about an hour)
-    .venv/bin/python bench/soak.py --trials 20 --db sqlite --broker filesystem   # `make run`'s set-up
+    .venv/bin/python bench/soak.py --trials 200 --seed 1            # make soak SOAK_TRIALS=200
+    .venv/bin/python bench/soak.py --trials 100 --db sqlite         # `make run`'s set-up: SQLite + the
+                                                                    # embedded broker (make soak-embedded)
 
-Each trial starts a beat (the lease sweep) and ``--workers`` Celery workers (prefork,
-concurrency 1, as in production; ``--pool solo`` for single-process workers), then starts
+Each configuration is one run of the bench (one beat, fresh databases, every trial in turn).
+
+Each trial starts ``--workers`` Celery workers (prefork, concurrency 1, as in production;
+``--pool solo`` for single-process workers) that consume both queues, the runs' nudges and
+the desk's email (``notify``), beside the soak's one beat (the sweeps), then starts
 ``--runs`` scripted runs of the two demo agents (``refund-desk`` on an order of its own,
 ``onboarding`` of a user of its own) at random moments over a few seconds. The bench
 plays the reviewer through the service layer (``approvals.decisions.services.approval_decide``,
@@ -30,7 +34,11 @@ At the end of every trial, with every process stopped, it checks:
   lease + 30 s of the trial's last kill, decision or start;
 - no duplicate assistant turn (each script turn at most once among the live messages),
   no step number twice, no two live calls at one position;
-- ``verify`` (the audit and checkpoint chains) passes for every run.
+- ``verify`` (the audit and checkpoint chains) passes for every run;
+- reviewers are always told: every email the desk recorded for the trial's runs (the
+  reviewers' approval emails, the requesters' run endings) is sent and in the outbox
+  (EMAIL_URL=outbox://) within 90 s of the last event, however a kill cut its send
+  (one sent twice, with its Message-ID, is a note, not a violation).
 
 It prints a line per trial, then the totals: trials, runs, decisions, kills, violations
 by kind (zeros shown), and recovery time, from each kill to the next claim of a run the
@@ -85,9 +93,27 @@ VIOLATIONS = (
     "duplicate_call",
     "verify_failed",
     "worker_crashed",
+    "notification_undelivered",
 )
 # What a trial may leave that is not a violation but worth counting.
-NOTES = ("call_left_executing", "decision_refused", "idle_kill", "unrecovered_kill", "slow_recovery")
+NOTES = (
+    "call_left_executing",
+    "decision_refused",
+    "idle_kill",
+    "unrecovered_kill",
+    "slow_recovery",
+    "email_sent_again",
+    "email_attempted_again",
+)
+# The desk's emails (reviewers', requesters') still on their way to the outbox.
+UNDELIVERED = ("pending", "sending", "unknown")
+# How long after the trial's last event its emails may take: a send cut off by a kill
+# is sent again DESK_EMAIL_SENDING_SECONDS after its claim (by the nudge or the SLA
+# sweep, every second here); a nudge lost with a whole worker comes back with the
+# broker's visibility timeout (the lease) or the sweep's renudge of rows a minute old.
+EMAIL_AFTER = 90
+# Short, so that a cut-off send is sent again within a trial (outbox:// takes ms).
+EMAIL_SENDING_SECONDS = 5
 
 
 # =============================================================================
@@ -183,7 +209,10 @@ def start_beat(env: dict, work: Path) -> Proc:
 
 
 def worker_command(name: str, pool: str) -> list[str]:
-    command = ["-m", "celery", "-A", "desk", "worker", "--loglevel=INFO", "-n", f"{name}@%h"]
+    # Both queues: the runs' nudges ("celery") and the desk's email ("notify"), so a
+    # kill lands in a send as often as in a step.
+    command = ["-m", "celery", "-A", "desk", "worker", "-Q", "celery,notify", "--loglevel=INFO"]
+    command += ["-n", f"{name}@%h"]
     command += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
     if pool == "prefork":
         return [*command, "--pool=prefork", "--concurrency=1"]
@@ -450,7 +479,7 @@ class Trial:
         self.reviewer = User.objects.get(username=REVIEWER)
         began = time.time()
         if self.args.broker == "redis":
-            flush_redis(REDIS_DB)
+            flush_redis(self.args.redis_db)
         plans = self.plan()
         self.start_processes()
         t0 = time.time()
@@ -479,14 +508,17 @@ class Trial:
             if not pending_plans and not kills:
                 unsettled = self.unsettled(run_ids)
                 pending_recovery = any(set(k.runs) - set(k.recovered) for k in self.result.kills)
-                if not unsettled and not pending_recovery:
+                emailing = not unsettled and self.emails_on_their_way(run_ids)
+                if not unsettled and not pending_recovery and not emailing:
                     break
-                if time.time() > self.last_event + lost_after:
+                if unsettled and time.time() > self.last_event + lost_after:
                     for run_id, status in unsettled.items():
                         self.violate(
                             "lost_run", f"run {run_id} still {status} {lost_after} s after the last event"
                         )
                     break
+                if emailing and time.time() > self.last_event + max(lost_after, EMAIL_AFTER):
+                    break  # check() counts what was not delivered
             time.sleep(0.05)
         self.result.phases["runs"] = time.time() - t0
         stopping = time.time()
@@ -592,6 +624,11 @@ class Trial:
                         )
                     )
 
+    def emails_on_their_way(self, run_ids: list[int]) -> bool:
+        from approvals.models import Notification
+
+        return Notification.objects.filter(run_id__in=run_ids, status__in=UNDELIVERED).exists()
+
     def unsettled(self, run_ids: list[int]) -> dict[int, str]:
         from approvals.models import ApprovalRequest
         from runs.models import Run
@@ -675,7 +712,17 @@ class Trial:
         if last:
             top = Message.objects.filter(run_id=run_ids[0]).order_by("-seq").first()
             Message.objects.create(run_id=run_ids[0], seq=top.seq + 1, role="assistant", content=last.content)
-        print("    self-check: injected an unsent email, a lost payment, a repeated turn", flush=True)
+        # A reviewer's email left "sending" by a worker that never came back.
+        from approvals.models import Notification
+
+        Notification.objects.filter(
+            pk=Notification.objects.filter(run_id__in=run_ids).values("pk")[:1]
+        ).update(status="sending")
+        print(
+            "    self-check: injected an unsent email, a lost payment, a repeated turn, an undelivered "
+            "reviewer email",
+            flush=True,
+        )
 
     # --- the invariants ----------------------------------------------------------------
     def check(self, plans: list[Planned], began: float) -> None:
@@ -794,6 +841,34 @@ class Trial:
             if not verification.ok:
                 self.violate("verify_failed", f"run {run.pk}: {verification.findings[:2]}")
 
+        self.check_emails(run_ids, began)
+
+    def check_emails(self, run_ids: list[int], began: float) -> None:
+        """The desk's own people are always told: every email recorded for the trial's
+        runs (reviewers' approval emails, requesters' run endings) is sent and in the
+        outbox (outbox://), at least once; one sent twice (a kill mid-send) is a note."""
+        from datetime import UTC, datetime
+
+        from approvals.models import DeskEmail, Notification
+
+        since = datetime.fromtimestamp(began - 1, tz=UTC)
+        delivered = Counter()
+        for email in DeskEmail.objects.filter(created_at__gte=since).only("to", "headers"):
+            for to in email.to.splitlines():
+                delivered[(email.headers.get("X-Countersign-Event"), to)] += 1
+        for note in Notification.objects.filter(run_id__in=run_ids).exclude(status__in=("held", "muted")):
+            count = delivered[(note.event, note.recipient)]
+            if note.status != "sent" or not count:
+                self.violate(
+                    "notification_undelivered",
+                    f"{note.kind} {note.event} to {note.recipient}: {note.status}, {count} in the outbox, "
+                    f"attempts {note.attempts}, {note.last_error[:120]!r}",
+                )
+            elif count > 1:
+                self.note("email_sent_again", f"{note.event} to {note.recipient}: {count} times")
+            if note.attempts > 1:  # its first send was cut off by a kill (no SMTP errors here)
+                self.note("email_attempted_again", f"{note.event} to {note.recipient}: {note.attempts}")
+
 
 def effect_mismatch(call, row) -> str:
     """How the world's row differs from the arguments the call ran with ('' if it does not)."""
@@ -829,10 +904,10 @@ def setup(args, work: Path) -> dict:
     if args.db == "postgres" or args.broker == "redis":
         ensure_services()
     if args.db == "postgres":
-        desk_url, world_url = fresh_databases(DB_PREFIX)
+        desk_url, world_url = fresh_databases(args.db_prefix)
     else:
         desk_url, world_url = f"sqlite:///{work / 'desk.sqlite3'}", f"sqlite:///{work / 'world.sqlite3'}"
-    broker = redis_url(REDIS_DB) if args.broker == "redis" else "filesystem://"
+    broker = redis_url(args.redis_db) if args.broker == "redis" else "filesystem://"
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "desk.settings",
@@ -846,7 +921,10 @@ def setup(args, work: Path) -> dict:
         "DESK_SANDBOX_DIR": str(work / "sandbox"),
         "DESK_LEASE_SECONDS": str(args.lease),
         "DESK_SWEEP_SECONDS": str(args.sweep),
-        "EMAIL_URL": "locmem://",
+        # The desk's emails as rows (desk.mail.DatabaseBackend), so check() can count them.
+        "EMAIL_URL": "outbox://",
+        "DESK_EMAIL_SENDING_SECONDS": str(EMAIL_SENDING_SECONDS),
+        "DESK_SLA_SWEEP_SECONDS": "1",
         "DESK_DEMO_PASSWORD": "soak-password-not-used",
         "PYTHONUNBUFFERED": "1",
     }
@@ -876,7 +954,13 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=2, help="SIGKILLs per trial")
     parser.add_argument("--pool", choices=("prefork", "solo"), default="prefork")
     parser.add_argument("--db", choices=("postgres", "sqlite"), default="postgres")
-    parser.add_argument("--broker", choices=("redis", "filesystem"), default="redis")
+    parser.add_argument(
+        "--broker",
+        choices=("redis", "filesystem"),
+        help="default: redis with --db postgres, filesystem (the embedded broker) with --db sqlite",
+    )
+    parser.add_argument("--db-prefix", default=DB_PREFIX, help="PostgreSQL databases PREFIX and PREFIX_world")
+    parser.add_argument("--redis-db", type=int, default=REDIS_DB)
     parser.add_argument("--lease", type=int, default=3, help="DESK_LEASE_SECONDS")
     parser.add_argument("--sweep", type=int, default=5, help="DESK_SWEEP_SECONDS")
     parser.add_argument("--spread", type=float, default=4.0, help="runs start over this many seconds")
@@ -894,6 +978,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.workers < 1 or args.runs < 1 or args.trials < 1:
         parser.error("--trials, --workers and --runs take 1 or more")
+    args.broker = args.broker or ("redis" if args.db == "postgres" else "filesystem")
 
     work = Path(tempfile.mkdtemp(prefix="soak-"))
     started = time.time()
@@ -990,7 +1075,10 @@ def main() -> int:
             f"p50 {statistics.median(recoveries):.1f} s, p95 {percentile(recoveries, 95):.1f} s, "
             f"max {max(recoveries):.1f} s"
         )
-        print(f"               target lease + 5 = {target} s: {over} over")
+        print(
+            f"               target p95 <= lease + 5 = {target} s: p95 {percentile(recoveries, 95):.1f} s, "
+            f"{over} over"
+        )
         print(
             f"               after the lease expired: p50 {statistics.median(after_expiry):.1f} s, "
             f"max {max(after_expiry):.1f} s (lease left at the kill: "

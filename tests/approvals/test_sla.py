@@ -205,4 +205,4 @@ def test_beat_runs_the_sweep_every_minute_by_default(users):
     entry = settings.CELERY_BEAT_SCHEDULE["sweep-approval-sla"]
     assert entry == {"task": "approvals.tasks.sweep_sla", "schedule": 60.0}
     assert sweep_sla.name == "approvals.tasks.sweep_sla"
-    assert sweep_sla() == {"expired": 0, "escalated": 0, "reminded": 0, "renudged": 0, "unknown": 0}
+    assert sweep_sla() == {"expired": 0, "escalated": 0, "reminded": 0, "renudged": 0, "resumed": 0}

@@ -531,6 +531,7 @@ def cprofile_summary(profiler, steps: int, path: Path) -> dict:
     top = stream.getvalue()
     stats.sort_stats("cumulative").print_stats(40)
     path.write_text(stream.getvalue())
+    profiler.dump_stats(path.with_suffix(".prof"))  # for pstats / snakeviz
     picks = [
         ("runs/engine/loop.py", "_ask_model"),
         ("runs/engine/proposals.py", "_new_call"),

@@ -1,21 +1,29 @@
 #!/usr/bin/env python
-"""The same N-step agent loop on Countersign and on LangGraph: ms/step and bytes/step side by side.
+"""The same N-step agent loop on Countersign and on LangGraph: CPU, wall, fsyncs and bytes per step.
 
 Run from the project root, after installing LangGraph into the venv (it is not a
 dependency of the project):
 
     .venv/bin/pip install -r bench/requirements.txt
-    .venv/bin/python bench/vs_langgraph.py [--steps 50,200,800,2000] [--repeat 3]
+    .venv/bin/python bench/vs_langgraph.py [--steps 200,800] [--rounds 3] [--tools noop,get_order]
+        [--old PATH]   # also a checkout of an older Countersign, e.g. git worktree add PATH 59e843d
 
-The loop: N turns, each a ~200-character assistant text and one call of a trivial read
-tool (``bench_noop``: returns a fixed ~200-character result and touches no database),
-then a final text turn: N + 1 model turns ("steps") on every side. The model is a
-scripted fake on both sides (no network).
+The loop: N turns, each a ~200-character assistant text and one call of the same trivial
+read tool on every side, then a final text turn: N + 1 model turns ("steps"). The model
+is a scripted fake on both sides (no network). Two tools, both reported:
+
+* ``noop``: returns a fixed ~200-character result, touches no database (1 fsync a step
+  on Countersign: the step's commit);
+* ``get_order``: the refund desk's own ``get_order`` tool function on both sides, over
+  its own SQLite world (WAL, synchronous=FULL): a read and a durable counter bump (2
+  fsyncs a step on Countersign: the step's commit and the bump).
 
 * Countersign: a bench-only agent with the one tool, its ScriptedLLM, advanced by one
   ``runs.engine.run_advance`` claim; fresh SQLite databases as the project ships them
   (WAL, synchronous=FULL, BEGIN IMMEDIATE), DEBUG off; every guard on (budgets far above
-  use, patience past N).
+  use, patience past N). The URLconf is imported first, as in a worker; a run's end
+  that imports the API is flagged. ``--old PATH``: the same worker on that checkout
+  (cwd and sys.path), in its own process.
 * LangGraph: a StateGraph with a ``model`` node (the fake: the next scripted AIMessage
   with its tool call) and a ``tools`` node (runs the same tool, appends a ToolMessage),
   checkpointed by ``SqliteSaver`` on a file with journal_mode=WAL and synchronous=FULL,
@@ -25,15 +33,20 @@ scripted fake on both sides (no network).
   message list) and ``delta`` (``Annotated[list, DeltaChannel(_messages_delta_reducer)]``,
   LangGraph's beta channel that stores only the writes and a snapshot every 100 updates).
 
-Each (side, N) runs in its own process on fresh files in a temporary directory.
-bytes/step: growth of all the side's SQLite files (db + WAL after
-``wal_checkpoint(TRUNCATE)``) over the run, / steps: the same method on both sides.
-commits/step: COMMITs on the connection(s) during the run. Reported, never asserted.
+Each (side, tool, N) runs in its own process on fresh files in a temporary directory,
+in alternating rounds (every cell once a round, the order rotated); the run with the
+median CPU is reported. cpu/step: ``time.process_time()`` (user+sys) of the loop alone;
+ms/step: its wall time. fsyncs/step: fsync+fdatasync between two markers, counted with
+strace in one more run per side and tool at the smallest N. bytes/step: growth of all
+the side's SQLite files (db + WAL after ``wal_checkpoint(TRUNCATE)``) over the run.
+commits/step: COMMITs of transactions (an autocommit statement, such as the counter
+bump, is not one). The load is printed with every run. Reported, never asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -49,6 +62,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
 SIDES = ("countersign", "lg-default", "lg-delta")
+TOOLS = ("noop", "get_order")
+MARK_BEGIN = "/nonexistent/vs-langgraph-marker-begin"
+MARK_END = "/nonexistent/vs-langgraph-marker-end"
 TEXT = (
     "Checking the record once more before deciding anything: the customer says the ceramic "
     "teapot arrived broken, so I compare the amount, what was refunded so far and the ticket. "
@@ -69,6 +85,12 @@ def turn_text(i: int) -> str:
     return f"Step {i}: {TEXT}"[:200]
 
 
+def marker(path: str) -> None:
+    """A syscall strace sees, to fence the fsyncs that belong to the loop."""
+    with contextlib.suppress(OSError):
+        open(path).close()
+
+
 def db_size(path: Path) -> int:
     """Bytes of one SQLite database after a full checkpoint (db + emptied WAL)."""
     if not path.exists():
@@ -82,13 +104,65 @@ def db_size(path: Path) -> int:
 
 
 # =============================================================================
-# Countersign worker
+# Countersign worker (this tree's, or with --old another checkout's: ``root``)
 # =============================================================================
-def countersign(db_dir: Path, n: int) -> dict:
-    sys.path.insert(0, str(BENCH))
-    import step_overhead as so
+def setup_countersign(root: Path, db_dir: Path) -> None:
+    """Django from ``root`` on fresh SQLite files in ``db_dir``, DEBUG off, the world seeded."""
+    db_dir.mkdir(parents=True, exist_ok=True)
+    os.chdir(root)
+    sys.path.insert(0, str(root))
+    os.environ["DESK_VAR_DIR"] = str(db_dir)
+    os.environ["DATABASE_URL"] = f"sqlite:///{db_dir / 'desk.sqlite3'}"
+    os.environ["WORLD_DATABASE_URL"] = f"sqlite:///{db_dir / 'world.sqlite3'}"
+    os.environ["CELERY_BROKER_URL"] = "memory://"
+    os.environ["DJANGO_SETTINGS_MODULE"] = "desk.settings"
+    os.environ["DEBUG"] = "0"
+    os.environ.setdefault("SECRET_KEY", "bench-" + "k" * 60)
+    os.environ.setdefault("ALLOWED_HOSTS", "localhost")
+    import django
 
-    so.setup_django(db_dir, debug=False)
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", database="default", verbosity=0, interactive=False)
+    call_command("migrate", database="world", verbosity=0, interactive=False)
+    try:
+        from tools.refund_desk.agent import seed_world
+    except ImportError:  # 59e843d
+        from tools.demo import seed_world
+    seed_world()
+
+
+def _accepted(callable_, **kwargs) -> dict:
+    """The keyword arguments ``callable_`` takes (an older tree takes fewer)."""
+    import inspect
+
+    params = inspect.signature(callable_).parameters
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+class CommitCounter:
+    """Commits per database alias during the loop (the engine is not changed)."""
+
+    def __init__(self) -> None:
+        from django.db import connections
+
+        self.commits = 0
+        for alias in ("default", "world"):
+            conn = connections[alias]
+            conn.ensure_connection()
+            inner = conn._commit
+
+            def counted(inner=inner):
+                self.commits += 1
+                return inner()
+
+            conn._commit = counted
+
+
+def countersign(db_dir: Path, n: int, tool: str, root: Path) -> dict:
+    setup_countersign(root, db_dir)
+    from django.contrib.auth import get_user_model
     from django.db import connections
 
     from runs.engine import run_advance
@@ -96,73 +170,77 @@ def countersign(db_dir: Path, n: int) -> dict:
     from runs.services import run_create
     from tools import registry
 
-    registry.register_tool(
-        registry.ToolSpec(
-            name="bench_noop",
-            description="Return a fixed record; reads and writes nothing (bench only).",
-            input_schema={
-                "type": "object",
-                "properties": {"key": {"type": "string"}},
-                "required": ["key"],
-                "additionalProperties": False,
-            },
-            function=lambda ctx, args: dict(RESULT),
-            kind=registry.READ,
+    if tool == "noop":
+        registry.register_tool(
+            registry.ToolSpec(
+                name="bench_noop",
+                description="Return a fixed record; reads and writes nothing (bench only).",
+                input_schema={
+                    "type": "object",
+                    "properties": {"key": {"type": "string"}},
+                    "required": ["key"],
+                    "additionalProperties": False,
+                },
+                function=lambda ctx, args: dict(RESULT),
+                kind=registry.READ,
+            )
         )
-    )
+        tool_name, tool_input = "bench_noop", {"key": "A-1001"}
+    else:  # the refund desk's own get_order: a read of the world and a durable counter bump
+        tool_name, tool_input = "get_order", {"order_id": "A-1001"}
     registry.register_agent(
         registry.AgentSpec(
-            name="bench-noop",
-            system="You check a record with the bench tool.",
-            tool_names=("bench_noop",),
-            patience=n + 10,  # the detector still hashes and counts every step, never stops the run
+            name="bench-agent",
+            system="You check a record with the one tool you have.",
+            tool_names=(tool_name,),
+            # The stuck detector still hashes and counts every step, never stops the run.
+            **_accepted(registry.AgentSpec, patience=n + 10),
         )
     )
     script = {
         "turns": [
-            {"text": turn_text(i), "tool_calls": [{"name": "bench_noop", "input": {"key": "A-1001"}}]}
-            for i in range(n)
+            {"text": turn_text(i), "tool_calls": [{"name": tool_name, "input": tool_input}]} for i in range(n)
         ]
         + [{"text": "Checked; nothing more to do. " + TEXT[:150]}]
     }
-    counters = so.Counters()
+    admin, _ = get_user_model().objects.get_or_create(username="bench", defaults={"is_superuser": True})
     run = run_create(
-        agent_name="bench-noop",
+        agent_name="bench-agent",
         task=f"Benchmark: check the record {n} times.",
         script=script,
-        requester=so.bench_admin(),
+        requester=admin,
         max_steps=n + 5,
-        max_tokens=10**12,
-        max_cost=100_000,
         enqueue=False,
+        **_accepted(run_create, max_tokens=10**12, max_cost=100_000),
     )
     files = [Path(connections[a].settings_dict["NAME"]) for a in ("default", "world")]
     for alias in ("default", "world"):
         connections[alias].close()
     before = sum(db_size(p) for p in files)
-    # A long-running worker has its URLconf loaded (the run's end builds links): not timed here.
+    # A long-running worker has its URLconf loaded (imported, not populated): not timed
+    # here. Whether the run's end then imports the API is reported (``api``).
     from django.urls import get_resolver
 
     _ = get_resolver().url_patterns
-    counters.reset()  # its commit counters stay on the connections' wrappers across reconnects
+    api_before = "api.endpoints" in sys.modules
+    counter = CommitCounter()
     profile = os.environ.get("BENCH_CPROFILE")  # a path: dump cProfile stats of the loop there
     if profile:
         import cProfile
 
         profiler = cProfile.Profile()
         profiler.enable()
+    marker(MARK_BEGIN)
     t0, c0 = time.perf_counter(), time.process_time()
     run_advance(run.pk)
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    marker(MARK_END)
     if profile:
         profiler.disable()
         profiler.dump_stats(profile)
+    commits = counter.commits
     run.refresh_from_db()
     steps = Step.objects.filter(run=run).count()
-    llm = sum(counters.llm)
-    tool = sum(counters.tool.values())
-    commits = sum(counters.commits.values())
-    commit_time = sum(counters.commit_time.values())
     for alias in ("default", "world"):
         connections[alias].close()
     after = sum(db_size(p) for p in files)
@@ -172,10 +250,9 @@ def countersign(db_dir: Path, n: int) -> dict:
         "steps": steps,
         "elapsed": elapsed,
         "cpu": cpu,
-        "engine": elapsed - llm - tool,
-        "commit_time": commit_time,
         "commits": commits,
         "bytes": after - before,
+        "api_imported": (not api_before) and "api.endpoints" in sys.modules,
     }
 
 
@@ -195,7 +272,27 @@ class CountingConnection(sqlite3.Connection):
             CountingConnection.commit_time += time.perf_counter() - t
 
 
-def langgraph(db_dir: Path, n: int, delta: bool) -> dict:
+def langgraph(db_dir: Path, n: int, delta: bool, tool: str) -> dict:
+    world = None
+    if tool == "get_order":
+        # The same tool function as Countersign's, on its own SQLite world (WAL,
+        # synchronous=FULL, as the project ships it): a read and a durable counter bump.
+        setup_countersign(ROOT, db_dir)
+        from django.db import connections
+
+        from tools import registry
+
+        get_order = registry.get_tool("get_order").function
+        world = Path(connections["world"].settings_dict["NAME"])
+        connections["world"].close()
+
+        def run_tool(args: dict) -> dict:
+            return get_order(None, {"order_id": "A-1001"})
+    else:
+
+        def run_tool(args: dict) -> dict:
+            return dict(RESULT)  # the same trivial tool
+
     from typing import Annotated, TypedDict
 
     from langchain_core.messages import AIMessage, ToolMessage
@@ -233,7 +330,7 @@ def langgraph(db_dir: Path, n: int, delta: bool) -> dict:
             msg = AIMessage(
                 id=f"ai-{i}",
                 content=turn_text(i),
-                tool_calls=[{"name": "bench_noop", "args": {"key": "A-1001"}, "id": f"call-{i}"}],
+                tool_calls=[{"name": tool, "args": {"key": "A-1001"}, "id": f"call-{i}"}],
             )
         else:
             msg = AIMessage(id=f"ai-{i}", content="Checked; nothing more to do. " + TEXT[:150])
@@ -241,7 +338,7 @@ def langgraph(db_dir: Path, n: int, delta: bool) -> dict:
 
     def tools(state: dict) -> dict:
         call = state["messages"][-1].tool_calls[0]
-        result = dict(RESULT)  # the same trivial tool
+        result = run_tool(call["args"])
         return {
             "messages": [
                 ToolMessage(id=f"tool-{call['id']}", content=json.dumps(result), tool_call_id=call["id"])
@@ -260,9 +357,11 @@ def langgraph(db_dir: Path, n: int, delta: bool) -> dict:
     graph = builder.compile(checkpointer=saver)
     config = {"configurable": {"thread_id": "bench"}, "recursion_limit": 2 * n + 10}
 
-    before = db_size(path)
+    before = db_size(path) + (db_size(world) if world else 0)
+    counter = CommitCounter() if world else None
     CountingConnection.commits = 0
     CountingConnection.commit_time = 0.0
+    marker(MARK_BEGIN)
     t0, c0 = time.perf_counter(), time.process_time()
     out = graph.invoke(
         {"messages": [{"role": "user", "content": f"Check the record {n} times.", "id": "task"}]},
@@ -270,20 +369,24 @@ def langgraph(db_dir: Path, n: int, delta: bool) -> dict:
         durability="sync",
     )
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
-    commits, commit_time = CountingConnection.commits, CountingConnection.commit_time
+    marker(MARK_END)
+    commits = CountingConnection.commits + (counter.commits if counter else 0)
     steps = turn["i"]
     ok = len(out["messages"]) == 2 * n + 2
     conn.close()
+    if world:
+        from django.db import connections
+
+        connections["world"].close()
     return {
         "status": "done" if ok else f"{len(out['messages'])} messages, expected {2 * n + 2}",
         "error": "",
         "steps": steps,
         "elapsed": elapsed,
         "cpu": cpu,
-        "engine": elapsed,
-        "commit_time": commit_time,
         "commits": commits,
-        "bytes": db_size(path) - before,
+        "bytes": db_size(path) + (db_size(world) if world else 0) - before,
+        "api_imported": False,
     }
 
 
@@ -312,15 +415,47 @@ def commit_probe(db_dir: Path, count: int) -> float:
 # =============================================================================
 # Orchestrator
 # =============================================================================
-def spawn(side: str, db_dir: Path, n: int) -> dict:
+def spawn(
+    side: str, tool: str, db_dir: Path, n: int, old: Path | None, strace_to: Path | None = None
+) -> dict:
     out = db_dir.with_suffix(".json")
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", side, "--dir", str(db_dir)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        side,
+        "--tool",
+        tool,
+        "--dir",
+        str(db_dir),
+    ]
     cmd += ["--n", str(n), "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    if side == "old":
+        cmd += ["--old", str(old)]
+    if strace_to is not None:
+        cmd = ["strace", "-f", "-qq", "-e", "trace=fsync,fdatasync,openat", "-o", str(strace_to), *cmd]
+    cwd = old if side == "old" else ROOT
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
     if proc.returncode != 0 or not out.exists():
         sys.stderr.write(proc.stdout + proc.stderr)
-        raise SystemExit(f"worker {side} N={n} failed (exit {proc.returncode})")
-    return json.loads(out.read_text())
+        raise SystemExit(f"worker {side} {tool} N={n} failed (exit {proc.returncode})")
+    result = json.loads(out.read_text())
+    if strace_to is not None:
+        result["fsyncs"] = count_fsyncs(strace_to)
+    return result
+
+
+def count_fsyncs(strace_file: Path) -> int:
+    """fsync/fdatasync calls between the worker's two markers (the loop only)."""
+    count, inside = 0, False
+    for line in strace_file.read_text().splitlines():
+        if MARK_BEGIN in line:
+            inside = True
+        elif MARK_END in line:
+            inside = False
+        elif inside and ("fsync(" in line or "fdatasync(" in line) and "resumed" not in line:
+            count += 1
+    return count
 
 
 def versions() -> str:
@@ -336,11 +471,17 @@ def versions() -> str:
     return ", ".join(parts) + f", SQLite {sqlite3.sqlite_version}, Python {platform.python_version()}"
 
 
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", default="50,200,800,2000", help="comma-separated N (default %(default)s)")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per side and N; the median is reported")
+    parser.add_argument("--steps", default="200,800", help="comma-separated N (default %(default)s)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median is reported")
     parser.add_argument("--sides", default=",".join(SIDES), help="comma-separated, of: " + ", ".join(SIDES))
+    parser.add_argument("--tools", default=",".join(TOOLS), help="comma-separated, of: " + ", ".join(TOOLS))
+    parser.add_argument("--old", type=Path, help="a checkout of an older Countersign (59e843d): side 'old'")
     parser.add_argument("--commits", type=int, default=300, help="transactions in the commit probe")
     parser.add_argument(
         "--lg-default-max",
@@ -348,8 +489,12 @@ def main() -> None:
         default=800,
         help="largest N for LangGraph default, whose checkpoints grow with N (2000: several GB)",
     )
+    parser.add_argument(
+        "--no-strace", action="store_true", help="do not count fsyncs (one strace'd run each)"
+    )
     parser.add_argument("--tmpdir", default=None, help="where the temporary databases go (which disk)")
-    parser.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=[*SIDES, "old"], help=argparse.SUPPRESS)
+    parser.add_argument("--tool", choices=TOOLS, default="noop", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -357,10 +502,11 @@ def main() -> None:
 
     if args.worker:
         db_dir = Path(args.dir)
-        if args.worker == "countersign":
-            result = countersign(db_dir, args.n)
+        if args.worker in ("countersign", "old"):
+            root = args.old.resolve() if args.worker == "old" else ROOT
+            result = countersign(db_dir, args.n, args.tool, root)
         else:
-            result = langgraph(db_dir, args.n, delta=args.worker == "lg-delta")
+            result = langgraph(db_dir, args.n, delta=args.worker == "lg-delta", tool=args.tool)
         Path(args.out).write_text(json.dumps(result))
         return
 
@@ -368,104 +514,145 @@ def main() -> None:
     unknown = set(sides) - set(SIDES)
     if unknown:
         parser.error(f"unknown side(s) {', '.join(sorted(unknown))}; choose from {', '.join(SIDES)}")
+    if args.old:
+        if not (args.old / "manage.py").exists():
+            parser.error(f"--old {args.old}: not a Countersign checkout")
+        sides.insert(1, "old")
+    tools = [t for t in args.tools.split(",") if t]
+    if set(tools) - set(TOOLS):
+        parser.error(f"--tools: choose from {', '.join(TOOLS)}")
     ns = [int(x) for x in args.steps.split(",") if x.strip()]
     tmp = Path(tempfile.mkdtemp(prefix="vs-langgraph-", dir=args.tmpdir))
     print(f"loadavg before: {Path('/proc/loadavg').read_text().strip()}  ({os.cpu_count()} CPUs)")
-    print(versions())
+    print(versions() + (f"; old = {args.old}" if args.old else ""))
     try:
         # The durable commit is measured on the default temporary directory's disk even when
         # --tmpdir puts the runs elsewhere (on a tmpfs, fsync costs nothing: CPU only).
         probe_dir = Path(tempfile.mkdtemp(prefix="vs-langgraph-commit-"))
         commit = commit_probe(probe_dir / "before", args.commits)
-        results: dict[tuple[str, int], dict] = {}
-        for n in ns:
-            tries: dict[str, list[dict]] = {s: [] for s in sides}
-            for i in range(args.repeat):
-                # Rotate which side goes first: the machine drifts.
-                order = sides[i % len(sides) :] + sides[: i % len(sides)]
-                for side in order:
-                    if side == "lg-default" and n > args.lg_default_max:
-                        continue
-                    print(f"  ... {side} N={n} ({i + 1}/{args.repeat})", file=sys.stderr, flush=True)
-                    tries[side].append(spawn(side, tmp / f"{side}-{n}-{i}", n))
-            for side in sides:
-                if not tries[side]:
-                    continue
-                runs = sorted(tries[side], key=lambda r: r["elapsed"])
-                results[side, n] = runs[(len(runs) - 1) // 2]
+        tries: dict[tuple[str, str, int], list[dict]] = {}
+        loads: list[float] = []
+        cells = [
+            (t, n, s)
+            for t in tools
+            for n in ns
+            for s in sides
+            if not (s == "lg-default" and n > args.lg_default_max)
+        ]
+        for i in range(args.rounds):
+            # Every cell once per round, N and sides interleaved; the order rotates each
+            # round (the machine drifts).
+            k = i % len(cells)
+            for tool, n, side in cells[k:] + cells[:k]:
+                print(
+                    f"  ... {side} {tool} N={n} ({i + 1}/{args.rounds}) load {loadavg()}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                loads.append(float(loadavg().split()[0]))
+                tries.setdefault((side, tool, n), []).append(
+                    spawn(side, tool, tmp / f"{side}-{tool}-{n}-{i}", n, args.old)
+                )
+        fsyncs: dict[tuple[str, str], float] = {}
+        if not args.no_strace and shutil.which("strace"):
+            n = min(ns)
+            for tool in tools:
+                for side in sides:
+                    print(f"  ... fsyncs: {side} {tool} N={n} under strace", file=sys.stderr, flush=True)
+                    r = spawn(
+                        side,
+                        tool,
+                        tmp / f"strace-{side}-{tool}",
+                        n,
+                        args.old,
+                        strace_to=tmp / f"strace-{side}-{tool}.txt",
+                    )
+                    fsyncs[side, tool] = r["fsyncs"] / r["steps"]
         commit_after = commit_probe(probe_dir / "after", args.commits)
         shutil.rmtree(probe_dir, ignore_errors=True)
-        report(sides, ns, results, commit, commit_after, args)
+        results = {}
+        for key, runs in tries.items():
+            runs = sorted(runs, key=lambda r: r["cpu"])
+            results[key] = {**runs[(len(runs) - 1) // 2], "cpus": [r["cpu"] for r in runs]}
+        report(sides, tools, ns, results, fsyncs, commit, commit_after, loads, args)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def report(sides, ns, results, commit, commit_after, args) -> None:
+SHORT = {"countersign": "CS", "old": "old", "lg-default": "LG", "lg-delta": "LGD"}
+
+
+def report(sides, tools, ns, results, fsyncs, commit, commit_after, loads, args) -> None:
     p = print
-    p(f"loadavg after:  {Path('/proc/loadavg').read_text().strip()}")
-    twice = 2 * min(commit, commit_after) * 1000
+    p(
+        f"loadavg after:  {Path('/proc/loadavg').read_text().strip()}; 1-min load during the runs: "
+        f"min {min(loads):.2f}, median {statistics.median(loads):.2f}, max {max(loads):.2f}"
+    )
     p(
         f"Durable commit on this disk (single-row INSERT + COMMIT, WAL, synchronous=FULL, "
-        f"{args.commits} in a row): {commit * 1000:.3f} ms before, {commit_after * 1000:.3f} ms after; "
-        f"2x = {twice:.3f} ms"
+        f"{args.commits} in a row): {commit * 1000:.3f} ms before, {commit_after * 1000:.3f} ms after"
     )
     p(
-        f"steps = N + 1 model turns; ms = wall time of the loop / steps, cpu = its process time / steps "
-        f"(median of {args.repeat} run(s)); CS eng = Countersign minus its scripted LLM and tool; "
-        f"B = database growth / step; cmt = commits / step; '-' = not run (--lg-default-max)"
+        f"steps = N + 1 model turns; cpu = process time (user+sys) of the loop / steps, ms = its wall "
+        f"time / steps, median-cpu run of {args.rounds} alternating round(s); B = database growth / step; "
+        f"cmt = commits / step; fsync = fsync+fdatasync / step (strace, one run at N={min(ns)}); "
+        "'-' = not run"
     )
-    for r in results.values():
+    for (side, tool, n), r in results.items():
         if r["status"] != "done":
-            p(f"  !! a run did not finish: {r['status']} {r['error']}")
-    short = {"countersign": "CS", "lg-default": "LG", "lg-delta": "LGD"}
-    others = [s for s in sides if s != "countersign"] if "countersign" in sides else []
+            p(f"  !! {side} {tool} N={n} did not finish: {r['status']} {r['error']}")
+        if r.get("api_imported"):
+            p(f"  !! {side} {tool} N={n}: the run's end imported the API (api.endpoints)")
 
-    def per_step(side, n, key, scale=1.0):
-        r = results.get((side, n))
+    def per(side, tool, n, key, scale=1.0):
+        r = results.get((side, tool, n))
         return None if r is None else r[key] * scale / r["steps"]
 
     def cell(value, width, fmt):
         return f"{'-':>{width}}" if value is None else f"{value:>{width}{fmt}}"
 
-    groups = [("ms", "elapsed", 1000, ".3f"), ("cpu", "cpu", 1000, ".3f"), ("B", "bytes", 1, ".0f")]
+    groups = [("cpu", "cpu", 1000, ".3f"), ("ms", "elapsed", 1000, ".3f"), ("B", "bytes", 1, ".0f")]
     groups.append(("cmt", "commits", 1, ".2f"))
-    head = f"{'N':>6}"
-    for label, *_ in groups:
-        head += " |" + "".join(f"{short[s] + ' ' + label:>9}" for s in sides)
-        if label == "ms" and "countersign" in sides:
-            head += f"{'CS eng':>8}"
-    head += " |" + "".join(f"{short[s] + '/CS ' + u:>11}" for s in others for u in ("ms", "cpu", "B"))
-    p(head)
-    p("-" * len(head))
-    for n in ns:
-        line = f"{n:>6}"
-        for label, key, scale, fmt in groups:
-            line += " |" + "".join(cell(per_step(s, n, key, scale), 9, fmt) for s in sides)
-            if label == "ms" and "countersign" in sides:
-                line += cell(per_step("countersign", n, "engine", 1000), 8, ".3f")
-        line += " |"
-        for s in others:
-            for key in ("elapsed", "cpu", "bytes"):
-                a, b = per_step(s, n, key), per_step("countersign", n, key)
-                line += cell(a / b if a is not None and b else None, 10, ".2f") + (
-                    "x" if a is not None else " "
-                )
-        p(line)
-    if "countersign" in sides:
-        worst = max(per_step("countersign", n, "elapsed", 1000) for n in ns)
-        worst_eng = max(per_step("countersign", n, "engine", 1000) for n in ns)
-        worst_cpu = max(per_step("countersign", n, "cpu", 1000) for n in ns)
-        worst_b = max(per_step("countersign", n, "bytes") for n in ns)
+    for tool in tools:
+        p("")
         p(
-            f"Countersign worst: {worst:.3f} ms/step all-in, engine {worst_eng:.3f}, cpu {worst_cpu:.3f} "
-            f"(target <= 0.6 and <= 2x commit = {twice:.3f}); {worst_b:.0f} B/step (target <= 2048)"
+            f"tool: {tool}"
+            + (" (no database)" if tool == "noop" else " (get_order: a world read + a durable counter bump)")
         )
-        if "lg-delta" in sides:
-            ratios = [per_step("lg-delta", n, "elapsed") / per_step("countersign", n, "elapsed") for n in ns]
-            p(
-                f"LangGraph+DeltaChannel / Countersign ms/step: {', '.join(f'{x:.2f}x' for x in ratios)} "
-                f"(median {statistics.median(ratios):.2f}x; target >= 3x)"
-            )
+        head = f"{'N':>5}"
+        for label, *_ in groups:
+            head += " |" + "".join(f"{SHORT[s] + ' ' + label:>10}" for s in sides)
+        head += " |" + "".join(f"{SHORT[s] + ' fsync':>10}" for s in sides)
+        p(head)
+        p("-" * len(head))
+        for n in ns:
+            line = f"{n:>5}"
+            for _label, key, scale, fmt in groups:
+                line += " |" + "".join(cell(per(s, tool, n, key, scale), 10, fmt) for s in sides)
+            line += " |" + "".join(cell(fsyncs.get((s, tool)), 10, ".2f") for s in sides)
+            p(line)
+        if "countersign" in sides and "lg-delta" in sides:
+            for n in ns:
+                cs, lgd = per("countersign", tool, n, "cpu", 1000), per("lg-delta", tool, n, "cpu", 1000)
+                wall = per("countersign", tool, n, "elapsed") / per("lg-delta", tool, n, "elapsed")
+                runs = ", ".join(
+                    f"{c * 1000 / results['countersign', tool, n]['steps']:.2f}"
+                    for c in results["countersign", tool, n]["cpus"]
+                )
+                line = (
+                    f"  N={n}: CS/LG+Delta cpu {cs / lgd:.2f}x (target <= 1.00: "
+                    f"{'met' if cs <= lgd else 'NOT met'}; CS {cs:.3f} vs {lgd:.3f} ms/step; "
+                    f"CS rounds {runs}), "
+                    f"wall {wall:.2f}x"
+                )
+                if "old" in sides:
+                    old = per("old", tool, n, "cpu", 1000)
+                    line += f"; CS/old cpu {cs / old:.2f}x"
+                p(line)
+            want = 1.0 if tool == "noop" else 2.0
+            got = fsyncs.get(("countersign", tool))
+            if got is not None:
+                p(f"  CS fsyncs/step {got:.2f} (target <= {want:.0f})")
 
 
 if __name__ == "__main__":

@@ -121,3 +121,56 @@ def test_a_row_without_a_required_field_is_refused_before_it_reaches_the_databas
     with pytest.raises(ValueError, match=r"^Step\.message_count is required and has no default$"):
         insert_rows(Step, [{"run_id": run.pk, "number": 9, "status": "running"}])
     assert not Step.objects.filter(run=run, number=9).exists()
+
+
+def test_a_value_of_another_type_is_still_prepared_by_its_field(run):
+    # A str, int or bool is passed straight through only when its field would pass it
+    # through: an enum for a text field, a numeric string or a bool for an integer
+    # field, a Decimal, still go through the field, as save() sends them.
+    from runs.models import RunStatus
+
+    by_orm, by_raw = twins(
+        lambda i: Step(
+            run=run,
+            number=str(20 + i),
+            message_count=True,
+            status=RunStatus.RUNNING,
+            digest="cd" * 32,
+            input_tokens=Decimal("12"),
+            output_tokens=7.0,
+            cost=3,
+        )
+    )
+    assert differences(by_orm, by_raw, allowed={"number", "created_at"}) == {}
+    assert (by_raw.number, by_raw.message_count, by_raw.status) == (21, 1, "running")
+    assert type(by_raw.status) is str and by_raw.cost == Decimal("3")
+
+
+def test_a_raw_update_prepares_every_value_as_the_orm_update_would(run):
+    values = {"step": "7", "message_count": True, "error": "lost ₹ \u2014", "stage": "", "cost": 1.5}
+    Run.objects.filter(pk=run.pk).update(status="running", lease_owner="me")
+    assert update_rows(Run, {"id": run.pk, "lease_owner": "me"}, dict(values)) == 1
+    raw = Run.objects.values(*values).get(pk=run.pk)
+    Run.objects.filter(pk=run.pk).update(step=0, message_count=0, error="", cost=0)
+    Run.objects.filter(pk=run.pk).update(**values)
+    assert Run.objects.values(*values).get(pk=run.pk) == raw
+    assert raw == {
+        "step": 7,
+        "message_count": 1,
+        "error": "lost ₹ \u2014",
+        "stage": "",
+        "cost": Decimal("1.5"),
+    }
+
+
+def test_a_naive_datetime_still_goes_through_its_field(run):
+    # Only an aware datetime skips DateTimeField's preparation; a naive one is warned
+    # about and made aware, as save() does.
+    naive = timezone.now().replace(tzinfo=None) - timedelta(days=2)
+    with pytest.warns(RuntimeWarning, match="naive datetime"):
+        insert_rows(
+            Step,
+            [{"run_id": run.pk, "number": 30, "message_count": 1, "status": "running", "created_at": naive}],
+        )
+    step = Step.objects.get(run=run, number=30)
+    assert step.created_at == timezone.make_aware(naive, timezone.get_default_timezone())

@@ -26,6 +26,7 @@ def run_advance(run_id: int, *, owner: str | None = None, llm: LLM | None = None
     owner = owner or new_lease_owner()
     if not lease_claim(run_id, owner):
         return AdvanceResult(Outcome.BUSY)
+    log.debug("run %s: lease claimed at %.6f", run_id, time.time())
     run = Run.objects.get(pk=run_id)
     mismatch = version_mismatch(run)
     if mismatch:

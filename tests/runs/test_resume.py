@@ -13,11 +13,14 @@ from unittest import mock
 import pytest
 from django.db.models.signals import post_init
 
-from approvals.models import ApprovalRequest
+from approvals.decisions.decision import Decision
+from approvals.decisions.services import approval_decide
+from approvals.models import ApprovalRequest, AuditEvent
 from runs.engine import run_advance_until_settled
 from runs.integrity import verify_steps
 from runs.models import Message, Run, Step
 from runs.saga import run_fork
+from runs.services import ADVANCE_RUN_TASK
 from tests.helpers import decide, decide_and_advance, pending, script, start, turn
 from tools.registry import get_agent
 
@@ -141,3 +144,32 @@ def test_a_fork_resumed_by_decisions_reads_its_parents_history(users):
 
     assert fork.status == Run.Status.DONE, fork.error
     assert chain_verifies(fork)
+
+
+# --- the decision's commit -----------------------------------------------------------
+def test_the_runs_nudge_leaves_before_the_emails_the_decision_records(
+    users, django_capture_on_commit_callbacks
+):
+    run = start(refund_run(), task=TASK, requester=users["requester"])
+    sent = []
+    with (
+        mock.patch("desk.celery.app.send_task", side_effect=lambda name, *a, **kw: sent.append(name)),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        decision = Decision.decline("Not this one.")
+        approval_decide(approval_id=pending(run).pk, reviewer=users["reviewer"], decision=decision)
+
+    assert sent[0] == ADVANCE_RUN_TASK
+    assert len(sent) > 1, "the decline tells the requester: a task of its own, after the nudge"
+
+
+def test_decided_at_is_not_before_what_the_decision_did(users):
+    run = start(refund_run(), task=TASK, requester=users["requester"])
+    decide(pending(run), users["reviewer"])
+
+    approval = ApprovalRequest.objects.get(run=run)
+    run.refresh_from_db()
+    recorded = AuditEvent.objects.filter(approval=approval, action="approval.approved").get()
+    # The run was queued again and the decision audited inside the deciding transaction.
+    assert approval.decided_at >= run.updated_at
+    assert approval.decided_at >= recorded.created_at

@@ -10,7 +10,8 @@ hold a request for up to a minute while a person decides. A sync worker would sp
 whole process on each, and be killed as silent after `timeout`; a gthread worker spends
 one thread, its main loop keeps answering the master, and the other threads keep
 serving the desk. Each busy thread holds one database connection while it works
-(CONN_MAX_AGE=0): workers x threads, plus the Celery children, must stay below the
+(CONN_MAX_AGE, 0 by default: closed after each request): workers x threads, plus two per
+Celery child (which keep theirs, DESK_WORKER_CONN_MAX_AGE), must stay below the
 database's max_connections.
 """
 
@@ -74,3 +75,12 @@ if os.environ.get("GUNICORN_CONTROL_SOCKET"):
     control_socket = os.environ["GUNICORN_CONTROL_SOCKET"]
 else:
     control_socket_disable = True
+
+
+def post_worker_init(worker) -> None:
+    """Once the worker has loaded the desk: connect to the broker, so that the first
+    decision this process takes does not pay for it before its run's nudge leaves
+    (~1 s on a cold worker)."""
+    from runs.tasks import broker_warm
+
+    broker_warm()

@@ -234,6 +234,15 @@ DATABASES = {
     ),
 }
 DATABASE_ROUTERS = ["tools.routers.WorldRouter"]
+# A Celery worker child keeps its connections (desk and world) between tasks for this
+# many seconds (0: a new one per task, Celery's default): a new PostgreSQL connection
+# was ~30 ms of every decision's resume. Health-checked and closed as Django does
+# around a request, before and after each task (desk/celery.py), so one the database
+# dropped is replaced, not failed on. Celery's own close around every task is then
+# turned off (its db_reuse_max). Count 2 per child against max_connections.
+DESK_WORKER_CONN_MAX_AGE = env_int("DESK_WORKER_CONN_MAX_AGE", 600)
+if DESK_WORKER_CONN_MAX_AGE:
+    CELERY_DB_REUSE_MAX = 10**9
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -8,6 +8,9 @@ instead of overwriting. ``approvals`` calls these to apply decisions.
 from __future__ import annotations
 
 import logging
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
@@ -114,8 +117,38 @@ ADVANCE_RUN_TASK = "runs.tasks.advance_run"
 
 
 def run_enqueue(run_id: int, *, countdown: float | None = None) -> None:
-    """Nudge a worker to advance the run, once the current transaction commits."""
-    transaction.on_commit(lambda: current_app.send_task(ADVANCE_RUN_TASK, args=[run_id], countdown=countdown))
+    """Nudge a worker to advance the run, once the current transaction commits (first
+    of its hooks inside ``nudges_first``)."""
+    held = _held_nudges.get()
+    if held is not None:
+        held.append((run_id, countdown))
+        return
+    transaction.on_commit(lambda: _nudge(run_id, countdown))
+
+
+def _nudge(run_id: int, countdown: float | None) -> None:
+    # sent_at (this machine's clock): the worker logs how long the nudge took to reach it.
+    current_app.send_task(
+        ADVANCE_RUN_TASK, args=[run_id], kwargs={"sent_at": time.time()}, countdown=countdown
+    )
+
+
+_held_nudges: ContextVar[list | None] = ContextVar("held_nudges", default=None)
+
+
+@contextmanager
+def nudges_first():
+    """Inside a transaction: the run nudges queued within leave first once it commits,
+    before the hooks registered after this (an email's or a webhook's task): a decision
+    resumes its run without waiting behind them. A nudge queued in a savepoint that
+    rolled back still leaves: it is only a nudge, and a worker finds nothing to claim."""
+    held: list[tuple[int, float | None]] = []
+    transaction.on_commit(lambda: [_nudge(run_id, countdown) for run_id, countdown in held])
+    token = _held_nudges.set(held)
+    try:
+        yield
+    finally:
+        _held_nudges.reset(token)
 
 
 def default_llm_kind(script: dict | None) -> str:

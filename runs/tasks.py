@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from datetime import timedelta
 
 from celery import current_app, shared_task
@@ -24,10 +25,13 @@ log = logging.getLogger(__name__)
 
 
 @shared_task(name=ADVANCE_RUN_TASK, acks_late=True, ignore_result=True)
-def advance_run(run_id: int) -> str:
+def advance_run(run_id: int, sent_at: float | None = None) -> str:
     # Idempotent (the claim of the run's lease), so acked late and rejected back to
     # the queue when its worker dies (CELERY_TASK_REJECT_ON_WORKER_LOST): a repeat
     # finds the lease taken or the work done.
+    if sent_at is not None:
+        # Where a resume's time goes (bench/throughput.py reads it): the nudge's trip.
+        log.debug("run %s: nudge sent at %.6f, taken at %.6f", run_id, sent_at, time.time())
     with log_context(run_id=run_id):
         result = run_advance(run_id)
     if result.outcome == Outcome.RETRY:

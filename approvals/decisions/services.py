@@ -69,6 +69,7 @@ from runs.services import (
     GuardConflict,
     call_outcome_happened,
     call_outcome_not_happened,
+    nudges_first,
     run_enqueue,
     run_guard_accept,
     run_guard_continue,
@@ -93,57 +94,75 @@ def approval_decide(
     once it commits (a command running the run itself passes False)."""
     if not isinstance(decision, Decision):
         raise TypeError(f"approval_decide takes a Decision, not {type(decision).__name__}")
-    with transaction.atomic():
-        approval = _load_locked(approval_id)
-        now = timezone.now()
-        _check_may_decide(approval, reviewer, decision, now=now)
-        if decision.kind == DecisionKind.ACT:
-            return _act(approval, reviewer, decision, now, enqueue=enqueue)
-        if approval.is_guard:
-            raise WrongAction(
-                f"Approval {approval.pk} is about a run that stopped ({approval.get_kind_display()}), "
-                f"not a call: approve, decline and respond do not apply. It takes "
-                f"{actions_text(approval.kind)}."
-            )
-        if decision.standing is not None:
-            # Checked before any vote or edit is written: a refused grant refuses the
-            # decision, and the reviewer loses nothing by unticking it.
-            refusal = standing_grant_refusal(
-                approval=approval, reviewer=reviewer, terms=decision.standing, edit=decision.edit
-            )
-            if refusal:
-                raise DecisionError(refusal)
-        if decision.kind != DecisionKind.APPROVE:
-            status = {
-                DecisionKind.DECLINE: ApprovalRequest.Status.DECLINED,
-                DecisionKind.RESPOND: ApprovalRequest.Status.RESPONDED,
-            }[decision.kind]
-            woken = _close(approval, reviewer, status, decision.comment, now)
-            return _result(approval, woken, enqueue)
-        proposal = approval.proposal
-        if decision.edit is not None and input_hash(decision.edit) != approval.args_hash:
-            proposal = _propose(approval, reviewer, decision.edit, decision.comment)
-            refusal = decide_refusal(user=reviewer, approval=approval)
-            if refusal:
-                # The edit stands as a proposal for those who may approve it.
-                return DecisionResult(
-                    approval=approval,
-                    run_woken=False,
-                    proposal=proposal,
-                    waits_for=group_names(approval),
-                    approvals_missing=approval.approvers_required,
-                )
-        missing = _vote(approval, proposal, reviewer, decision.comment)
-        if missing:
+    # The run's nudge is the first hook of the commit, before the emails and webhooks
+    # the decision records: the run resumes without waiting behind them.
+    with transaction.atomic(), nudges_first():
+        result = _decide(approval_id, reviewer, decision, enqueue=enqueue)
+        if result.approval.status != ApprovalRequest.Status.PENDING:
+            _stamp_decided_at(result.approval)
+    return result
+
+
+def _stamp_decided_at(approval: ApprovalRequest) -> None:
+    """The last statement of the deciding transaction: ``decided_at`` is (as near as a
+    statement can say) when the decision committed, not when it was begun. Not covered
+    by the audit chain, whose own event carries the time it was written."""
+    approval.decided_at = timezone.now()
+    ApprovalRequest.objects.filter(pk=approval.pk).update(decided_at=approval.decided_at)
+
+
+def _decide(approval_id: int, reviewer, decision: Decision, *, enqueue: bool) -> DecisionResult:
+    """approval_decide's work, in its transaction."""
+    approval = _load_locked(approval_id)
+    now = timezone.now()
+    _check_may_decide(approval, reviewer, decision, now=now)
+    if decision.kind == DecisionKind.ACT:
+        return _act(approval, reviewer, decision, now, enqueue=enqueue)
+    if approval.is_guard:
+        raise WrongAction(
+            f"Approval {approval.pk} is about a run that stopped ({approval.get_kind_display()}), "
+            f"not a call: approve, decline and respond do not apply. It takes "
+            f"{actions_text(approval.kind)}."
+        )
+    if decision.standing is not None:
+        # Checked before any vote or edit is written: a refused grant refuses the
+        # decision, and the reviewer loses nothing by unticking it.
+        refusal = standing_grant_refusal(
+            approval=approval, reviewer=reviewer, terms=decision.standing, edit=decision.edit
+        )
+        if refusal:
+            raise DecisionError(refusal)
+    if decision.kind != DecisionKind.APPROVE:
+        status = {
+            DecisionKind.DECLINE: ApprovalRequest.Status.DECLINED,
+            DecisionKind.RESPOND: ApprovalRequest.Status.RESPONDED,
+        }[decision.kind]
+        woken = _close(approval, reviewer, status, decision.comment, now)
+        return _result(approval, woken, enqueue)
+    proposal = approval.proposal
+    if decision.edit is not None and input_hash(decision.edit) != approval.args_hash:
+        proposal = _propose(approval, reviewer, decision.edit, decision.comment)
+        refusal = decide_refusal(user=reviewer, approval=approval)
+        if refusal:
+            # The edit stands as a proposal for those who may approve it.
             return DecisionResult(
-                approval=approval, run_woken=False, approvals_missing=missing, proposal=proposal
+                approval=approval,
+                run_woken=False,
+                proposal=proposal,
+                waits_for=group_names(approval),
+                approvals_missing=approval.approvers_required,
             )
-        woken = _close(approval, reviewer, ApprovalRequest.Status.APPROVED, decision.comment, now)
-        granted = None
-        if decision.standing is not None:
-            # Only now that it closed approved, in the same transaction.
-            granted = standing_grant(approval=approval, reviewer=reviewer, terms=decision.standing, now=now)
-        return _result(approval, woken, enqueue, proposal=proposal, granted=granted)
+    missing = _vote(approval, proposal, reviewer, decision.comment)
+    if missing:
+        return DecisionResult(
+            approval=approval, run_woken=False, approvals_missing=missing, proposal=proposal
+        )
+    woken = _close(approval, reviewer, ApprovalRequest.Status.APPROVED, decision.comment, now)
+    granted = None
+    if decision.standing is not None:
+        # Only now that it closed approved, in the same transaction.
+        granted = standing_grant(approval=approval, reviewer=reviewer, terms=decision.standing, now=now)
+    return _result(approval, woken, enqueue, proposal=proposal, granted=granted)
 
 
 def _check_may_decide(approval: ApprovalRequest, reviewer, decision: Decision, *, now) -> None:
@@ -514,7 +533,7 @@ def approval_expire(*, approval_id: int, enqueue: bool = True) -> bool:
     a multi-approver rule or a person's edit: those are declined instead. Claims do
     not delay it. Returns False if it was decided (or its expiry moved) meanwhile.
     """
-    with transaction.atomic():
+    with transaction.atomic(), nudges_first():
         approval = (
             ApprovalRequest.objects.select_for_update(of=("self",))
             .select_related("tool_call", "rule", "run", "proposal")

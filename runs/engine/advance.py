@@ -24,9 +24,10 @@ log = logging.getLogger("runs.engine")
 def run_advance(run_id: int, *, owner: str | None = None, llm: LLM | None = None) -> AdvanceResult:
     """Advance the run until it pauses, ends, or must retry later."""
     owner = owner or new_lease_owner()
-    if not lease_claim(run_id, owner):
+    run = lease_claim(run_id, owner)
+    if run is None:
         return AdvanceResult(Outcome.BUSY)
-    run = Run.objects.get(pk=run_id)
+    log.debug("run %s: lease claimed at %.6f", run_id, time.time())
     mismatch = version_mismatch(run)
     if mismatch:
         # Pinned: never carry a run on under a prompt, tools or guards it did not start with.

@@ -22,35 +22,46 @@ def new_lease_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def lease_claim(run_id: int, owner: str) -> bool:
-    """Take the run's lease if it is free or expired. Losing the race is normal."""
+def lease_claim(run_id: int, owner: str) -> Run | None:
+    """Take the run's lease if it is free or expired: the run as claimed, or None
+    (someone else holds it, or it is neither queued nor running). Losing the race is
+    normal."""
     now = timezone.now()
     free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
     with transaction.atomic():
-        old = (
-            Run.objects.filter(free, pk=run_id, status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
-            .values_list("status", flat=True)
+        # The whole row, locked as it is read: what the claimer goes on with is the run
+        # as claimed, with no change slipping in between (and no second read after).
+        run = (
+            Run.objects.select_for_update()
+            .filter(free, pk=run_id, status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
             .first()
         )
-        if old is None:
-            return False
+        if run is None:
+            return None
+        old = run.status
+        fields = {
+            "status": RunStatus.RUNNING,
+            "lease_owner": owner,
+            "lease_until": lease_deadline(),
+            "updated_at": now,
+            "nudged_at": None,
+        }
         # An expired lease that still names its owner was held by a worker that died
         # (or stalled past it) mid-step: taking it over is a crash recovery.
         claimed = Run.objects.filter(free, pk=run_id, status=old).update(
-            status=RunStatus.RUNNING,
-            lease_owner=owner,
-            lease_until=lease_deadline(),
-            updated_at=now,
-            nudged_at=None,
-            recoveries=F("recoveries") + Case(When(~Q(lease_owner=""), then=1), default=0),
+            **fields, recoveries=F("recoveries") + Case(When(~Q(lease_owner=""), then=1), default=0)
         )
         if not claimed:
-            return False
+            return None
+        if run.lease_owner:
+            run.recoveries += 1
+        for name, value in fields.items():
+            setattr(run, name, value)
         if old != RunStatus.RUNNING:
             run_transitioned.send(
                 Run, run_id=run_id, old=old, new=RunStatus.RUNNING, actor=None, reason=f"claimed by {owner}"
             )
-    return True
+    return run
 
 
 def lease_renew(run_id: int, owner: str, fields: dict) -> None:

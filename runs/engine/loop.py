@@ -109,17 +109,23 @@ class RunStepper(Proposing, Executing, Guarding):
         # The last checkpoint's digest and how many messages it had closed: the next
         # step chains from it (runs.integrity).
         self.chain: tuple[str, int] = chain_head(run)
-        # Loaded once per claim; appended to as we write (we hold the lease). A caller's
-        # session reads nothing back (its "model" is elsewhere): only what the next
-        # checkpoint covers is loaded, messages ``offset`` on (the last one at least),
-        # so a call costs the same at call 2,000 as at call 2.
-        self.offset = 0
-        if run.takes_caller_turns:
-            self.offset = max(0, min(self.chain[1], run.message_count - 1))
-            messages = Message.objects.live().filter(run=run, seq__gte=self.offset).order_by("seq")
+        # A claim loads what the next step needs: the messages the next checkpoint
+        # covers, ``offset`` on (the last one at least: a saved reply means we resumed),
+        # and, in step(), the open step's calls. The rest of the transcript, the next
+        # input's estimate and what the run learned from its closed calls wait until
+        # they are needed (``_load_history``, ``_learn_closed_calls``): a run woken by a
+        # decision runs the approved call without reading them. Kept in memory and
+        # appended to as we write (we hold the lease), so a step costs the same at step
+        # 2,000 as at step 2. A caller's session never reads the rest: its "model" is
+        # elsewhere.
+        self.offset = max(0, min(self.chain[1], run.message_count - 1))
+        if run.parent_id and self.offset < run.shared_messages:
+            # A fork before its first own checkpoint: the parent's shared messages too.
+            self.offset, messages = 0, transcript_messages(run)
         else:
-            messages = transcript_messages(run)
+            messages = Message.objects.live().filter(run=run, seq__gte=self.offset).order_by("seq")
         self.transcript = [m.as_model_message() for m in messages]
+        self._history_loaded = False
         # A fork replays its parent's history: calls the parent already made at
         # the same place get the parent's recorded result, and nothing runs.
         self.parent_calls = {}
@@ -133,24 +139,56 @@ class RunStepper(Proposing, Executing, Guarding):
         self.unsaved_reads: list[tuple[ToolCall, str]] = []  # (call, status before its read)
         # Timing of the step in hand, for its checkpoint (Step.duration_ms, llm_ms).
         self.step_started, self.llm_ms = perf_counter(), 0
-        # Guards, loaded once per claim and kept up to date in memory: the results the
-        # run has seen (progress), its calls' (tool, status) pairs (stage transitions),
-        # and about how many tokens the next model call's input will be (budgets).
-        self.seen_results: set[str] = set()
-        self.call_facts: set[tuple[str, str]] = set()
-        # Closed steps only: the open step's calls (reads saved at a pause) are
-        # learned when it closes, or its new results would look already seen.
-        closed = ToolCall.objects.live().filter(run=run, step__lt=run.step)
-        if run.takes_caller_turns:
-            # No stuck detector for a session: only the stages' (tool, status) pairs.
-            self.call_facts.update(closed.values_list("tool_name", "status").distinct())
-        else:
-            for tool_name, status, result, is_error, key, attempts in closed.values_list(
-                "tool_name", "status", "result", "is_error", "idempotency_key", "attempts"
-            ):
-                self._learn(tool_name, status, result, is_error, stands_in=stood_in(key, status, attempts))
+        # Guards, kept up to date in memory once loaded: the results the run has seen
+        # (progress), its calls' (tool, status) pairs (stage transitions), and about how
+        # many tokens the next model call's input will be (budgets). Closed steps only,
+        # as of the claim: the open step's calls (reads saved at a pause) are learned
+        # when it closes, or its new results would look already seen.
+        self._closed_before = run.step
+        self._seen_results: set[str] | None = None
+        self._call_facts: set[tuple[str, str]] = set()
         self.input_estimate = estimate_tokens(self.agent.system) + estimate_tokens(self.tools_for_model)
         self.input_growth = 0  # tokens added since the model's last reply (its reply included)
+
+    @property
+    def seen_results(self) -> set[str]:
+        if self._seen_results is None:
+            self._learn_closed_calls()
+        return self._seen_results
+
+    @property
+    def call_facts(self) -> set[tuple[str, str]]:
+        if self._seen_results is None:
+            self._learn_closed_calls()
+        return self._call_facts
+
+    def _learn_closed_calls(self) -> None:
+        """The guards' memory of the steps closed before the claim, the first time a
+        guard asks (a step closing, or the stuck detector before the model is asked)."""
+        run = self.run
+        self._seen_results, self._call_facts = set(), set()
+        closed = ToolCall.objects.live().filter(run=run, step__lt=self._closed_before)
+        if run.takes_caller_turns:
+            # No stuck detector for a session: only the stages' (tool, status) pairs.
+            self._call_facts.update(closed.values_list("tool_name", "status").distinct())
+            return
+        for tool_name, status, result, is_error, key, attempts in closed.values_list(
+            "tool_name", "status", "result", "is_error", "idempotency_key", "attempts"
+        ):
+            self._learn(tool_name, status, result, is_error, stands_in=stood_in(key, status, attempts))
+
+    def _load_history(self) -> None:
+        """Before the model is first asked in this claim: the transcript before
+        ``offset`` (what the model reads) and the next input's estimate over all of it."""
+        if self._history_loaded:
+            return
+        self._history_loaded = True
+        if self.offset:
+            earlier = transcript_messages(self.run, limit=self.offset)
+            self.transcript[:0] = [m.as_model_message() for m in earlier]
+            self.offset = 0
+        self.input_estimate = estimate_tokens(self.agent.system) + estimate_tokens(self.tools_for_model)
+        self.input_growth = 0
         for message in self.transcript:
             tokens = estimate_tokens(message["content"])
             self.input_estimate += tokens
@@ -173,6 +211,7 @@ class RunStepper(Proposing, Executing, Guarding):
                 return AdvanceResult(Outcome.FINISHED)
             return self._work(calls)
         if not run.takes_caller_turns:  # a caller elsewhere runs its own loop and budget
+            self._load_history()  # what the model reads, and the budgets' estimate of it
             guarded = self._budget_spent()  # guards, before the model is asked
             if guarded is CARRY_ON:
                 guarded = self._stuck()

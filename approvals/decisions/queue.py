@@ -10,20 +10,27 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.core.exceptions import EmptyResultSet
+from django.db import connections
 from django.db.models import (
     Case,
-    Count,
     DateTimeField,
     DurationField,
+    Exists,
     ExpressionWrapper,
     F,
     IntegerField,
+    OuterRef,
+    Prefetch,
     Q,
     TextField,
     Value,
     When,
     prefetch_related_objects,
 )
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
@@ -163,16 +170,90 @@ def queue_pending(*, user, yours: bool = False, **filters):
     is read with ``queue_page`` (along indexes), not by slicing this ordering.
     """
     pending = _queue_narrowed(user=user, yours=yours, **filters)
+    if user.is_authenticated:
+        # Whether they approved its current proposal, read with the row (queue_rows).
+        voted = ApprovalVote.objects.filter(proposal_id=OuterRef("proposal_id"), reviewer_id=user.pk)
+        pending = pending.annotate(viewer_voted=Exists(voted))
     return with_urgency(pending).select_related(*QUEUE_RELATIONS).order_by(*QUEUE_ORDER)
 
 
-def queue_counts(*, user, **filters) -> tuple[int, int]:
-    """(yours to decide, all waiting) under the same filters, in one query: what
-    ``user`` may decide is a part of what they may see."""
-    visible = _queue_narrowed(user=user, **filters)
-    decidable = approvals_decidable_by(user).values("pk")
-    counts = visible.order_by().aggregate(every=Count("pk"), yours=Count("pk", filter=Q(pk__in=decidable)))
-    return counts["yours"], counts["every"]
+# A count on the desk stops here: "1,000+" says there are more, without counting them.
+# Counting every visible pending row costs in proportion to the queue (a sequential scan
+# at 100,000 pending); a count that stops after COUNT_BOUND + 1 rows costs in proportion
+# to the bound, and below it is exact.
+COUNT_BOUND = 1000
+
+
+@dataclass(frozen=True)
+class BoundedCount:
+    """How many, up to COUNT_BOUND: ``value`` is exact unless ``over`` (there are more
+    than ``value``). As text: "3", "1,000+"."""
+
+    value: int
+    over: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.value:,}+" if self.over else f"{self.value:,}"
+
+    def __bool__(self) -> bool:
+        return self.value > 0
+
+    @property
+    def title(self) -> str:
+        """For a tooltip: what the figure means."""
+        return f"more than {self.value:,} (counted up to {self.value:,})" if self.over else f"{self.value:,}"
+
+
+def bounded_counts(querysets: dict[str, object], *, bound: int | None = None) -> dict[str, BoundedCount]:
+    """Each of ``querysets`` counted up to ``bound`` (``BoundedCount``), all in one query:
+    ``SELECT (SELECT COUNT(*) FROM (... LIMIT bound + 1)), ...``. The database stops each
+    count after ``bound`` (COUNT_BOUND) + 1 rows, so its cost follows the bound, not the queue."""
+    if not querysets:
+        return {}
+    bound = COUNT_BOUND if bound is None else bound
+    parts, params, using = [], [], None
+    for i, queryset in enumerate(querysets.values()):
+        limited = queryset.order_by().values("pk")[: bound + 1]
+        using = limited.db
+        try:
+            sql, part_params = limited.query.get_compiler(using=using).as_sql()
+        except EmptyResultSet:  # .none(): nothing to count
+            parts.append("0")
+            continue
+        parts.append(f"(SELECT COUNT(*) FROM ({sql}) bounded_{i})")
+        params.extend(part_params)
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT " + ", ".join(parts), params)
+        row = cursor.fetchone()
+    return {
+        name: BoundedCount(bound, over=True) if n > bound else BoundedCount(n)
+        for name, n in zip(querysets, row, strict=True)
+    }
+
+
+def mine_pending(user):
+    """Pending approvals ``user`` holds a live claim on (the nav's "Mine")."""
+    return ApprovalRequest.objects.filter(
+        status=ApprovalRequest.Status.PENDING, claimed_by=user, claimed_until__gt=timezone.now()
+    )
+
+
+def queue_counts(*, user, nav: bool = False, **filters) -> dict[str, BoundedCount]:
+    """Under the same filters, bounded (``bounded_counts``), in one query: "yours" (what
+    ``user`` may decide now), "all" (what they may see waiting); with ``nav`` also the
+    navigation's two ("nav_pending": yours unfiltered, "nav_mine": their claims)."""
+    querysets = {
+        "yours": _queue_narrowed(user=user, yours=True, **filters),
+        "all": _queue_narrowed(user=user, **filters),
+    }
+    if nav:
+        if any(filters.values()):
+            querysets["nav_pending"] = approvals_decidable_by(user)
+        querysets["nav_mine"] = mine_pending(user)
+    counts = bounded_counts(querysets)
+    if nav:
+        counts.setdefault("nav_pending", counts["yours"])
+    return counts
 
 
 # --- the queue's order, read along indexes ---------------------------------------------
@@ -238,11 +319,16 @@ class _Stream:
     where: Q
 
 
-def _queue_streams() -> list[_Stream]:
-    """The streams of the queue's order as the rules stand now (one small query)."""
+def queue_streams(rules: list[GateRule] | None = None) -> list[_Stream]:
+    """The streams of the queue's order as the rules stand now: from ``rules`` (every
+    gate rule, already read for the page) or one small query."""
     guard_sla = settings.DESK_GUARD_SLA_MINUTES or None
     by_sla: dict[int, list[int]] = {}
-    for pk, minutes in GateRule.objects.filter(sla_minutes__gt=0).values_list("pk", "sla_minutes"):
+    if rules is None:
+        with_sla = GateRule.objects.filter(sla_minutes__gt=0).values_list("pk", "sla_minutes")
+    else:
+        with_sla = [(rule.pk, rule.sla_minutes) for rule in rules if (rule.sla_minutes or 0) > 0]
+    for pk, minutes in with_sla:
         by_sla.setdefault(minutes, []).append(pk)
     call, guard, calm = Q(kind=GuardKind.CALL), ~Q(kind=GuardKind.CALL), Q(escalated_at__isnull=True)
     streams = [_Stream(URGENCY_ESCALATED, None, Q(escalated_at__isnull=False))]
@@ -278,11 +364,13 @@ def queue_page(
 ) -> list[ApprovalRequest]:
     """Up to ``size`` approvals of ``pending`` (annotated by ``with_urgency``) in the
     queue's order: the first, those after ``after``, or the last ``size`` before
-    ``before`` (still in the queue's order). One indexed query per stream."""
+    ``before`` (still in the queue's order). One query: a short indexed read per
+    stream, united."""
     backwards = before is not None
     key = before if backwards else after
-    found: list[ApprovalRequest] = []
-    for stream in _queue_streams() if streams is None else streams:
+    parts: list[str] = []
+    params: list = []
+    for stream in queue_streams() if streams is None else streams:
         if key is not None and (stream.urgency > key.urgency if backwards else stream.urgency < key.urgency):
             continue
         rows = pending.filter(stream.where)
@@ -294,7 +382,19 @@ def queue_page(
                 Q(**{f"{column}__{beyond}": start}) | Q(**{column: start, f"pk__{beyond}": key.pk})
             )
         order = [f"-{column}", "-pk"] if backwards else [column, "pk"]
-        found.extend(rows.order_by(*order)[:size])
+        limited = rows.order_by(*order).values("pk")[:size]
+        try:
+            sql, part_params = limited.query.get_compiler(using=limited.db).as_sql()
+        except EmptyResultSet:
+            continue
+        parts.append(f"SELECT * FROM ({sql}) stream_{len(parts)}")
+        params.extend(part_params)
+    if not parts:
+        return []
+    # The streams' first ``size`` each, walked along the index in one statement (a
+    # UNION ALL of the short keyed reads); the approvals themselves, with what the
+    # caller reads with them, by primary key in the same query.
+    found = list(pending.filter(pk__in=RawSQL(" UNION ALL ".join(parts), params)).order_by())
     found.sort(key=QueueKey.of, reverse=backwards)
     found = found[:size]
     return found[::-1] if backwards else found
@@ -350,7 +450,7 @@ def queue_refusal(*, user, approval: ApprovalRequest, voted: bool, now: datetime
     if not user.is_active or not user.has_perm(DECIDE_PERMISSION):
         return "you do not decide approvals"
     if not user.is_superuser:
-        missing = sorted(g.name for g in approval.required_groups.all() if g.pk not in _group_ids(user))
+        missing = sorted(g.name for g in approval.required_groups.all() if not _holds(user, g))
         if missing:
             return "needs " + " and ".join(missing)
     if voted:
@@ -358,6 +458,12 @@ def queue_refusal(*, user, approval: ApprovalRequest, voted: bool, now: datetime
     if claimed_by_someone_else(approval, user, now=now):
         return f"claimed by {approval.claimed_by.get_username()}"
     return None
+
+
+def _holds(user, group) -> bool:
+    """Whether ``user`` is in ``group`` (read with it by queue_rows, else their groups)."""
+    held = getattr(group, "viewer_holds", None)
+    return group.pk in _group_ids(user) if held is None else held
 
 
 @dataclass
@@ -385,18 +491,24 @@ class QueueRow:
 
 
 def queue_rows(approvals, *, user, now: datetime) -> list[QueueRow]:
-    """The rows of one page of the queue: two queries for the page, whatever its size
-    (the approvals' required groups, and which of their proposals ``user`` approved)."""
+    """The rows of one page of the queue: one query for the page, whatever its size (the
+    approvals' required groups, each marked whether ``user`` holds it); which proposals
+    ``user`` approved comes with the rows (``queue_pending``), or in one more query."""
     approvals = list(approvals)
-    prefetch_related_objects(approvals, "required_groups")
-    proposals = [a.proposal_id for a in approvals if a.proposal_id]
-    voted = set(
-        ApprovalVote.objects.filter(reviewer=user, proposal_id__in=proposals).values_list(
-            "proposal_id", flat=True
+    held = get_user_model().groups.through.objects.filter(user_id=user.pk, group_id=OuterRef("pk"))
+    groups = Group.objects.annotate(viewer_holds=Exists(held))
+    prefetch_related_objects(approvals, Prefetch("required_groups", queryset=groups))
+    if all(hasattr(a, "viewer_voted") for a in approvals):
+        voted = {a.proposal_id for a in approvals if a.viewer_voted}
+    else:
+        proposals = [a.proposal_id for a in approvals if a.proposal_id]
+        voted = set(
+            ApprovalVote.objects.filter(reviewer=user, proposal_id__in=proposals).values_list(
+                "proposal_id", flat=True
+            )
+            if proposals and user.is_authenticated
+            else ()
         )
-        if proposals and user.is_authenticated
-        else ()
-    )
     rows = []
     for approval in approvals:
         warnings = approval.proposal.warnings if approval.proposal_id else None
@@ -431,7 +543,7 @@ def neighbours(approval: ApprovalRequest, *, user) -> tuple[int | None, int | No
     here = with_urgency(ApprovalRequest.objects.filter(pk=approval.pk)).first()
     if here is None:
         return None, None
-    key, streams = QueueKey.of(here), _queue_streams()
+    key, streams = QueueKey.of(here), queue_streams()
     pending = with_urgency(approvals_visible_to(user).filter(status=ApprovalRequest.Status.PENDING))
     before = queue_page(pending.only("pk", "created_at"), size=1, before=key, streams=streams)
     after = queue_page(pending.only("pk", "created_at"), size=1, after=key, streams=streams)

@@ -30,7 +30,6 @@ from django.db.models import (
     When,
     prefetch_related_objects,
 )
-from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
@@ -159,6 +158,15 @@ def _queue_narrowed(
     return pending
 
 
+def _with_row(approvals, *, user):
+    """``approvals`` in the queue's order with what a row shows: ``with_urgency``, the
+    relations, and whether ``user`` approved the current proposal (``queue_rows``)."""
+    if user.is_authenticated:
+        voted = ApprovalVote.objects.filter(proposal_id=OuterRef("proposal_id"), reviewer_id=user.pk)
+        approvals = approvals.annotate(viewer_voted=Exists(voted))
+    return with_urgency(approvals).select_related(*QUEUE_RELATIONS).order_by(*QUEUE_ORDER)
+
+
 def queue_pending(*, user, yours: bool = False, **filters):
     """Pending approvals ``user`` may see (``yours``: only those they may decide now,
     ``approvals_decidable_by``), most urgent first (``with_urgency``), narrowed by the
@@ -167,14 +175,17 @@ def queue_pending(*, user, yours: bool = False, **filters):
 
     The filters come validated (approvals.forms.QueueFilterForm): raw query
     parameters reach the database as nothing but these typed values. A page of it
-    is read with ``queue_page`` (along indexes), not by slicing this ordering.
+    is read with ``queue_page`` (along indexes, its rows from ``queue_page_rows``),
+    not by slicing this ordering.
     """
-    pending = _queue_narrowed(user=user, yours=yours, **filters)
-    if user.is_authenticated:
-        # Whether they approved its current proposal, read with the row (queue_rows).
-        voted = ApprovalVote.objects.filter(proposal_id=OuterRef("proposal_id"), reviewer_id=user.pk)
-        pending = pending.annotate(viewer_voted=Exists(voted))
-    return with_urgency(pending).select_related(*QUEUE_RELATIONS).order_by(*QUEUE_ORDER)
+    return _with_row(_queue_narrowed(user=user, yours=yours, **filters), user=user)
+
+
+def queue_page_rows(*, user):
+    """What ``queue_page`` reads a page's approvals from, by key, once the queue's
+    filters chose them: the pending approvals with a row's annotations and relations,
+    not filtered again (the page's keys were)."""
+    return _with_row(ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING), user=user)
 
 
 # A count on the desk stops here: "1,000+" says there are more, without counting them.
@@ -354,23 +365,14 @@ def _any(parts: list[Q]) -> Q:
     return where
 
 
-def queue_page(
-    pending,
-    *,
-    size: int,
-    after: QueueKey | None = None,
-    before: QueueKey | None = None,
-    streams: list[_Stream] | None = None,
-) -> list[ApprovalRequest]:
-    """Up to ``size`` approvals of ``pending`` (annotated by ``with_urgency``) in the
-    queue's order: the first, those after ``after``, or the last ``size`` before
-    ``before`` (still in the queue's order). One query: a short indexed read per
-    stream, united."""
-    backwards = before is not None
-    key = before if backwards else after
+def _stream_reads(
+    pending, *, size: int, key: QueueKey | None, backwards: bool, streams: list[_Stream]
+) -> tuple[list[str], list]:
+    """The SQL of each stream's first ``size`` pks of ``pending`` after (``backwards``:
+    before) ``key``, walked along the index, and their parameters."""
     parts: list[str] = []
     params: list = []
-    for stream in queue_streams() if streams is None else streams:
+    for stream in streams:
         if key is not None and (stream.urgency > key.urgency if backwards else stream.urgency < key.urgency):
             continue
         rows = pending.filter(stream.where)
@@ -387,17 +389,62 @@ def queue_page(
             sql, part_params = limited.query.get_compiler(using=limited.db).as_sql()
         except EmptyResultSet:
             continue
-        parts.append(f"SELECT * FROM ({sql}) stream_{len(parts)}")
+        parts.append(sql)
         params.extend(part_params)
+    return parts, params
+
+
+def _united(pending, parts: list[str], params: list, rows=None) -> list[ApprovalRequest]:
+    """The approvals the stream reads of ``pending`` name, unordered, in two short
+    queries: the reads united (a UNION ALL of keyed reads along the index), then those
+    approvals by primary key from ``rows`` (default ``pending``), with what the caller
+    reads with them. Not one query with ``pk IN (the union)``, nor the page read again
+    through ``pending``'s filters: PostgreSQL then joins every pending approval's
+    relations, or every required group, before it narrows them to the page (230 ms at
+    10,000 pending)."""
     if not parts:
         return []
-    # The streams' first ``size`` each, walked along the index in one statement (a
-    # UNION ALL of the short keyed reads); the approvals themselves, with what the
-    # caller reads with them, by primary key in the same query.
-    found = list(pending.filter(pk__in=RawSQL(" UNION ALL ".join(parts), params)).order_by())
+    union = " UNION ALL ".join(f"SELECT * FROM ({sql}) stream_{i}" for i, sql in enumerate(parts))
+    with connections[pending.db].cursor() as cursor:
+        cursor.execute(union, params)
+        pks = {row[0] for row in cursor.fetchall()}
+    return list((pending if rows is None else rows).filter(pk__in=pks).order_by()) if pks else []
+
+
+def queue_page(
+    pending,
+    *,
+    size: int,
+    after: QueueKey | None = None,
+    before: QueueKey | None = None,
+    streams: list[_Stream] | None = None,
+    rows=None,
+) -> list[ApprovalRequest]:
+    """Up to ``size`` approvals of ``pending`` (annotated by ``with_urgency``) in the
+    queue's order: the first, those after ``after``, or the last ``size`` before
+    ``before`` (still in the queue's order). Two queries: a short indexed read per
+    stream, united (``_united``), then the page's approvals by key from ``rows`` (also
+    annotated by ``with_urgency``; default ``pending``)."""
+    backwards = before is not None
+    key = before if backwards else after
+    streams = queue_streams() if streams is None else streams
+    parts, params = _stream_reads(pending, size=size, key=key, backwards=backwards, streams=streams)
+    found = _united(pending, parts, params, rows)
     found.sort(key=QueueKey.of, reverse=backwards)
     found = found[:size]
     return found[::-1] if backwards else found
+
+
+def queue_key(approval: ApprovalRequest, *, now: datetime | None = None) -> QueueKey:
+    """Where ``approval`` stands in the queue's order, from the approval itself (its rule
+    loaded with it): the same key ``with_urgency`` computes in the database."""
+    minutes = approval_sla_minutes(approval)
+    due = approval.created_at + timedelta(minutes=minutes) if minutes else None
+    if approval.escalated_at is not None:
+        urgency = URGENCY_ESCALATED
+    else:
+        urgency = URGENCY_DUE if due is not None else URGENCY_NO_SLA
+    return QueueKey(urgency, due or approval.created_at, approval.pk)
 
 
 def _span(seconds: float, *, up: bool) -> str:
@@ -538,16 +585,23 @@ def key_facts(call: ToolCall) -> list[tuple[str, str]]:
 
 def neighbours(approval: ApprovalRequest, *, user) -> tuple[int | None, int | None]:
     """The previous and next pending approvals ``user`` may see, in the queue's order
-    (``QUEUE_ORDER``: most urgent first), around ``approval`` (j/k): one keyed lookup
-    each way (``queue_page``), never a walk to its position."""
-    here = with_urgency(ApprovalRequest.objects.filter(pk=approval.pk)).first()
-    if here is None:
-        return None, None
-    key, streams = QueueKey.of(here), queue_streams()
+    (``QUEUE_ORDER``: most urgent first), around ``approval`` (j/k): one statement, a
+    keyed read each way per stream (``queue_page``), never a walk to its position.
+    ``approval`` is keyed as loaded (``queue_key``: the page's own read of it, its rule
+    with it), not read again."""
+    key, streams = queue_key(approval), queue_streams()
     pending = with_urgency(approvals_visible_to(user).filter(status=ApprovalRequest.Status.PENDING))
-    before = queue_page(pending.only("pk", "created_at"), size=1, before=key, streams=streams)
-    after = queue_page(pending.only("pk", "created_at"), size=1, after=key, streams=streams)
-    return (before[0].pk if before else None), (after[0].pk if after else None)
+    pending = pending.only("pk", "created_at", "escalated_at", "kind", "rule_id")
+    # Both ways in one statement: the one before and the one after, each stream's first.
+    before, before_params = _stream_reads(pending, size=1, key=key, backwards=True, streams=streams)
+    after, after_params = _stream_reads(pending, size=1, key=key, backwards=False, streams=streams)
+    found = _united(pending, before + after, before_params + after_params)
+    earlier = [a for a in found if QueueKey.of(a) < key]
+    later = [a for a in found if QueueKey.of(a) > key]
+    return (
+        max(earlier, key=QueueKey.of).pk if earlier else None,
+        min(later, key=QueueKey.of).pk if later else None,
+    )
 
 
 def next_decidable(approval: ApprovalRequest, *, user) -> ApprovalRequest | None:

@@ -77,7 +77,10 @@ def decide_refusal(*, user, approval: ApprovalRequest) -> str | None:
 
 
 def has_approved_current(user, approval: ApprovalRequest) -> bool:
-    """Whether ``user`` approved the proposal that would run now."""
+    """Whether ``user`` approved the proposal that would run now (read with the approval
+    when it was loaded for them: ``viewer_voted``)."""
+    if getattr(approval, "viewer_voted_by", None) == user.pk:
+        return approval.viewer_voted
     return ApprovalVote.objects.filter(proposal_id=approval.proposal_id, reviewer=user).exists()
 
 

@@ -27,6 +27,7 @@ from approvals.decisions.queue import (
     QueueKey,
     queue_counts,
     queue_page,
+    queue_page_rows,
     queue_pending,
     queue_rows,
     queue_streams,
@@ -86,7 +87,8 @@ def _queue_page(
     # Every gate rule, read once: the queue's order (its SLAs) and the filters' choices.
     rules = list(GateRule.objects.order_by("name"))
     streams = queue_streams(rules)
-    page = _page(queue_pending(user=request.user, yours=yours, **filters), form.position(), count, streams)
+    pending = queue_pending(user=request.user, yours=yours, **filters)
+    page = _page(pending, form.position(), count, streams, queue_page_rows(user=request.user))
     if page.moved_on and not rows_only:
         messages.info(request, "Nothing is left after that item: the queue is shown from the top.")
     narrowing = form.applied(tab=False)
@@ -157,7 +159,7 @@ class QueuePage:
         return bool(self.previous or self.next)
 
 
-def _page(pending, position, count: BoundedCount, streams) -> QueuePage:
+def _page(pending, position, count: BoundedCount, streams, read_from) -> QueuePage:
     """The page at ``position`` (QueueFilterForm.position) of ``pending``, read along the
     queue's order (``queue_page``): a cursor is a place in the order, so a page never
     repeats or skips an item because others were decided since. A page number (older
@@ -170,7 +172,7 @@ def _page(pending, position, count: BoundedCount, streams) -> QueuePage:
         rows = list(pending[(number - 1) * PAGE_SIZE : number * PAGE_SIZE + 1])
         return _linked(rows[:PAGE_SIZE], number, count, more=len(rows) > PAGE_SIZE, here={"page": number})
     if how == "before":
-        rows = queue_page(pending, size=PAGE_SIZE + 1, before=where.key, streams=streams)
+        rows = queue_page(pending, size=PAGE_SIZE + 1, before=where.key, streams=streams, rows=read_from)
         if len(rows) > PAGE_SIZE:
             page = _linked(rows[1:], where.page, count, more=True, here={"before": str(where)})
             page.previous = {"before": str(QueueCursor(max(1, where.page - 1), QueueKey.of(rows[1])))}
@@ -178,13 +180,13 @@ def _page(pending, position, count: BoundedCount, streams) -> QueuePage:
         # Nothing before it: this is the top of the queue.
         how = "top"
     if how == "after":
-        rows = queue_page(pending, size=PAGE_SIZE + 1, after=where.key, streams=streams)
+        rows = queue_page(pending, size=PAGE_SIZE + 1, after=where.key, streams=streams, rows=read_from)
         if rows:
             page = _linked(rows[:PAGE_SIZE], where.page, count, more=len(rows) > PAGE_SIZE)
             page.here = {"after": str(where)}
             page.previous = {"before": str(QueueCursor(max(1, where.page - 1), QueueKey.of(rows[0])))}
             return page
-    rows = queue_page(pending, size=PAGE_SIZE + 1, streams=streams)
+    rows = queue_page(pending, size=PAGE_SIZE + 1, streams=streams, rows=read_from)
     page = _linked(rows[:PAGE_SIZE], 1, count, more=len(rows) > PAGE_SIZE)
     page.previous = None
     page.moved_on = how == "after"

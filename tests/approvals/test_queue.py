@@ -262,6 +262,8 @@ def test_j_and_k_on_the_approval_page_follow_the_queues_order(users):
     age(plain, 600)
     age(due, 10)
     age(overdue, 90)
+    for approval in (plain, due, overdue):
+        approval.refresh_from_db()  # as the page reads it (neighbours keys on it as loaded)
     reviewer = users["reviewer"]
     assert neighbours(overdue, user=reviewer) == (None, due.pk)
     assert neighbours(due, user=reviewer) == (overdue.pk, plain.pk)

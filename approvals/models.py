@@ -373,6 +373,13 @@ class ApprovalRequest(models.Model):
                 condition=Q(status=ApprovalStatus.PENDING, escalated_at__isnull=False),
                 name="approval_pending_escalated",
             ),
+            # The nav's "Mine" (approvals.decisions.queue.mine_pending): a reviewer's live
+            # claims among any number pending.
+            models.Index(
+                fields=["claimed_by", "claimed_until"],
+                condition=Q(status=ApprovalStatus.PENDING, claimed_by__isnull=False),
+                name="approval_pending_claimed",
+            ),
         ]
         constraints = [
             models.CheckConstraint(

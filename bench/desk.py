@@ -1,13 +1,15 @@
 #!/usr/bin/env python
-"""The desk at scale: the queue page and an approval page with 10,000 and 100,000 pending.
+"""The desk at scale: the queue page and an approval page from 1,000 to 100,000 pending.
 
 Run from the project root:
 
-    .venv/bin/python bench/desk.py                      # --sizes 10000,100000 --requests 60
-    .venv/bin/python bench/desk.py --sizes 10000 --requests 30
+    .venv/bin/python bench/desk.py                      # --sizes 1000,10000,100000 --requests 60
+    .venv/bin/python bench/desk.py --sizes 1000,10000 --requests 30
+    .venv/bin/python bench/desk.py --sizes 100000 --reuse   # seed only what is missing
 
 On PostgreSQL (started as ``.ci/services`` does; fresh databases ``cs_desk`` and
-``cs_desk_world``, dropped and created by the bench), the demo's users and rules
+``cs_desk_world``, or ``--db NAME`` and ``NAME_world``, dropped and created by the bench
+unless ``--reuse``), the demo's users and rules
 (``seeddemo``), then pending approvals written in bulk (runs, tool calls, approvals,
 their proposals and required groups: refunds over ₹500 with a 30 min SLA, refunds
 over ₹5,000, customer emails; a few claimed, a few escalated) up to each size in turn.
@@ -21,10 +23,13 @@ one after another by a logged-in reviewer (``requests`` with the session cookie)
   last page);
 - ``approval``: the page of an item in the middle of the queue.
 
-It prints p50 and p95 of ``--requests`` fetches of each (after 3 warm-ups), and the
+It prints p50 and p95 of ``--requests`` fetches of each (after 3 warm-ups), the CPU
+time (user+sys) the gunicorn workers spent per fetch (steadier than wall time on a loaded
+machine; the database's own CPU is not in it), the load average at each size, and the
 number of SQL queries each page makes (counted in-process with the test client and
-``CaptureQueriesContext``). Nothing is asserted: figures depend on the machine and its
-load (printed at the top). The target (issue 12): p95 <= 50 ms at 100,000 pending.
+``CaptureQueriesContext``), each beside its target (issue 22): p95 <= 50 ms and at most
+10 queries a page, flat from 1,000 to 100,000 pending. Nothing is asserted: figures
+depend on the machine and its load.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ PG = "postgres://countersign:countersign@127.0.0.1:5432/{}"
 DESK_DB, WORLD_DB = "cs_desk", "cs_desk_world"
 PASSWORD = "bench-desk-password"
 WARMUP = 3
+TARGET_P95_MS, TARGET_QUERIES = 50.0, 10
 
 
 def ensure_services() -> None:
@@ -319,6 +325,26 @@ def logged_in(base: str):
     return session
 
 
+def worker_cpu_seconds(master: int) -> float:
+    """User+sys CPU of gunicorn's workers (the master's children) so far, in seconds."""
+    total = 0.0
+    try:
+        children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+    except OSError:
+        return 0.0
+    for pid in children:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def loadavg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def timed(session, url: str, n: int) -> list[float]:
     times = []
     for i in range(WARMUP + n):
@@ -338,8 +364,10 @@ def p95(times: list[float]) -> float:
 
 
 def main() -> None:
+    global DESK_DB, WORLD_DB
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="10000,100000", help="pending approvals, ascending")
+    parser.add_argument("--sizes", default="1000,10000,100000", help="pending approvals, ascending")
+    parser.add_argument("--db", default=DESK_DB, help="the desk's database (the world's: NAME_world)")
     parser.add_argument("--requests", type=int, default=60, help="timed fetches of each page")
     parser.add_argument("--deep", type=int, default=50, help="how many pages in the deep page is")
     parser.add_argument(
@@ -349,12 +377,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
+    DESK_DB, WORLD_DB = args.db, f"{args.db}_world"
     ensure_services()
     if not args.reuse:
         fresh_databases()
     setup_django()
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"bench/desk.py --sizes {args.sizes} --requests {args.requests}; loadavg at start {load}")
+    print(f"bench/desk.py --sizes {args.sizes} --requests {args.requests}; loadavg at start {loadavg()}")
     print(f"PostgreSQL databases {DESK_DB}, {WORLD_DB}; gunicorn, 2 sync workers, DEBUG off")
     rows = []
     from approvals.models import ApprovalRequest
@@ -365,7 +393,8 @@ def main() -> None:
         if size > done:
             seed(done, size)
             done = size
-        print(f"{done:,} pending (seeded in {time.perf_counter() - t:.1f} s)", flush=True)
+        seeded = time.perf_counter() - t
+        print(f"{done:,} pending (seeded in {seeded:.1f} s); loadavg {loadavg()}", flush=True)
         port = free_port()
         server = serve(port)
         try:
@@ -380,17 +409,38 @@ def main() -> None:
             }
             counts = query_counts(paths)
             for name, path in paths.items():
+                cpu = worker_cpu_seconds(server.pid)
                 times = timed(session, base + path, args.requests)
-                rows.append((done, name, statistics.median(times), p95(times), counts[name], path))
-                print(f"  {name:15} p50 {rows[-1][2]:7.1f} ms  p95 {rows[-1][3]:7.1f} ms", flush=True)
+                cpu_ms = (worker_cpu_seconds(server.pid) - cpu) * 1000 / (WARMUP + args.requests)
+                load = loadavg().split()[0]
+                p50 = statistics.median(times)
+                rows.append((done, name, p50, p95(times), cpu_ms, counts[name], load, path))
+                print(
+                    f"  {name:15} p50 {rows[-1][2]:7.1f} ms  p95 {rows[-1][3]:7.1f} ms  "
+                    f"cpu {cpu_ms:5.1f} ms  queries {counts[name]}  load {load}",
+                    flush=True,
+                )
         finally:
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(timeout=20)
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"\nloadavg at end {load}")
-    print(f"{'pending':>9}  {'page':15} {'p50 ms':>8} {'p95 ms':>8} {'queries':>8}  path")
-    for size, name, p50, p95_, queries, path in rows:
-        print(f"{size:>9,}  {name:15} {p50:8.1f} {p95_:8.1f} {queries:>8}  {path[:60]}")
+    print(f"\nloadavg at end {loadavg()}")
+    print(
+        f"{'pending':>9}  {'page':15} {'p50 ms':>8} {'p95 ms':>8} {'target':>7} "
+        f"{'cpu ms':>7} {'queries':>8} {'target':>7} {'load':>6}  path"
+    )
+    for size, name, p50, p95_, cpu_ms, queries, load, path in rows:
+        mark_time = "ok" if p95_ <= TARGET_P95_MS else "OVER"
+        mark_queries = "ok" if 0 <= queries <= TARGET_QUERIES else "OVER"
+        print(
+            f"{size:>9,}  {name:15} {p50:8.1f} {p95_:8.1f} {'<=' + str(int(TARGET_P95_MS)):>5} "
+            f"{mark_time:<4}{cpu_ms:6.1f} {queries:>8} {'<=' + str(TARGET_QUERIES):>5} {mark_queries:<4} "
+            f"{load:>5}  {path[:50]}"
+        )
+    # Flat: the same page's queries at every size (the target is that they do not grow).
+    for name in dict.fromkeys(row[1] for row in rows):
+        per_size = [row[5] for row in rows if row[1] == name]
+        flat = "flat" if len(set(per_size)) == 1 else "NOT FLAT"
+        print(f"  {name:15} queries by size {per_size}: {flat}")
 
 
 if __name__ == "__main__":

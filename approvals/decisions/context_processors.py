@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from django.utils import timezone
+from functools import cache
 
 from approvals.decisions.freshness import desk_version, fragment_etag
+from approvals.decisions.queue import BoundedCount, bounded_counts, mine_pending
 from approvals.decisions.selectors import approvals_decidable_by
-from approvals.models import ApprovalRequest
 
 NAV_KEY = "nav"
 
 
-def nav_mine_count(user) -> int:
-    return ApprovalRequest.objects.filter(
-        status=ApprovalRequest.Status.PENDING, claimed_by=user, claimed_until__gt=timezone.now()
-    ).count()
+def nav_counts(user) -> dict[str, BoundedCount]:
+    """The nav's two counts, bounded ("1,000+"), in one query: "nav_pending" (what
+    ``user`` may decide now) and "nav_mine" (what they hold a claim on)."""
+    return bounded_counts({"nav_pending": approvals_decidable_by(user), "nav_mine": mine_pending(user)})
 
 
 def nav(request) -> dict:
@@ -24,10 +24,12 @@ def nav(request) -> dict:
     if user is None or not user.is_authenticated:
         return {}
     # Callables: the template calls them only where it renders the navigation,
-    # so fragments (status polls, row refreshes) pay nothing. The ETag comes first
-    # in the template, so the version it names is never newer than the counts.
+    # so fragments (status polls, row refreshes) pay nothing; both counts are read in
+    # one query, the first time either is shown. The ETag comes first in the
+    # template, so the version it names is never newer than the counts.
+    counts = cache(lambda: nav_counts(user))
     return {
         "nav_etag": lambda: fragment_etag(NAV_KEY, user=user, version=desk_version()),
-        "nav_pending": approvals_decidable_by(user).count,
-        "nav_mine": lambda: nav_mine_count(user),
+        "nav_pending": lambda: counts()["nav_pending"],
+        "nav_mine": lambda: counts()["nav_mine"],
     }

@@ -12,10 +12,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
-from django.db.models import (
-    Q,
-)
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ApprovalVote, Proposal
@@ -25,6 +22,9 @@ from runs.models import Message, Step, ToolCall
 from runs.reasons import money_reason
 from runs.selectors import VIEW_ALL_PERMISSION
 from tools.registry import ReviewContext, arguments_in_order, canonical_json, find_tool
+
+# Which groups an approval requires (the many-to-many's table).
+REQUIRED_GROUPS = ApprovalRequest.required_groups.through
 
 DECIDE_PERMISSION = "approvals.decide_approvalrequest"
 # Escalation hands an approval to this group; its members (and superusers) may
@@ -77,7 +77,10 @@ def decide_refusal(*, user, approval: ApprovalRequest) -> str | None:
 
 
 def has_approved_current(user, approval: ApprovalRequest) -> bool:
-    """Whether ``user`` approved the proposal that would run now."""
+    """Whether ``user`` approved the proposal that would run now (read with the approval
+    when it was loaded for them: ``viewer_voted``)."""
+    if getattr(approval, "viewer_voted_by", None) == user.pk:
+        return approval.viewer_voted
     return ApprovalVote.objects.filter(proposal_id=approval.proposal_id, reviewer=user).exists()
 
 
@@ -172,11 +175,18 @@ def approvals_decidable_by(user, *, claimed: bool = False):
     pending = ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING)
     if not user.is_active or not user.has_perm(DECIDE_PERMISSION):
         return pending.none()
+    # Each test is a correlated NOT EXISTS (an anti-join the database answers per
+    # approval along an index: the required groups' and the votes' unique keys), never
+    # a NOT IN over a subquery, which reads every pending approval's groups first. So a
+    # bounded count or a page of what one may decide stops as soon as it has enough.
     if not user.is_superuser:
         # Not one required group the user is outside of.
-        pending = pending.exclude(required_groups__in=Group.objects.exclude(user=user))
+        held = get_user_model().groups.through.objects.filter(user_id=user.pk).values("group_id")
+        outside = REQUIRED_GROUPS.objects.filter(approvalrequest_id=OuterRef("pk")).exclude(group_id__in=held)
+        pending = pending.exclude(Exists(outside))
     pending = pending.exclude(Q(run__requester=user) & Q(allow_self_approval=False))
-    pending = pending.exclude(proposal__votes__reviewer=user)
+    voted = ApprovalVote.objects.filter(proposal_id=OuterRef("proposal_id"), reviewer_id=user.pk)
+    pending = pending.exclude(Exists(voted))
     if not claimed:
         pending = pending.exclude(
             Q(claimed_until__gt=timezone.now()) & ~Q(claimed_by=user) & Q(claimed_by__isnull=False)

@@ -5,6 +5,7 @@ and `selectors`."""
 from __future__ import annotations
 
 from django.contrib import messages
+from django.db.models import Exists, OuterRef
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
@@ -14,6 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import trigger_client_event
 
 from approvals.decisions.claims import approval_break_claim, approval_claim, approval_release
+from approvals.decisions.context_processors import NAV_KEY
 from approvals.decisions.decision import Decision
 from approvals.decisions.errors import AlreadyDecided
 from approvals.decisions.forms import EditArgumentsForm
@@ -31,7 +33,7 @@ from approvals.decisions.selectors import (
     may_break_claims,
 )
 from approvals.decisions.services import approval_decide
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, ApprovalVote
 from approvals.policy.errors import DecisionError, NotAllowed
 from approvals.policy.standing import standing_terms_from_form
 from approvals.record.verify import verify_run
@@ -48,14 +50,19 @@ def home(request):
 
 def _approval(request, approval_id: int) -> ApprovalRequest:
     """The approval, if ``request.user`` may see it (404 otherwise: no hint it exists)."""
+    voted = ApprovalVote.objects.filter(proposal_id=OuterRef("proposal_id"), reviewer_id=request.user.pk)
     approval = (
         approvals_visible_to(request.user)
         .select_related(*APPROVAL_PAGE_RELATIONS)
+        # Read with it: who may decide it, and whether this reviewer approved what would run.
+        .prefetch_related("required_groups")
+        .annotate(viewer_voted=Exists(voted))
         .filter(pk=approval_id)
         .first()
     )
     if approval is None:
         raise Http404("No such approval")
+    approval.viewer_voted_by = request.user.pk
     return approval
 
 
@@ -99,6 +106,8 @@ def _page_context(request, approval: ApprovalRequest, *, version: int | None = N
             _status_key(approval.pk, approval.status), user=request.user, version=version
         ),
         "nav_section": "queue",
+        # The nav's ETag from the version read first (not a second read of it).
+        "nav_etag": fragment_etag(NAV_KEY, user=request.user, version=version),
         "now": timezone.now(),
         # An htmx fragment shows its own flash messages; a full page shows them at the top.
         "inline_messages": bool(request.htmx),

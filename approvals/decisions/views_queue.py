@@ -22,12 +22,15 @@ from approvals.decisions.context_processors import NAV_KEY
 from approvals.decisions.forms import ALL, YOURS, BulkDecisionForm, QueueFilterForm
 from approvals.decisions.freshness import desk_version, fragment_etag, query_key, tagged, unchanged
 from approvals.decisions.queue import (
+    BoundedCount,
     QueueCursor,
     QueueKey,
     queue_counts,
     queue_page,
+    queue_page_rows,
     queue_pending,
     queue_rows,
+    queue_streams,
 )
 from approvals.decisions.selectors import DECIDE_PERMISSION
 from approvals.models import ApprovalRequest, GateRule
@@ -78,9 +81,14 @@ def _queue_page(
             messages.error(request, problem)
     filters = form.filters()
     yours = filters.pop("yours")
-    counts = dict(zip((YOURS, ALL), queue_counts(user=request.user, **filters), strict=True))
+    # The tabs' and the nav's counts, bounded ("1,000+"), in one query.
+    counts = queue_counts(user=request.user, nav=True, **filters)
     count = counts[YOURS if yours else ALL]
-    page = _page(queue_pending(user=request.user, yours=yours, **filters), form.position(), count)
+    # Every gate rule, read once: the queue's order (its SLAs) and the filters' choices.
+    rules = list(GateRule.objects.order_by("name"))
+    streams = queue_streams(rules)
+    pending = queue_pending(user=request.user, yours=yours, **filters)
+    page = _page(pending, form.position(), count, streams, queue_page_rows(user=request.user))
     if page.moved_on and not rows_only:
         messages.info(request, "Nothing is left after that item: the queue is shown from the top.")
     narrowing = form.applied(tab=False)
@@ -102,10 +110,10 @@ def _queue_page(
         "previous_query": urlencode({**applied, **page.previous}) if page.previous else None,
         "next_query": urlencode({**applied, **page.next}) if page.next else None,
         "tab_queries": {YOURS: urlencode(narrowing), ALL: urlencode({"tab": ALL, **narrowing})},
-        "tools": _tool_choices(form.filters()["tool"]),
+        "tools": _tool_choices(form.filters()["tool"], rules),
         "agents": _agent_choices(form.filters()["agent"]),
         "kinds": ApprovalRequest.Kind.choices,
-        "rules": GateRule.objects.filter(effect=GateRule.Effect.NEEDS_APPROVAL).order_by("name"),
+        "rules": [rule for rule in rules if rule.effect == GateRule.Effect.NEEDS_APPROVAL],
         "may_decide": request.user.has_perm(DECIDE_PERMISSION),
         "bulk_url": reverse("approvals-bulk") + (f"?{urlencode(applied)}" if applied else ""),
         "bulk_form": bulk_form,
@@ -115,9 +123,9 @@ def _queue_page(
         "nav_section": "queue",
         "now": now,
     }
-    if not narrowing:
-        # The nav's "Queue N" is the "yours to decide" tab, counted once for both.
-        context["nav_pending"] = counts[YOURS]
+    # The nav's counts came with the tabs' (the same query).
+    context["nav_pending"] = counts["nav_pending"]
+    context["nav_mine"] = counts["nav_mine"]
     context["nav_etag"] = fragment_etag(NAV_KEY, user=request.user, version=version)
     if rows_only:
         return tagged(
@@ -133,7 +141,8 @@ class QueuePage:
 
     object_list: list
     number: int
-    count: int
+    # How many wait under the page's tab and filters, bounded ("1,000+").
+    count: BoundedCount
     here: dict = field(default_factory=dict)
     previous: dict | None = None
     next: dict | None = None
@@ -141,25 +150,29 @@ class QueuePage:
     moved_on: bool = False
 
     @property
-    def num_pages(self) -> int:
-        return max(1, self.number, math.ceil(self.count / PAGE_SIZE))
+    def num_pages(self) -> str:
+        """ "9"; "20+" past a bounded count (at least that many pages)."""
+        pages = max(1, self.number, math.ceil(self.count.value / PAGE_SIZE))
+        return f"{pages:,}+" if self.count.over else f"{pages:,}"
 
     def has_other_pages(self) -> bool:
         return bool(self.previous or self.next)
 
 
-def _page(pending, position, count: int) -> QueuePage:
+def _page(pending, position, count: BoundedCount, streams, read_from) -> QueuePage:
     """The page at ``position`` (QueueFilterForm.position) of ``pending``, read along the
     queue's order (``queue_page``): a cursor is a place in the order, so a page never
     repeats or skips an item because others were decided since. A page number (older
     links) is read by offset."""
     how, where = position or ("top", None)
     if how == "page":
-        number = min(where, max(1, math.ceil(count / PAGE_SIZE)))
+        last = max(1, math.ceil(count.value / PAGE_SIZE))
+        # Past a bounded count the last page is unknown: the page asked for is read.
+        number = where if count.over else min(where, last)
         rows = list(pending[(number - 1) * PAGE_SIZE : number * PAGE_SIZE + 1])
         return _linked(rows[:PAGE_SIZE], number, count, more=len(rows) > PAGE_SIZE, here={"page": number})
     if how == "before":
-        rows = queue_page(pending, size=PAGE_SIZE + 1, before=where.key)
+        rows = queue_page(pending, size=PAGE_SIZE + 1, before=where.key, streams=streams, rows=read_from)
         if len(rows) > PAGE_SIZE:
             page = _linked(rows[1:], where.page, count, more=True, here={"before": str(where)})
             page.previous = {"before": str(QueueCursor(max(1, where.page - 1), QueueKey.of(rows[1])))}
@@ -167,20 +180,22 @@ def _page(pending, position, count: int) -> QueuePage:
         # Nothing before it: this is the top of the queue.
         how = "top"
     if how == "after":
-        rows = queue_page(pending, size=PAGE_SIZE + 1, after=where.key)
+        rows = queue_page(pending, size=PAGE_SIZE + 1, after=where.key, streams=streams, rows=read_from)
         if rows:
             page = _linked(rows[:PAGE_SIZE], where.page, count, more=len(rows) > PAGE_SIZE)
             page.here = {"after": str(where)}
             page.previous = {"before": str(QueueCursor(max(1, where.page - 1), QueueKey.of(rows[0])))}
             return page
-    rows = queue_page(pending, size=PAGE_SIZE + 1)
+    rows = queue_page(pending, size=PAGE_SIZE + 1, streams=streams, rows=read_from)
     page = _linked(rows[:PAGE_SIZE], 1, count, more=len(rows) > PAGE_SIZE)
     page.previous = None
     page.moved_on = how == "after"
     return page
 
 
-def _linked(rows: list, number: int, count: int, *, more: bool, here: dict | None = None) -> QueuePage:
+def _linked(
+    rows: list, number: int, count: BoundedCount, *, more: bool, here: dict | None = None
+) -> QueuePage:
     page = QueuePage(object_list=rows, number=number, count=count, here=here or {})
     if number > 1 and rows:
         page.previous = {"before": str(QueueCursor(number - 1, QueueKey.of(rows[0])))}
@@ -189,12 +204,12 @@ def _linked(rows: list, number: int, count: int, *, more: bool, here: dict | Non
     return page
 
 
-def _tool_choices(applied: str) -> list[str]:
+def _tool_choices(applied: str, rules: list[GateRule]) -> list[str]:
     """The tools a filter may name: every tool of an agent the desk knows (the
     registry), every tool a gate rule names, and the one asked for. Read from the
     registry and the rules, never from the pending rows: at 100,000 pending, a SELECT
     DISTINCT over them costs more than the rest of the page."""
-    named = GateRule.objects.exclude(tool="*").values_list("tool", flat=True).distinct()
+    named = {rule.tool for rule in rules if rule.tool != "*"}
     known = {name for agent in all_agents() for name in agent.tool_names} | set(named)
     return sorted(known | ({applied} if applied else set()))
 

@@ -16,11 +16,16 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.utils import timezone
 
-from approvals.decisions import views_queue
+from approvals.decisions import queue, views_queue
 from approvals.decisions.claims import approval_claim
 from approvals.decisions.opening import approval_open_guard
 from approvals.decisions.queue import neighbours, queue_pending, queue_rows
-from approvals.decisions.selectors import approvals_visible_to, decide_refusal, has_approved_current
+from approvals.decisions.selectors import (
+    approvals_decidable_by,
+    approvals_visible_to,
+    decide_refusal,
+    has_approved_current,
+)
 from approvals.models import ApprovalRequest, GateRule, Proposal
 from runs.models import GuardKind
 from runs.services import run_create
@@ -257,6 +262,8 @@ def test_j_and_k_on_the_approval_page_follow_the_queues_order(users):
     age(plain, 600)
     age(due, 10)
     age(overdue, 90)
+    for approval in (plain, due, overdue):
+        approval.refresh_from_db()  # as the page reads it (neighbours keys on it as loaded)
     reviewer = users["reviewer"]
     assert neighbours(overdue, user=reviewer) == (None, due.pk)
     assert neighbours(due, user=reviewer) == (overdue.pk, plain.pk)
@@ -564,3 +571,46 @@ def test_no_page_of_the_desk_costs_more_queries_with_more_pending(users, path):
     few = queries()
     many_pending(140, users["requester"])
     assert queries() == few
+
+
+# --- counts: bounded, and exact below the bound ----------------------------------
+def test_every_count_below_the_bound_is_exactly_what_each_person_may_decide_and_see(
+    users, mixed, bob, carol, outsider
+):
+    # Every may-decide rule is in ``mixed``: an own run, a proposal already approved, a
+    # claim by someone else, a group not held; and a superuser, a person without the
+    # permission, one in no group, one who may not see every run.
+    for user in [*users.values(), bob, carol, outsider]:
+        yours = approvals_decidable_by(user).count()
+        every = approvals_visible_to(user).filter(status="pending").count()
+        page = get_html(client_for(user), "/desk/")
+        assert count_in(page, "tab-yours-count") == str(yours), user.username
+        assert count_in(page, "tab-all-count") == str(every), user.username
+        assert count_in(page, "nav-pending") == str(yours), user.username
+        other_page = get_html(client_for(user), "/runs/")
+        assert count_in(other_page, "nav-pending") == str(yours), user.username
+        assert count_in(get_html(client_for(user), "/desk/nav"), "nav-pending") == str(yours)
+    assert approvals_decidable_by(users["admin"]).count() == 7 - 1  # all but the senior's claim
+
+
+def test_a_count_past_the_bound_says_so_and_one_at_the_bound_is_exact(users, mixed, monkeypatch):
+    # Three are the reviewer's to decide, seven wait: with the bound at three, "yours"
+    # is exact and "all" is "3+" (not 3, which would be a lie), everywhere it shows.
+    monkeypatch.setattr(queue, "COUNT_BOUND", 3)
+    client = client_for(users["reviewer"])
+    page = get_html(client, "/desk/", {"tab": "all"})
+    assert count_in(page, "tab-yours-count") == "3" and count_in(page, "nav-pending") == "3"
+    assert count_in(page, "tab-all-count") == "3+"
+    assert "<title>Queue (3) · Countersign</title>" in page
+    assert "more than 3: the count stops there" in page
+    assert count_in(get_html(client, "/desk/nav"), "nav-pending") == "3"
+    # One more for the reviewer to decide: now theirs is past the bound too.
+    waiting(users["requester"], refund(900, "A-1009"))
+    page = get_html(client, "/desk/")
+    assert count_in(page, "tab-yours-count") == "3+" and count_in(page, "nav-pending") == "3+"
+    assert "<title>Queue (3+) · Countersign</title>" in page
+    assert count_in(get_html(client, "/runs/"), "nav-pending") == "3+"
+    nav = get_html(client, "/desk/nav")
+    assert count_in(nav, "nav-pending") == "3+" and "for you to decide: the count stops there" in nav
+    # Filtered, the count is bounded the same way and exact below the bound.
+    assert count_in(get_html(client, "/desk/", {"tool": "send_email"}), "tab-yours-count") == "1"

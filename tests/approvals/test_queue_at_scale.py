@@ -44,6 +44,9 @@ def queries_per_page(client) -> dict[str, int]:
     return counts
 
 
+# Seeding 10,000 pending approvals and fetching every page twice: ~15 s alone on
+# PostgreSQL, several times that beside the rest of the suite on two cores.
+@pytest.mark.timeout(600)
 def test_every_queue_page_makes_the_same_queries_at_100_and_at_10000_pending(users):
     seed_pending(0, 100, requester=users["requester"], claimer=users["senior"])
     client = client_for(users["reviewer"])

@@ -92,16 +92,23 @@ class Channel(filesystem.Channel):
         for filename in sorted(os.listdir(self.data_folder_in)):
             if filename.partition(".")[2] != wanted:
                 continue
+            source = os.path.join(self.data_folder_in, filename)
             inflight = os.path.join(self.inflight_folder, f"{filename}.{uuid.uuid4().hex}")
             try:
+                # In flight since now, before it is in flight: a rename keeps the file's
+                # time, and a message that waited past the visibility timeout would be
+                # taken back by another worker's sweep (_return_stale) the moment it
+                # arrived there.
+                os.utime(source)
                 # Atomic: of two workers after the same message, one moves it.
-                os.rename(os.path.join(self.data_folder_in, filename), inflight)
+                os.rename(source, inflight)
             except FileNotFoundError:
-                continue
+                continue  # another worker took it
             try:
-                os.utime(inflight)  # in flight since now (a rename keeps the old time)
                 with open(inflight, "rb") as f:
                     payload = loads(bytes_to_str(f.read()))
+            except FileNotFoundError:
+                continue  # moved on meanwhile (a sweep with another clock): not ours
             except OSError as exc:
                 raise ChannelError(f"Cannot read file {inflight!r} from queue.") from exc
             if queue in self._no_ack_queues:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -199,3 +200,57 @@ def test_messages_through_the_embedded_broker_log_no_hostname_warning(tmp_path, 
                 assert message.payload == {"n": n}
                 message.ack()
     assert "hostname" not in caplog.text.lower()
+
+
+def test_a_message_that_waited_past_the_visibility_timeout_is_not_taken_back_while_fetched(
+    tmp_path, monkeypatch
+):
+    """A message that sat in the queue longer than the visibility timeout (a busy desk:
+    it is the lease, 3 s in the soak) kept its old time when a worker moved it in
+    flight; another worker's sweep of stale messages, right then, put it back on the
+    queue, and the first worker, finding its file gone, died with "Cannot read file
+    ... from queue" (a soak trial's worker crash). It is in flight since the fetch."""
+    with in_flight_connection(tmp_path, timeout=60) as conn, conn.SimpleQueue(tmp_path.name) as queue:
+        queue.put({"n": 1})
+        queue.put({"n": 2})
+        for message in (tmp_path / "queue").iterdir():
+            os.utime(message, (1, 1))  # written long ago: past any visibility timeout
+        with in_flight_connection(tmp_path, timeout=60) as other:
+            sweeper = other.default_channel
+            real_rename = os.rename
+
+            def rename_then_sweep(source, target):
+                real_rename(source, target)
+                sweeper._returned_at = 0.0  # the other worker's once-a-second sweep is due
+                sweeper._return_stale()
+
+            monkeypatch.setattr("desk.broker.os.rename", rename_then_sweep)
+            first = queue.get(block=False)
+            monkeypatch.setattr("desk.broker.os.rename", real_rename)
+            second = queue.get(block=False)
+        assert {first.payload["n"], second.payload["n"]} == {1, 2}
+        first.ack()
+        second.ack()
+    assert_nothing_comes_back_past_the_visibility_timeout(tmp_path)
+
+
+def test_a_message_gone_from_flight_before_it_is_read_is_skipped_not_fatal(tmp_path, monkeypatch):
+    """Whatever moved it (a sweep with another clock, an operator), a fetched message
+    whose in-flight file is gone before it is read is not this worker's: it looks at
+    the next one and stays up."""
+    with in_flight_connection(tmp_path) as conn, conn.SimpleQueue(tmp_path.name) as queue:
+        queue.put({"n": 1})
+        real_rename = os.rename
+        taken = []
+
+        def rename_then_lose(source, target):
+            real_rename(source, target)
+            if not taken:
+                taken.append(target)
+                os.remove(target)
+
+        monkeypatch.setattr("desk.broker.os.rename", rename_then_lose)
+        with pytest.raises(Empty):
+            queue.get(block=False)
+        queue.put({"n": 2})
+        assert queue.get(block=False).payload == {"n": 2}

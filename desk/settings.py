@@ -265,7 +265,7 @@ if TESTING:
 AUTHENTICATION_BACKENDS = [
     # First: refuses a locked-out username and address before any password is checked.
     "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
+    "desk.auth.DeskModelBackend",
 ]
 AXES_FAILURE_LIMIT = env_int("DESK_LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("DESK_LOGIN_COOLOFF_MINUTES", 15))

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
 from django.core.exceptions import EmptyResultSet
 from django.db import connections
 from django.db.models import (
@@ -23,7 +21,6 @@ from django.db.models import (
     F,
     IntegerField,
     OuterRef,
-    Prefetch,
     Q,
     TextField,
     Value,
@@ -35,12 +32,13 @@ from django.utils import timezone
 
 from approvals.decisions.selectors import (
     DECIDE_PERMISSION,
-    _group_ids,
     approval_sla_minutes,
     approvals_decidable_by,
     approvals_visible_to,
     claimed_by_someone_else,
     group_names,
+    holds,
+    required_groups_for,
 )
 from approvals.models import ApprovalRequest, ApprovalVote, GateRule
 from approvals.policy.decided import DecidedRule, rule_as_decided
@@ -366,13 +364,15 @@ def _any(parts: list[Q]) -> Q:
 
 
 def _stream_reads(
-    pending, *, size: int, key: QueueKey | None, backwards: bool, streams: list[_Stream]
+    pending, *, size: int, key: QueueKey | None, backwards: bool, streams: list[_Stream], keyed: bool = False
 ) -> tuple[list[str], list]:
     """The SQL of each stream's first ``size`` pks of ``pending`` after (``backwards``:
-    before) ``key``, walked along the index, and their parameters."""
+    before) ``key``, walked along the index, and their parameters. ``keyed``: each row
+    also says where it stands (its stream's number and the time it is walked by), for
+    ``_united_keys``."""
     parts: list[str] = []
     params: list = []
-    for stream in streams:
+    for number, stream in enumerate(streams):
         if key is not None and (stream.urgency > key.urgency if backwards else stream.urgency < key.urgency):
             continue
         rows = pending.filter(stream.where)
@@ -384,7 +384,11 @@ def _stream_reads(
                 Q(**{f"{column}__{beyond}": start}) | Q(**{column: start, f"pk__{beyond}": key.pk})
             )
         order = [f"-{column}", "-pk"] if backwards else [column, "pk"]
-        limited = rows.order_by(*order).values("pk")[:size]
+        rows = rows.order_by(*order)
+        if keyed:
+            limited = rows.values("pk", at=F(column), stream=Value(number))[:size]
+        else:
+            limited = rows.values("pk")[:size]
         try:
             sql, part_params = limited.query.get_compiler(using=limited.db).as_sql()
         except EmptyResultSet:
@@ -409,6 +413,30 @@ def _united(pending, parts: list[str], params: list, rows=None) -> list[Approval
         cursor.execute(union, params)
         pks = {row[0] for row in cursor.fetchall()}
     return list((pending if rows is None else rows).filter(pk__in=pks).order_by()) if pks else []
+
+
+def _united_keys(pending, parts: list[str], params: list, streams: list[_Stream]) -> list[QueueKey]:
+    """The queue keys of the approvals keyed stream reads (``_stream_reads(keyed=True)``)
+    name, in one query, from the reads alone: the key is the stream's urgency, the time
+    it walks by (plus its SLA for a stream of due items) and the pk, as ``with_urgency``
+    computes it."""
+    if not parts:
+        return []
+    connection = connections[pending.db]
+    created = ApprovalRequest._meta.get_field("created_at")
+    # As the ORM reads a datetime (SQLite hands back text).
+    converters = connection.ops.get_db_converters(created.get_col(ApprovalRequest._meta.db_table))
+    union = " UNION ALL ".join(f"SELECT * FROM ({sql}) stream_{i}" for i, sql in enumerate(parts))
+    with connection.cursor() as cursor:
+        cursor.execute(union, params)
+        rows = cursor.fetchall()
+    keys = []
+    for pk, at, number in rows:
+        for convert in converters:
+            at = convert(at, created, connection)
+        stream = streams[number]
+        keys.append(QueueKey(stream.urgency, at + timedelta(minutes=stream.minutes or 0), pk))
+    return keys
 
 
 def queue_page(
@@ -497,7 +525,7 @@ def queue_refusal(*, user, approval: ApprovalRequest, voted: bool, now: datetime
     if not user.is_active or not user.has_perm(DECIDE_PERMISSION):
         return "you do not decide approvals"
     if not user.is_superuser:
-        missing = sorted(g.name for g in approval.required_groups.all() if not _holds(user, g))
+        missing = sorted(g.name for g in approval.required_groups.all() if not holds(user, g))
         if missing:
             return "needs " + " and ".join(missing)
     if voted:
@@ -505,12 +533,6 @@ def queue_refusal(*, user, approval: ApprovalRequest, voted: bool, now: datetime
     if claimed_by_someone_else(approval, user, now=now):
         return f"claimed by {approval.claimed_by.get_username()}"
     return None
-
-
-def _holds(user, group) -> bool:
-    """Whether ``user`` is in ``group`` (read with it by queue_rows, else their groups)."""
-    held = getattr(group, "viewer_holds", None)
-    return group.pk in _group_ids(user) if held is None else held
 
 
 @dataclass
@@ -542,9 +564,7 @@ def queue_rows(approvals, *, user, now: datetime) -> list[QueueRow]:
     approvals' required groups, each marked whether ``user`` holds it); which proposals
     ``user`` approved comes with the rows (``queue_pending``), or in one more query."""
     approvals = list(approvals)
-    held = get_user_model().groups.through.objects.filter(user_id=user.pk, group_id=OuterRef("pk"))
-    groups = Group.objects.annotate(viewer_holds=Exists(held))
-    prefetch_related_objects(approvals, Prefetch("required_groups", queryset=groups))
+    prefetch_related_objects(approvals, required_groups_for(user))
     if all(hasattr(a, "viewer_voted") for a in approvals):
         voted = {a.proposal_id for a in approvals if a.viewer_voted}
     else:
@@ -591,17 +611,15 @@ def neighbours(approval: ApprovalRequest, *, user) -> tuple[int | None, int | No
     with it), not read again."""
     key, streams = queue_key(approval), queue_streams()
     pending = with_urgency(approvals_visible_to(user).filter(status=ApprovalRequest.Status.PENDING))
-    pending = pending.only("pk", "created_at", "escalated_at", "kind", "rule_id")
-    # Both ways in one statement: the one before and the one after, each stream's first.
-    before, before_params = _stream_reads(pending, size=1, key=key, backwards=True, streams=streams)
-    after, after_params = _stream_reads(pending, size=1, key=key, backwards=False, streams=streams)
-    found = _united(pending, before + after, before_params + after_params)
-    earlier = [a for a in found if QueueKey.of(a) < key]
-    later = [a for a in found if QueueKey.of(a) > key]
-    return (
-        max(earlier, key=QueueKey.of).pk if earlier else None,
-        min(later, key=QueueKey.of).pk if later else None,
-    )
+    # Both ways in one statement: the one before and the one after, each stream's first,
+    # each with its key (no second read of those approvals).
+    reads = {"size": 1, "key": key, "streams": streams, "keyed": True}
+    before, before_params = _stream_reads(pending, backwards=True, **reads)
+    after, after_params = _stream_reads(pending, backwards=False, **reads)
+    found = _united_keys(pending, before + after, before_params + after_params, streams)
+    earlier = [found_key for found_key in found if found_key < key]
+    later = [found_key for found_key in found if found_key > key]
+    return (max(earlier).pk if earlier else None, min(later).pk if later else None)
 
 
 def next_decidable(approval: ApprovalRequest, *, user) -> ApprovalRequest | None:

@@ -12,7 +12,8 @@ from datetime import datetime
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import Exists, OuterRef, Q
+from django.contrib.auth.models import Group
+from django.db.models import Exists, OuterRef, Prefetch, Q
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ApprovalVote, Proposal
@@ -54,6 +55,21 @@ def _group_ids(user) -> set[int]:
     return cached
 
 
+def required_groups_for(user) -> Prefetch:
+    """An approval's required groups, each marked whether ``user`` holds it
+    (``viewer_holds``): read with the approvals, so deciding who may decide costs no
+    query of the user's groups (``holds``)."""
+    held = get_user_model().groups.through.objects.filter(user_id=user.pk, group_id=OuterRef("pk"))
+    return Prefetch("required_groups", queryset=Group.objects.annotate(viewer_holds=Exists(held)))
+
+
+def holds(user, group) -> bool:
+    """Whether ``user`` is in ``group`` (read with it by ``required_groups_for``, else
+    their groups, read once per request)."""
+    held = getattr(group, "viewer_holds", None)
+    return group.pk in _group_ids(user) if held is None else held
+
+
 def group_names(approval: ApprovalRequest) -> str:
     """ "reviewers and senior-reviewers": who may decide, for people."""
     names = sorted(g.name for g in approval.required_groups.all())
@@ -66,11 +82,8 @@ def decide_refusal(*, user, approval: ApprovalRequest) -> str | None:
     """Why ``user`` may not decide ``approval`` (as it stands now), or None if they may."""
     if not user.is_active or not user.has_perm(DECIDE_PERMISSION):
         return "You do not have permission to decide approvals."
-    if not user.is_superuser:
-        required = {g.pk: g.name for g in approval.required_groups.all()}
-        missing = set(required) - _group_ids(user)
-        if missing:
-            return f"Only members of {group_names(approval)} may decide this approval."
+    if not user.is_superuser and any(not holds(user, group) for group in approval.required_groups.all()):
+        return f"Only members of {group_names(approval)} may decide this approval."
     if approval.run.requester_id == user.pk and not approval.allow_self_approval:
         return "You requested this run; someone else must decide it."
     return None
@@ -348,7 +361,7 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
     )
     proposals = list(
         approval.proposals.select_related("proposed_by")
-        .prefetch_related("votes__reviewer")
+        .prefetch_related(Prefetch("votes", queryset=ApprovalVote.objects.select_related("reviewer")))
         .order_by("number")
     )
     proposal = next((p for p in proposals if p.pk == approval.proposal_id), None)

@@ -31,6 +31,7 @@ from approvals.decisions.selectors import (
     decide_refusal,
     has_approved_current,
     may_break_claims,
+    required_groups_for,
 )
 from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest, ApprovalVote
@@ -55,7 +56,7 @@ def _approval(request, approval_id: int) -> ApprovalRequest:
         approvals_visible_to(request.user)
         .select_related(*APPROVAL_PAGE_RELATIONS)
         # Read with it: who may decide it, and whether this reviewer approved what would run.
-        .prefetch_related("required_groups")
+        .prefetch_related(required_groups_for(request.user))
         .annotate(viewer_voted=Exists(voted))
         .filter(pk=approval_id)
         .first()

@@ -1,6 +1,6 @@
 """The queue does not grow with the queue: each page makes the same number of queries
-(at most 10; an approval page at most 15) at 100 and at 10,000 pending, its counts stop at their bound and say so
-("1,000+"), and below it they are exact. Pending approvals are written in bulk
+(at most 10; an approval page at most 15) at 100 and at 10,000 pending, its counts
+stop at their bound and say so ("1,000+"), and below it they are exact. Pending approvals are written in bulk
 (tests/approvals/bulk_pending.py, as bench/desk.py seeds the desk)."""
 
 from __future__ import annotations

@@ -21,7 +21,10 @@ one after another by a logged-in reviewer (``requests`` with the session cookie)
 - ``queue filtered``: /desk/?tool=send_email&unclaimed=1;
 - ``queue deep``: 50 pages in (the "older" link followed 50 times; the time is that of the
   last page);
-- ``approval``: the page of an item in the middle of the queue.
+- ``approval``: the page of an item in the middle of the queue;
+- ``none yours: queue`` and ``none yours: nav``: the queue ("yours") and the nav badge of a
+  ``bystander``, who may decide approvals but none of those seeded (the worst case of
+  the bounded counts and the keyed reads: nothing to stop at).
 
 It prints p50 and p95 of ``--requests`` fetches of each (after 3 warm-ups), the CPU
 time (user+sys) the gunicorn workers spent per fetch (steadier than wall time on a loaded
@@ -50,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PG = "postgres://countersign:countersign@127.0.0.1:5432/{}"
 DESK_DB, WORLD_DB = "cs_desk", "cs_desk_world"
 PASSWORD = "bench-desk-password"
+BYSTANDER = "bystander"  # may decide approvals, but none of those seeded
 WARMUP = 3
 TARGET_P95_MS, TARGET_QUERIES = 50.0, 10
 
@@ -108,6 +112,19 @@ def setup_django() -> None:
 
     # Calls of one rule carry an SLA: the queue then sorts on due time, as in life.
     GateRule.objects.filter(name="Refunds over ₹500").update(sla_minutes=30)
+    # The bounded counts' worst case: a reviewer who may decide none of the queue (the
+    # permission, but none of the groups the seeded approvals require), so no count and
+    # no page of theirs stops early.
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group, Permission
+
+    auditors, _ = Group.objects.get_or_create(name="bench-auditors")
+    auditors.permissions.add(Permission.objects.get(codename="decide_approvalrequest"))
+    bystander, created = get_user_model().objects.get_or_create(username=BYSTANDER)
+    if created:
+        bystander.set_password(PASSWORD)
+        bystander.save()
+    bystander.groups.add(auditors)
 
 
 def seed(start: int, stop: int) -> None:
@@ -262,14 +279,14 @@ def deep_link(get, pages: int) -> str:
     return url
 
 
-def query_counts(paths: dict[str, str]) -> dict[str, int]:
+def query_counts(paths: dict[str, str], username: str = "reviewer") -> dict[str, int]:
     from django.contrib.auth import get_user_model
     from django.db import connection
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
     client = Client()
-    client.force_login(get_user_model().objects.get(username="reviewer"))
+    client.force_login(get_user_model().objects.get(username=username))
     counts = {}
     for name, path in paths.items():
         client.get(path)  # the session, warmed
@@ -309,7 +326,7 @@ def serve(port: int) -> subprocess.Popen:
     raise SystemExit("gunicorn did not start")
 
 
-def logged_in(base: str):
+def logged_in(base: str, username: str = "reviewer"):
     import requests
 
     session = requests.Session()
@@ -317,11 +334,11 @@ def logged_in(base: str):
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)[1]
     done = session.post(
         f"{base}/login/",
-        data={"username": "reviewer", "password": PASSWORD, "csrfmiddlewaretoken": token, "next": "/desk/"},
+        data={"username": username, "password": PASSWORD, "csrfmiddlewaretoken": token, "next": "/desk/"},
         headers={"Referer": f"{base}/login/"},
     )
     if "/login/" in done.url:
-        raise SystemExit("could not log in as reviewer")
+        raise SystemExit(f"could not log in as {username}")
     return session
 
 
@@ -408,15 +425,20 @@ def main() -> None:
                 "approval": f"/desk/approvals/{middle_approval()}/",
             }
             counts = query_counts(paths)
-            for name, path in paths.items():
+            # The bystander's queue ("yours": none) and nav badge: the walks that find nothing.
+            bystander = logged_in(base, BYSTANDER)
+            worst = {"none yours: queue": "/desk/", "none yours: nav": "/desk/nav"}
+            counts |= query_counts(worst, BYSTANDER)
+            sessions = dict.fromkeys(paths, session) | dict.fromkeys(worst, bystander)
+            for name, path in (paths | worst).items():
                 cpu = worker_cpu_seconds(server.pid)
-                times = timed(session, base + path, args.requests)
+                times = timed(sessions[name], base + path, args.requests)
                 cpu_ms = (worker_cpu_seconds(server.pid) - cpu) * 1000 / (WARMUP + args.requests)
                 load = loadavg().split()[0]
                 p50 = statistics.median(times)
                 rows.append((done, name, p50, p95(times), cpu_ms, counts[name], load, path))
                 print(
-                    f"  {name:15} p50 {rows[-1][2]:7.1f} ms  p95 {rows[-1][3]:7.1f} ms  "
+                    f"  {name:18} p50 {rows[-1][2]:7.1f} ms  p95 {rows[-1][3]:7.1f} ms  "
                     f"cpu {cpu_ms:5.1f} ms  queries {counts[name]}  load {load}",
                     flush=True,
                 )
@@ -425,14 +447,14 @@ def main() -> None:
             server.wait(timeout=20)
     print(f"\nloadavg at end {loadavg()}")
     print(
-        f"{'pending':>9}  {'page':15} {'p50 ms':>8} {'p95 ms':>8} {'target':>7} "
+        f"{'pending':>9}  {'page':18} {'p50 ms':>8} {'p95 ms':>8} {'target':>7} "
         f"{'cpu ms':>7} {'queries':>8} {'target':>7} {'load':>6}  path"
     )
     for size, name, p50, p95_, cpu_ms, queries, load, path in rows:
         mark_time = "ok" if p95_ <= TARGET_P95_MS else "OVER"
         mark_queries = "ok" if 0 <= queries <= TARGET_QUERIES else "OVER"
         print(
-            f"{size:>9,}  {name:15} {p50:8.1f} {p95_:8.1f} {'<=' + str(int(TARGET_P95_MS)):>5} "
+            f"{size:>9,}  {name:18} {p50:8.1f} {p95_:8.1f} {'<=' + str(int(TARGET_P95_MS)):>5} "
             f"{mark_time:<4}{cpu_ms:6.1f} {queries:>8} {'<=' + str(TARGET_QUERIES):>5} {mark_queries:<4} "
             f"{load:>5}  {path[:50]}"
         )
@@ -440,7 +462,7 @@ def main() -> None:
     for name in dict.fromkeys(row[1] for row in rows):
         per_size = [row[5] for row in rows if row[1] == name]
         flat = "flat" if len(set(per_size)) == 1 else "NOT FLAT"
-        print(f"  {name:15} queries by size {per_size}: {flat}")
+        print(f"  {name:18} queries by size {per_size}: {flat}")
 
 
 if __name__ == "__main__":

@@ -120,7 +120,10 @@ EMAIL_SENDING_SECONDS = 5
 # Processes
 # =============================================================================
 class Proc:
-    """A worker or the beat, in its own session, logging to a file."""
+    """A worker or the beat, in its own session, logging to a file. Every one started is
+    in ``Proc.started``, stopped on the way out however the soak ends (``main``)."""
+
+    started: list[Proc] = []
 
     def __init__(self, name: str, command: list[str], env: dict, log_dir: Path, ready: str) -> None:
         self.name, self.command, self.env, self.ready = name, command, env, ready
@@ -131,6 +134,8 @@ class Proc:
 
     def start(self) -> None:
         self.starts += 1
+        if self not in Proc.started:
+            Proc.started.append(self)
         with self.log_path.open("a") as log:
             log.write(f"\n===== start {self.starts} at {time.time():.3f}\n")
             log.flush()
@@ -1105,4 +1110,12 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # A soak stopped from outside (SIGTERM, Ctrl-C) stops its workers and beat too: their
+    # own sessions would otherwise keep them running, on the soak's databases.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        sys.exit(main())
+    finally:
+        for proc in Proc.started:
+            with contextlib.suppress(Exception):
+                proc.stop()

@@ -12,6 +12,8 @@ from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, router, transaction
 from django.db.models import Q
+from django.db.models.signals import m2m_changed
+from django.dispatch import receiver
 from django.utils import timezone
 
 # The notify room's models, defined in its own module and registered here, under
@@ -337,6 +339,11 @@ class ApprovalRequest(models.Model):
     # Who may decide, as it stands: the stricter of what the model's call and the
     # current proposal require (a member of every group), narrowed by escalation.
     required_groups = models.ManyToManyField(Group, blank=True, related_name="+")
+    # The same groups as one value ("" for none, else their ids, sorted: "2,5"), kept with
+    # them (``groups_key``, on every change of ``required_groups``), so the queue finds
+    # what a reviewer may decide along an index of the group sets they hold, however
+    # little of the queue that is (approvals_decidable_by). ``verify`` checks the two agree.
+    required_key = models.CharField(max_length=255, blank=True, default="")
     approvers_required = models.PositiveSmallIntegerField(default=1)
     allow_self_approval = models.BooleanField(default=False)
     # The proposal a decision applies to: the model's call, or a reviewer's edit.
@@ -372,6 +379,13 @@ class ApprovalRequest(models.Model):
                 fields=["escalated_at"],
                 condition=Q(status=ApprovalStatus.PENDING, escalated_at__isnull=False),
                 name="approval_pending_escalated",
+            ),
+            # What a reviewer may decide, by the sets of groups they hold: a handful of keys,
+            # each walked in the queue's order (approvals.decisions.selectors).
+            models.Index(
+                fields=["required_key", "created_at"],
+                condition=Q(status=ApprovalStatus.PENDING),
+                name="approval_pending_by_groups",
             ),
             # The nav's "Mine" (approvals.decisions.queue.mine_pending): a reviewer's live
             # claims among any number pending.
@@ -418,6 +432,11 @@ class ApprovalRequest(models.Model):
     def __str__(self) -> str:
         what = self.tool_call.tool_name if self.tool_call_id else self.get_kind_display()
         return f"Approval {self.pk}: {what} ({self.status})"
+
+    @staticmethod
+    def groups_key(group_ids) -> str:
+        """``required_key`` of these required groups: "" for none, else "2,5"."""
+        return ",".join(str(pk) for pk in sorted(set(group_ids)))
 
     @property
     def is_guard(self) -> bool:
@@ -639,3 +658,17 @@ class AuditChain(models.Model):
 
     def __str__(self) -> str:
         return f"{self.subject} #{self.seq}"
+
+
+@receiver(m2m_changed, sender=ApprovalRequest.required_groups.through)
+def _required_key_follows_groups(sender, instance, action, reverse, **kwargs) -> None:
+    """``required_key`` changes with ``required_groups``, in the same transaction, however
+    they changed (opening, an edit, escalation, an import, the admin). A group has no
+    manager of its approvals (``related_name="+"``), so the change is always from the
+    approval's side. Bulk writes of the through table (the benches' seeding) set the key
+    themselves."""
+    if reverse or action not in ("post_add", "post_remove", "post_clear"):
+        return
+    key = ApprovalRequest.groups_key(instance.required_groups.values_list("pk", flat=True))
+    ApprovalRequest.objects.filter(pk=instance.pk).update(required_key=key)
+    instance.required_key = key

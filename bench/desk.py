@@ -208,6 +208,10 @@ def seed(start: int, stop: int) -> None:
                         args_hash=call.input_hash,
                         allow_self_approval=rule.allow_self_approval,
                         approvers_required=rule.approvers_required,
+                        # Its required groups (written below, in bulk: no signal keeps it).
+                        required_key=ApprovalRequest.groups_key(
+                            [rule.required_group_id] if rule.required_group_id else []
+                        ),
                         claimed_by=senior if i % 100 == 1 else None,
                         claimed_until=now + timedelta(hours=1) if i % 100 == 1 else None,
                         escalated_at=now if i % 1000 == 7 else None,

@@ -207,6 +207,12 @@ def cross_check(run: Run, events: list) -> list[Finding]:
                     "asked under or the model's call differs from what was recorded",
                 )
             )
+        if approval.required_key != ApprovalRequest.groups_key(g.pk for g in approval.required_groups.all()):
+            # The queue finds who may decide it by this key: one edited alone hides the
+            # approval from those who may decide it (it never lets anyone else decide).
+            findings.append(
+                Finding(here, "the queue's key of who may decide it differs from its required groups")
+            )
         if approval.status not in (ApprovalRequest.Status.PENDING, ApprovalRequest.Status.CANCELLED):
             # A guard's decision (and a hand-over) is recorded as its action.
             recorded = approval.action or approval.status

@@ -72,3 +72,14 @@ def test_the_per_source_answers_still_come_from_their_own_sources(users, django_
     assert "approvals.add_gaterule" not in backend.get_group_permissions(user)
     assert "approvals.decide_approvalrequest" in backend.get_group_permissions(user)
     assert {"approvals.add_gaterule", "approvals.decide_approvalrequest"} <= backend.get_all_permissions(user)
+
+
+def test_the_users_groups_come_with_the_same_query(users):
+    from approvals.decisions.selectors import _group_ids
+
+    held = set(users["reviewer"].groups.values_list("pk", flat=True))
+    reviewer = fresh(users["reviewer"])
+    with CaptureQueriesContext(connection) as captured:
+        assert reviewer.has_perm("approvals.decide_approvalrequest")
+        assert _group_ids(reviewer) == held != set()
+    assert len(captured.captured_queries) == 1

@@ -398,6 +398,12 @@ def _stream_reads(
     return parts, params
 
 
+def _union_all(parts: list[str]) -> str:
+    """The stream reads' SQL as one UNION ALL (each wrapped: a read has its own ORDER BY
+    and LIMIT)."""
+    return " UNION ALL ".join(f"SELECT * FROM ({sql}) stream_{i}" for i, sql in enumerate(parts))
+
+
 def _united(pending, parts: list[str], params: list, rows=None) -> list[ApprovalRequest]:
     """The approvals the stream reads of ``pending`` name, unordered, in two short
     queries: the reads united (a UNION ALL of keyed reads along the index), then those
@@ -408,7 +414,7 @@ def _united(pending, parts: list[str], params: list, rows=None) -> list[Approval
     10,000 pending)."""
     if not parts:
         return []
-    union = " UNION ALL ".join(f"SELECT * FROM ({sql}) stream_{i}" for i, sql in enumerate(parts))
+    union = _union_all(parts)
     with connections[pending.db].cursor() as cursor:
         cursor.execute(union, params)
         pks = {row[0] for row in cursor.fetchall()}
@@ -426,7 +432,7 @@ def _united_keys(pending, parts: list[str], params: list, streams: list[_Stream]
     created = ApprovalRequest._meta.get_field("created_at")
     # As the ORM reads a datetime (SQLite hands back text).
     converters = connection.ops.get_db_converters(created.get_col(ApprovalRequest._meta.db_table))
-    union = " UNION ALL ".join(f"SELECT * FROM ({sql}) stream_{i}" for i, sql in enumerate(parts))
+    union = _union_all(parts)
     with connection.cursor() as cursor:
         cursor.execute(union, params)
         rows = cursor.fetchall()

@@ -35,6 +35,7 @@ from runs.models import ApprovalStatus, Effect, GuardKind, Run, ToolCall
 from runs.reasons import window_text
 from tools.locks import lock_scope
 from tools.registry import find_tool
+from tools.sealed import SealedJSONField, SealedTextField, SearchIndexField
 
 # Choices used by database constraints are module-level: a model's Meta cannot see
 # the classes nested in its model. Each model names its own as before
@@ -326,7 +327,7 @@ class ApprovalRequest(models.Model):
     )
     # What the guard found, as the engine recorded it (untrusted text inside: the
     # model's calls and replies). Empty for calls.
-    detail = models.JSONField(default=dict, blank=True)
+    detail = SealedJSONField(default=dict, blank=True)
     # What was decided on a guard (grant, stop, ...) or a call handed over; blank
     # for approve / decline / respond.
     action = models.CharField(max_length=20, choices=GuardAction.choices, blank=True, default="")
@@ -362,7 +363,7 @@ class ApprovalRequest(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     decided_at = models.DateTimeField(null=True, blank=True)
-    comment = models.TextField(blank=True)
+    comment = SealedTextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     reminded_at = models.DateTimeField(null=True, blank=True)
     escalated_at = models.DateTimeField(null=True, blank=True)
@@ -460,7 +461,8 @@ class Proposal(models.Model):
 
     approval = models.ForeignKey(ApprovalRequest, on_delete=models.CASCADE, related_name="proposals")
     number = models.PositiveSmallIntegerField()
-    input = models.JSONField()
+    input = SealedJSONField()
+    search = SearchIndexField(sources=("input",))  # its words, keyed (tools.sealing)
     input_hash = models.CharField(max_length=64)
     # None: the model asked for it.
     proposed_by = models.ForeignKey(
@@ -472,7 +474,7 @@ class Proposal(models.Model):
     rule_label = models.CharField(max_length=200, blank=True)
     reason = models.TextField(blank=True)
     # An aggregate rule's figures (so far, this call, total, threshold, scope).
-    detail = models.JSONField(null=True, blank=True)
+    detail = SealedJSONField(null=True, blank=True)
     # What the tool warned a reviewer of when these arguments were proposed
     # (``ToolSpec.warnings``: "repeats an earlier refund"), a list of sentences.
     # The approval page reads the world again; the queue shows these.
@@ -504,7 +506,7 @@ class ApprovalVote(models.Model):
     approval = models.ForeignKey(ApprovalRequest, on_delete=models.CASCADE, related_name="votes")
     proposal = models.ForeignKey(Proposal, on_delete=models.CASCADE, related_name="votes")
     reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
-    comment = models.TextField(blank=True)
+    comment = SealedTextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -599,7 +601,7 @@ class AuditEvent(models.Model):
     )
     before = models.CharField(max_length=30, blank=True)
     after = models.CharField(max_length=30, blank=True)
-    detail = models.TextField(blank=True)
+    detail = SealedTextField(blank=True)
     subject = models.CharField(max_length=40, default="desk")
     seq = models.PositiveIntegerField(default=0)
     prev_hash = models.CharField(max_length=64, blank=True)

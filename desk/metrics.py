@@ -40,8 +40,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from approvals.models import ApprovalRequest, AuditEvent, Notification, WebhookDelivery
-from runs.models import Run, Step
+from runs.models import Run, RunStatus, Step
 from runs.selectors import NOT_DONE, not_done_counts_of_finished_runs
+from runs.signals import ROLLED_BACK_TO_STEP
 
 # Upper bounds in seconds. A step is timed in whole milliseconds (Step.duration_ms):
 # a step under half a millisecond records 0 and lands in the first bucket.
@@ -55,7 +56,6 @@ DECISION_BUCKETS = (10, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 8 * 3600, 86400,
 DECIDED = (ApprovalRequest.Status.APPROVED, ApprovalRequest.Status.DECLINED, ApprovalRequest.Status.RESPONDED)
 # A rollback (full: "rolled back: N compensation(s)"; to a step, or a rewind's:
 # "rolled back to step K: ...") leaves one run event with this reason (runs.saga).
-ROLLBACK_REASON = "rolled back"
 # A rollback halted by a failing compensation says so on the run (runs.tasks.run_undo_note,
 # from runs.saga.RollbackHalted); the note is cleared when the rollback is asked again.
 COMPENSATION_FAILED_NOTE = "Compensating #"
@@ -243,8 +243,9 @@ class DeskCollector(Collector):
         )
 
     def _rollbacks(self):
+        # Counted by action: an event's detail is sealed at rest.
         done = AuditEvent.objects.filter(
-            action__startswith="run.", detail__startswith=ROLLBACK_REASON
+            action__in=[f"run.{RunStatus.ROLLED_BACK}", ROLLED_BACK_TO_STEP]
         ).count()
         yield CounterMetricFamily(
             "countersign_rollbacks", "Rollbacks and rewinds done (full or to a step).", value=done

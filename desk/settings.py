@@ -29,6 +29,8 @@ from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
+from tools.sealing import KeyRingError, new_key, parse_ring
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("DESK_VAR_DIR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
@@ -484,6 +486,30 @@ DESK_GUARD_SLA_MINUTES = env_int("DESK_GUARD_SLA_MINUTES", 30)
 # someone who can write to the database cannot recompute them after changing a row.
 # Kept outside the database, and stable: with another key every record fails verify.
 DESK_INTEGRITY_KEY = env_str("DESK_INTEGRITY_KEY").strip() or SECRET_KEY
+# Encryption at rest (tools/sealing.py): "id:key,id:key", the first key seals what is
+# written, every key opens; separate from SECRET_KEY and DESK_INTEGRITY_KEY, and kept
+# out of the database and its backups (README "Backups"). With DEBUG off the desk will
+# not start without it. A local desk (DEBUG) reads var/encryption-keys, which make run
+# writes; tests get a random key (tests/support.py hands it on). "off": clear text, for
+# benchmarks that measure what sealing costs.
+LOCAL_KEYS_FILE = VAR_DIR / "encryption-keys"
+DESK_ENCRYPTION_KEYS = env_str("DESK_ENCRYPTION_KEYS").strip()
+if not DESK_ENCRYPTION_KEYS and TESTING:
+    DESK_ENCRYPTION_KEYS = new_key("test")
+if not DESK_ENCRYPTION_KEYS and DEBUG and LOCAL_KEYS_FILE.is_file():
+    DESK_ENCRYPTION_KEYS = LOCAL_KEYS_FILE.read_text().strip()
+if not DESK_ENCRYPTION_KEYS:
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "DEBUG is off, so Countersign will not start without DESK_ENCRYPTION_KEYS (id:key, "
+            "the key 32 random bytes in URL-safe base64: python -m tools.sealing newkey prints one); "
+            'see README.md, "Encryption at rest".'
+        )
+    DESK_ENCRYPTION_KEYS = "off"
+try:
+    parse_ring(DESK_ENCRYPTION_KEYS)
+except KeyRingError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
 DESK_MAX_STEPS = env_int("DESK_MAX_STEPS", 50)
 DESK_LLM_MAX_ATTEMPTS = env_int("DESK_LLM_MAX_ATTEMPTS", 6)
 DESK_DEMO_PASSWORD = env_str("DESK_DEMO_PASSWORD", "correct-horse-battery" if TESTING else "")

@@ -4,6 +4,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from tools.sealed import FactsField, SealedJSONField, SealedTextField, SearchIndexField
+
 
 # Module-level so the models' CHECK constraints can name them (a Meta cannot see
 # its model's attributes); the models expose them as Run.Status and ToolCall.Status.
@@ -107,7 +109,9 @@ class Run(models.Model):
     agent = models.CharField(max_length=100)
     # Hash of the system prompt and tool schemas the run started with.
     agent_version = models.CharField(max_length=16)
-    task = models.TextField()
+    task = SealedTextField()
+    # The task's words as keyed digests (tools.sealing): what the desk's search reads.
+    search = SearchIndexField(sources=("task",))
     kind = models.CharField(max_length=20, choices=RunKind.choices, default=RunKind.AGENT)
     # External and gateway runs: the caller's name for its session (one run each).
     session = models.CharField(max_length=100, blank=True)
@@ -120,7 +124,7 @@ class Run(models.Model):
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED)
     llm = models.CharField(max_length=20, choices=LLMKind.choices, default=LLMKind.SCRIPTED)
     # The scenario a scripted run replays (None: the agent's built-in demo script).
-    script = models.JSONField(null=True, blank=True)
+    script = SealedJSONField(null=True, blank=True)
     # Number of closed steps = the number of the step in progress.
     step = models.PositiveIntegerField(default=0)
     # Length of the transcript: the next message's sequence number.
@@ -134,7 +138,7 @@ class Run(models.Model):
     # The model the run is pinned to ("scripted" or an Anthropic model id).
     model = models.CharField(max_length=100, blank=True)
     # Task parameters (order_id=A-1001): what verification checks the world for.
-    params = models.JSONField(default=dict, blank=True)
+    params = SealedJSONField(default=dict, blank=True)
     # A dry run: reads run, writes only say what they would do.
     dry_run = models.BooleanField(default=False)
     # Guards: the agent's stage, steps since the run last made progress, and what a
@@ -144,7 +148,7 @@ class Run(models.Model):
     guard = models.CharField(max_length=20, choices=RunGuard.choices, blank=True, default="")
     # Verification against the world before done: when, and what was checked.
     verified_at = models.DateTimeField(null=True, blank=True)
-    verification = models.JSONField(null=True, blank=True)
+    verification = SealedJSONField(null=True, blank=True)
     handed_over_to = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -154,7 +158,7 @@ class Run(models.Model):
     lease_owner = models.CharField(max_length=120, blank=True)
     lease_until = models.DateTimeField(null=True, blank=True)
     llm_attempts = models.PositiveSmallIntegerField(default=0)
-    error = models.TextField(blank=True)
+    error = SealedTextField(blank=True)
     # Times a worker took the run over from one whose lease had expired (a crash
     # recovery), counted by the claim; /metrics sums them.
     recoveries = models.PositiveIntegerField(default=0)
@@ -287,7 +291,7 @@ class Message(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="messages", db_index=False)
     seq = models.PositiveIntegerField()
     role = models.CharField(max_length=10, choices=Role.choices)
-    content = models.JSONField()
+    content = SealedJSONField()
     created_at = models.DateTimeField(auto_now_add=True)
     # Set when a rewind moved the live head back past this message; kept as history.
     superseded_at = models.DateTimeField(null=True, blank=True)
@@ -365,9 +369,13 @@ class ToolCall(models.Model):
     position = models.PositiveSmallIntegerField()
     tool_use_id = models.CharField(max_length=100)
     tool_name = models.CharField(max_length=100)
-    input = models.JSONField()
+    input = SealedJSONField()
+    # In clear, for SQL: numbers as they are, other values as keyed digests
+    # (aggregate rules add up and compare these); and the arguments' words, keyed.
+    facts = FactsField(source="input")
+    search = SearchIndexField(sources=("input",))
     # The model's own arguments when a reviewer edited them before approving.
-    original_input = models.JSONField(null=True, blank=True)
+    original_input = SealedJSONField(null=True, blank=True)
     input_hash = models.CharField(max_length=64)
     idempotency_key = models.CharField(max_length=40)
     # Hash of the arguments a reviewer approved; execution re-checks it.
@@ -380,16 +388,16 @@ class ToolCall(models.Model):
     # reported it (``Verdict.shadow``): [{"rule_id", "version", "effect", "reason"}].
     shadow = models.JSONField(null=True, blank=True)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PROPOSED)
-    result = models.JSONField(null=True, blank=True)
+    result = SealedJSONField(null=True, blank=True)
     is_error = models.BooleanField(default=False)
     # What a compensation will need, captured before the effect (saga layer).
-    pre_state = models.JSONField(null=True, blank=True)
+    pre_state = SealedJSONField(null=True, blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     # The saga: what undoing the effect did, and when.
-    compensation = models.JSONField(null=True, blank=True)
+    compensation = SealedJSONField(null=True, blank=True)
     compensated_at = models.DateTimeField(null=True, blank=True)
     superseded_at = models.DateTimeField(null=True, blank=True)
 

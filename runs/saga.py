@@ -25,7 +25,7 @@ from .failpoints import failpoint
 from .gate import get_gate
 from .models import CallStatus, Message, Run, RunStatus, Step, ToolCall
 from .services import TransitionConflict, call_transition, run_enqueue, run_transition
-from .signals import run_transitioned
+from .signals import ROLLED_BACK_TO_STEP, run_transitioned
 
 log = logging.getLogger(__name__)
 PERMISSION = "runs.rollback_run"
@@ -420,6 +420,7 @@ def run_rollback(*, run: Run, to_step: int | None = None, by=None) -> RollbackRe
                     new=run.status,
                     actor=by,
                     reason=f"rolled back to step {to_step}: {len(done)} compensation(s)",
+                    action=ROLLED_BACK_TO_STEP,
                 )
     finally:
         _unlock(run, owner)

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from tools.money import rupees
 from tools.registry import all_agents, arguments_in_order, find_tool
+from tools.sealed import index_match
 
 from .history import transcript_messages
 from .integrity import retention_note
@@ -159,7 +160,9 @@ def run_search(
     if created_to:
         runs = runs.filter(created_at__lt=_start_of_day(created_to + timedelta(days=1)))
     if text:
-        runs = runs.filter(task__icontains=text)
+        # The task is sealed at rest: its words are matched in the keyed index.
+        words = index_match(("search",), text)
+        runs = runs.filter(words) if words is not None else runs
     return runs
 
 

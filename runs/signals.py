@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from django.dispatch import Signal
 
-# sender=Run model; kwargs: run_id, old, new, actor (user or None), reason
+# sender=Run model; kwargs: run_id, old, new, actor (user or None), reason, and
+# optionally action (the audit event's, where "run.<new>" would not say it)
 run_transitioned = Signal()
+# A rollback to a step: the run's status stays as it was.
+ROLLED_BACK_TO_STEP = "run.rolled_back_to_step"
 # sender=ToolCall model; kwargs: call, old, new, actor, reason
 tool_call_transitioned = Signal()

@@ -79,6 +79,7 @@ class Desk:
             "DESK_TESTING": "1",
             # One key for every process of the test, as in production (else each makes its own).
             "SECRET_KEY": settings.SECRET_KEY,
+            "DESK_ENCRYPTION_KEYS": settings.DESK_ENCRYPTION_KEYS,
             "PYTHONUNBUFFERED": "1",
         }
         self.env.pop("DESK_FAILPOINTS", None)

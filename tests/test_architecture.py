@@ -18,6 +18,8 @@ FLOORS = {
     "desk.logs": 0,
     "tools.money": 0,
     "tools.locks": 0,
+    "tools.sealing": 0,  # encryption at rest: the key ring, sealed values, the search index
+    "tools.sealed": 0,  # its model fields
     "tools": 1,  # the world and the tools over it
     "runs": 2,  # the loop
     # approvals: one app, its rooms as floors. The ground pieces its models use,

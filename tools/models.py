@@ -10,6 +10,8 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+from tools.sealed import SealedJSONField, SealedTextField
+
 
 class KeyedQuerySet(models.QuerySet):
     """Rows that writes made, each under the idempotency key it was made with (unique)."""
@@ -103,8 +105,8 @@ class OutboxEmail(models.Model):
     """An email the world has accepted for delivery: what a customer receives."""
 
     to = models.EmailField()
-    subject = models.CharField(max_length=300)
-    body = models.TextField()
+    subject = SealedTextField()
+    body = SealedTextField()
     idempotency_key = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -250,7 +252,7 @@ class ReceivedWebhook(models.Model):
     Not the desk's own outgoing webhooks (``approvals.WebhookDelivery``)."""
 
     url = models.CharField(max_length=500)
-    payload = models.JSONField()
+    payload = SealedJSONField()
     idempotency_key = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -3,7 +3,6 @@ filtered, paged by a keyset cursor; counts for the tabs."""
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -22,12 +21,11 @@ from django.db.models import (
     IntegerField,
     OuterRef,
     Q,
-    TextField,
     Value,
     When,
     prefetch_related_objects,
 )
-from django.db.models.functions import Cast, Coalesce
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from approvals.decisions.selectors import (
@@ -43,6 +41,7 @@ from approvals.decisions.selectors import (
 from approvals.models import ApprovalRequest, ApprovalVote, GateRule
 from approvals.policy.decided import DecidedRule, rule_as_decided
 from runs.models import GuardKind, Run, ToolCall
+from tools.sealed import index_match
 
 # How urgent a pending approval is: the queue's order, computed in the database so that
 # it sorts and pages there. Escalated first; then those with an SLA by due time (the
@@ -85,29 +84,20 @@ def with_urgency(approvals):
 
 def _search(pending, q: str):
     """Pending approvals whose task, tool, arguments (the model's call and the current
-    proposal) or run id match ``q``, case-insensitively: "#12" is run 12 only; "12" is
-    run 12 or any of the text. Arguments are searched as their JSON text (a database
-    may store "₹" or a quote escaped: each spelling is tried)."""
+    proposal) or run id match ``q``: "#12" is run 12 only; "12" is run 12 or any of the
+    text. Task and arguments are sealed at rest, so their words are matched through
+    the keyed search index (every word of ``q``, whole words, any case); a tool's
+    name is clear and matched as text."""
     number = re.fullmatch(r"#?\s*(\d{1,18})", q)
     if number and q.startswith("#"):
         return pending.filter(run_id=int(number[1]))
-    spellings = {q, json.dumps(q)[1:-1], json.dumps(q, ensure_ascii=False)[1:-1]}
-    match = (
-        Q(run__task__icontains=q)
-        | Q(tool_call__tool_name__icontains=q)
-        | Q(outcome_call__tool_name__icontains=q)
-    )
-    for text in spellings:
-        match |= (
-            Q(call_text__icontains=text) | Q(proposal_text__icontains=text) | Q(outcome_text__icontains=text)
-        )
+    match = Q(tool_call__tool_name__icontains=q) | Q(outcome_call__tool_name__icontains=q)
+    words = index_match(("run__search", "tool_call__search", "proposal__search", "outcome_call__search"), q)
+    if words is not None:
+        match |= words
     if number:
         match |= Q(run_id=int(number[1]))
-    return pending.alias(
-        call_text=Cast("tool_call__input", TextField()),
-        proposal_text=Cast("proposal__input", TextField()),
-        outcome_text=Cast("outcome_call__input", TextField()),
-    ).filter(match)
+    return pending.filter(match)
 
 
 # What a queue row shows with its approval, read in the same query.

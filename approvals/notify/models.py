@@ -15,6 +15,7 @@ from django.db.models import Q
 
 from approvals.notify.endpoints import webhook_endpoint_refusals
 from runs.models import Run
+from tools.sealed import SealedJSONField, SealedTextField
 
 
 class NotificationStatus(models.TextChoices):
@@ -62,7 +63,7 @@ class Notification(models.Model):
         related_name="notifications",
     )
     run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
-    subject = models.CharField(max_length=300)
+    subject = SealedTextField()
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveSmallIntegerField(default=0)
     last_error = models.TextField(blank=True)
@@ -121,11 +122,11 @@ class DeskEmail(models.Model):
     ``tools.OutboxEmail`` is what an agent's tool sent to a customer."""
 
     created_at = models.DateTimeField(auto_now_add=True)
-    subject = models.CharField(max_length=300)
+    subject = SealedTextField()
     from_email = models.CharField(max_length=300)
     to = models.TextField(help_text="Recipients, one per line.")
-    body = models.TextField()
-    html = models.TextField(blank=True)
+    body = SealedTextField()
+    html = SealedTextField(blank=True)
     headers = models.JSONField(default=dict, blank=True)
 
     class Meta:
@@ -195,7 +196,7 @@ class WebhookDelivery(models.Model):
     event = models.CharField(max_length=50)
     # Stable per event (e.g. "approval:12:opened"): the Countersign-Delivery header.
     event_id = models.CharField(max_length=120)
-    payload = models.JSONField()
+    payload = SealedJSONField()
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveSmallIntegerField(default=0)
     # Pending: when the next attempt is due. Sending: the deadline after which the
@@ -203,7 +204,7 @@ class WebhookDelivery(models.Model):
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
     last_error = models.TextField(blank=True)
-    attempts_log = models.JSONField(default=list, blank=True)
+    attempts_log = SealedJSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
 

@@ -17,6 +17,7 @@ from runs.gate import Verdict
 from runs.models import Run, ToolCall
 from runs.reasons import aggregate_reason, single_reason
 from tools.locks import lock_scope
+from tools.sealing import fact_value
 
 OPERATOR_SYMBOLS = dict(GateRule.Operator.choices)
 
@@ -275,8 +276,12 @@ def _running_total_before_call(
         ToolCall.Status.COMMITTED,
     ]
     if rule.scope == GateRule.Scope.FACT:
-        where.append(_json_equals(connection, "input", rule.scope_fact))
-        params += [_json_key_param(connection, rule.scope_fact), _json_value_param(connection, scope_value)]
+        # Arguments are sealed at rest: the clear ``facts`` hold a keyed digest of each.
+        where.append(_json_equals(connection, "facts", rule.scope_fact))
+        params += [
+            _json_key_param(connection, rule.scope_fact),
+            _json_value_param(connection, fact_value(scope_value)),
+        ]
     elif rule.scope == GateRule.Scope.AGENT:
         runs = quote(Run._meta.db_table)
         where.append(f"{quote('run_id')} IN (SELECT {quote('id')} FROM {runs} WHERE {quote('agent')} = %s)")
@@ -316,8 +321,9 @@ MICRO = Decimal(1_000_000)
 
 def _json_number_sum(connection) -> str:
     """The SQL of the sum of a JSON argument over the rows, numbers only (the key is
-    the next two parameters): exact numeric on PostgreSQL, millionths on SQLite."""
-    column = connection.ops.quote_name("input")
+    the next two parameters): exact numeric on PostgreSQL, millionths on SQLite. Read
+    from the call's clear ``facts`` (numbers as they are), the arguments being sealed."""
+    column = connection.ops.quote_name("facts")
     if connection.vendor == "postgresql":
         return (
             f"COALESCE(SUM(CASE WHEN jsonb_typeof({column} -> %s) = 'number' "

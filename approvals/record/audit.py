@@ -165,8 +165,17 @@ def rule_record(rule, *, actor=None, action: str = "rule.saved", before: str = "
 # --- the database refuses changes -------------------------------------------------
 APPEND_ONLY_MESSAGE = "audit events are append-only"
 
+# Every column but ``detail``: the one UPDATE the database lets through changes only
+# an event's sealed detail, which is how ``rotatekeys`` re-encrypts it. The chain is
+# hashed over the plaintext, so a detail changed to say something else fails verify.
+FROZEN_COLUMNS = (
+    "id", "created_at", "actor_id", "action", "run_id", "tool_call_id", "approval_id",
+    "before", "after", "subject", "seq", "prev_hash", "hash",
+)  # fmt: skip
+_SQLITE_CHANGED = " OR ".join(f'NEW."{c}" IS NOT OLD."{c}"' for c in FROZEN_COLUMNS)
 SQLITE_TRIGGERS = [
     f"""CREATE TRIGGER IF NOT EXISTS approvals_auditevent_no_update BEFORE UPDATE ON approvals_auditevent
+        WHEN {_SQLITE_CHANGED}
         BEGIN SELECT RAISE(ABORT, '{APPEND_ONLY_MESSAGE}'); END""",
     f"""CREATE TRIGGER IF NOT EXISTS approvals_auditevent_no_delete BEFORE DELETE ON approvals_auditevent
         BEGIN SELECT RAISE(ABORT, '{APPEND_ONLY_MESSAGE}'); END""",
@@ -184,7 +193,12 @@ SQLITE_DROP = [
 ]
 POSTGRESQL_TRIGGERS = [
     f"""CREATE OR REPLACE FUNCTION approvals_audit_refuse() RETURNS trigger AS $$
-        BEGIN RAISE EXCEPTION '{APPEND_ONLY_MESSAGE}'; END $$ LANGUAGE plpgsql""",
+        BEGIN
+          IF TG_OP = 'UPDATE' AND (to_jsonb(NEW) - 'detail') = (to_jsonb(OLD) - 'detail') THEN
+            RETURN NEW;
+          END IF;
+          RAISE EXCEPTION '{APPEND_ONLY_MESSAGE}';
+        END $$ LANGUAGE plpgsql""",
     """CREATE OR REPLACE FUNCTION approvals_audit_chain_forward() RETURNS trigger AS $$
         BEGIN
           IF TG_OP = 'DELETE' OR NEW.seq <> OLD.seq + 1 OR NEW.subject <> OLD.subject THEN

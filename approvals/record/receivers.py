@@ -23,7 +23,7 @@ from runs.signals import run_transitioned, tool_call_transitioned
 
 
 @receiver(run_transitioned)
-def audit_run_transition(sender, *, run_id, old, new, actor, reason, **kwargs):
+def audit_run_transition(sender, *, run_id, old, new, actor, reason, action="", **kwargs):
     detail = reason
     if not old or old == new:
         # Created, or changed in place (repinned, its lease stolen): rare, one read.
@@ -31,7 +31,7 @@ def audit_run_transition(sender, *, run_id, old, new, actor, reason, **kwargs):
         detail = with_facts(reason, "run", run_facts(run))
     AuditEvent.objects.create(
         actor=actor,
-        action="run.created" if not old else f"run.{new}",
+        action=action or ("run.created" if not old else f"run.{new}"),
         run_id=run_id,
         before=old,
         after=new,

@@ -33,7 +33,12 @@ print(json.dumps(sorted(app.tasks)))
 def test_a_fresh_worker_registers_every_task_that_is_scheduled_or_sent_to_it():
     result = subprocess.run(
         [sys.executable, "-c", REGISTERED],
-        env={**os.environ, "DESK_TESTING": "1", "SECRET_KEY": settings.SECRET_KEY},
+        env={
+            **os.environ,
+            "DESK_TESTING": "1",
+            "SECRET_KEY": settings.SECRET_KEY,
+            "DESK_ENCRYPTION_KEYS": settings.DESK_ENCRYPTION_KEYS,
+        },
         capture_output=True,
         text=True,
         timeout=120,

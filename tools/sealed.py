@@ -1,0 +1,229 @@
+"""Model fields whose values are sealed at rest (``tools.sealing``).
+
+``SealedTextField`` and ``SealedJSONField`` hold text and JSON as Python sees them
+and store them sealed under the ring's first key in a text column, with
+"table.column" as associated data. A stored value that cannot be opened reads back
+as a ``tools.sealing.Locked`` text (never an exception) and is written back as it
+was. SQL cannot look inside a sealed column: a lookup other than ``isnull`` or
+"is blank" is an error here, not a query that silently matches nothing; what SQL
+must read stays in clear columns (``ToolCall.facts``, the search indexes).
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.core.exceptions import FieldError
+from django.db import models
+from django.db.models import lookups
+
+from tools.sealing import Locked, seal, unseal
+
+
+class _SealedMixin:
+    sealed = True
+
+    def _context(self) -> str:
+        return f"{self.model._meta.db_table}.{self.column}"
+
+    def get_lookup(self, lookup_name):
+        if lookup_name in ("isnull", "exact", "in") or lookup_name == "blank":
+            return super().get_lookup(lookup_name)
+        raise FieldError(
+            f"{self.model.__name__}.{self.name} is encrypted at rest: SQL cannot read it "
+            f"({lookup_name!r}); use a clear column or the search index."
+        )
+
+    def get_transform(self, name):
+        raise FieldError(f"{self.model.__name__}.{self.name} is encrypted at rest: no {name!r} in SQL.")
+
+
+class _BlankOnly(lookups.Exact):
+    """``field=""`` (or ``field=None``): the one equality SQL can test on a sealed
+    column, since "" is stored as it is. Any other value would never match."""
+
+    def get_prep_lookup(self):
+        if self.rhs not in ("", None) and not hasattr(self.rhs, "resolve_expression"):
+            raise FieldError(
+                f"{self.lhs.output_field.model.__name__}.{self.lhs.output_field.name} is encrypted at "
+                "rest: only blank can be looked up in SQL."
+            )
+        return self.rhs
+
+    def process_rhs(self, compiler, connection):
+        return "%s", [self.rhs]
+
+
+class _NoIn(lookups.In):
+    def get_prep_lookup(self):
+        raise FieldError(f"{self.lhs.output_field.name} is encrypted at rest: no IN over it in SQL.")
+
+
+class SealedTextField(_SealedMixin, models.TextField):
+    """Text, sealed at rest; "" stays "" (filterable as blank)."""
+
+    def get_prep_value(self, value):
+        value = super().get_prep_value(value)
+        if value is None:
+            return None
+        return seal(value, self._context())
+
+    def from_db_value(self, value, expression, connection):
+        if value is None:
+            return None
+        return unseal(value, self._context())
+
+
+class SealedJSONField(_SealedMixin, models.JSONField):
+    """JSON, sealed at rest in a text column: its JSON text (``json.dumps``, as the
+    JSONField it replaces wrote) is what is sealed. SQL NULL stays NULL."""
+
+    def db_type(self, connection):
+        return connection.data_types["TextField"]
+
+    def cast_db_type(self, connection):
+        return self.db_type(connection)
+
+    def get_internal_type(self):
+        return "TextField"
+
+    def get_db_prep_value(self, value, connection, prepared=False):
+        if isinstance(value, Locked):
+            return value.stored
+        if not prepared:
+            value = self.get_prep_value(value)
+        return seal(json.dumps(value, cls=self.encoder), self._context())
+
+    def get_db_prep_save(self, value, connection):
+        if value is None:
+            return None
+        return self.get_db_prep_value(value, connection)
+
+    def from_db_value(self, value, expression, connection):
+        if value is None:
+            return None
+        text = unseal(value, self._context())
+        if isinstance(text, Locked):
+            return text
+        try:
+            return json.loads(text, cls=self.decoder)
+        except json.JSONDecodeError:
+            return text
+
+    def check(self, **kwargs):
+        # No JSON support is needed of the database: the column is text.
+        return models.Field.check(self, **kwargs)
+
+
+for _field in (SealedTextField, SealedJSONField):
+    _field.register_lookup(_BlankOnly, "exact")
+    _field.register_lookup(_NoIn, "in")
+
+
+def sealed_fields(model) -> list[models.Field]:
+    """The model's sealed concrete fields."""
+    return [f for f in model._meta.concrete_fields if getattr(f, "sealed", False)]
+
+
+def json_text(value) -> str:
+    """The words of a JSON value for the search index: its keys' values (strings and
+    numbers, at any depth), space-separated."""
+    out: list[str] = []
+
+    def walk(item) -> None:
+        if isinstance(item, dict):
+            for inner in item.values():
+                walk(inner)
+        elif isinstance(item, list | tuple):
+            for inner in item:
+                walk(inner)
+        elif item is not None and not isinstance(item, bool):
+            out.append(str(item))
+
+    walk(value)
+    return " ".join(out)
+
+
+class SearchIndexField(models.TextField):
+    """The keyed index of other fields' words (``tools.sealing.search_text``), set
+    from them whenever the row is saved or bulk-created: ``sources`` are field names,
+    text or JSON. Clear, but only keyed digests of words (or, with the ring off, the
+    words themselves, as clear as the columns)."""
+
+    def __init__(self, *args, sources: tuple[str, ...] = (), **kwargs):
+        self.sources = tuple(sources)
+        kwargs.setdefault("blank", True)
+        kwargs.setdefault("default", "")
+        kwargs.setdefault("editable", False)
+        super().__init__(*args, **kwargs)
+
+    def deconstruct(self):
+        name, path, args, kwargs = super().deconstruct()
+        kwargs["sources"] = self.sources
+        for key in ("blank", "default", "editable"):
+            kwargs.pop(key, None)
+        return name, path, args, kwargs
+
+    def pre_save(self, model_instance, add):
+        value = index_of(model_instance, self.sources)
+        setattr(model_instance, self.attname, value)
+        return value
+
+
+def index_of(instance, sources) -> str:
+    """The search index of ``instance``'s ``sources`` fields, as they are now."""
+    from tools.sealing import search_text
+
+    texts = []
+    for name in sources:
+        value = getattr(instance, name)
+        if isinstance(value, Locked):
+            continue  # a value that cannot be read indexes nothing (rotatekeys redoes it)
+        texts.append(value if isinstance(value, str) else json_text(value))
+    return search_text(*texts)
+
+
+class FactsField(models.JSONField):
+    """A call's clear facts (``tools.sealing.clear_facts``) of its ``source`` JSON
+    field, set from it whenever the row is saved or bulk-created: what SQL adds up
+    and compares (aggregate rules) while the arguments themselves are sealed."""
+
+    def __init__(self, *args, source: str = "input", **kwargs):
+        self.source = source
+        kwargs.setdefault("default", dict)
+        kwargs.setdefault("blank", True)
+        kwargs.setdefault("editable", False)
+        super().__init__(*args, **kwargs)
+
+    def deconstruct(self):
+        name, path, args, kwargs = super().deconstruct()
+        kwargs["source"] = self.source
+        for key in ("blank", "default", "editable"):
+            kwargs.pop(key, None)
+        return name, path, args, kwargs
+
+    def pre_save(self, model_instance, add):
+        from tools.sealing import clear_facts
+
+        source = getattr(model_instance, self.source)
+        if isinstance(source, Locked):
+            return getattr(model_instance, self.attname)  # unreadable: keep what it had
+        value = clear_facts(source)
+        setattr(model_instance, self.attname, value)
+        return value
+
+
+def index_match(paths: tuple[str, ...], query: str) -> models.Q | None:
+    """Rows where every word of ``query`` is in the search index at one of ``paths``
+    (``SearchIndexField`` lookups, e.g. "run__search"), under any key of the ring;
+    None when the query has no words."""
+    from tools.sealing import query_tokens
+
+    match = None
+    for tokens in query_tokens(query):
+        word = models.Q()
+        for path in paths:
+            for token in tokens:
+                word |= models.Q(**{f"{path}__contains": token})
+        match = word if match is None else match & word
+    return match

@@ -50,7 +50,14 @@ $(LOCAL_ENV):
 		"# this file; make reset removes it. Never copy it to a production machine." \
 		"DEBUG=1" > $@
 
-migrate: install $(LOCAL_ENV)
+# The local desk's key ring (desk/settings.py reads it with DEBUG on): made once,
+# kept by make run, removed by make reset with the databases it opens.
+LOCAL_KEYS := var/encryption-keys
+$(LOCAL_KEYS): | $(VENV)/.installed
+	@mkdir -p $(@D)
+	@umask 077 && $(BIN)/python -m tools.sealing newkey local1 > $@.tmp && mv $@.tmp $@
+
+migrate: install $(LOCAL_ENV) $(LOCAL_KEYS)
 	$(BIN)/python manage.py migrate --noinput -v0
 	$(BIN)/python manage.py migrate --database world --noinput -v0
 

@@ -290,7 +290,8 @@ class ApprovalRequestAdmin(ReadOnlyAdmin):
         "created_at",
     ]
     list_filter = ["kind", "status", "action", "rule", "tool_call__tool_name"]
-    search_fields = ["reason", "comment", "run__task"]
+    search_fields = ["reason"]
+    index_search = ("run__search", "tool_call__search")  # the task's and the arguments' words
     list_select_related = ["run", "tool_call", "rule", "decided_by"]
     inlines = [VoteInline, AuditInline]
 
@@ -299,7 +300,7 @@ class ApprovalRequestAdmin(ReadOnlyAdmin):
 class AuditEventAdmin(ReadOnlyAdmin):
     list_display = ["id", "created_at", "action", "run", "before", "after", "actor", "detail"]
     list_filter = ["action", "actor"]
-    search_fields = ["detail", "action"]
+    search_fields = ["action"]  # the detail is sealed at rest
     date_hierarchy = "created_at"
 
 
@@ -307,7 +308,7 @@ class AuditEventAdmin(ReadOnlyAdmin):
 class NotificationAdmin(ReadOnlyAdmin):
     list_display = ["id", "event", "recipient", "status", "attempts", "sent_at", "created_at", "last_error"]
     list_filter = ["status", "kind"]
-    search_fields = ["event", "recipient", "subject"]
+    search_fields = ["event", "recipient"]  # the subject is sealed at rest
     actions = ["resend"]
 
     def has_resend_permission(self, request) -> bool:

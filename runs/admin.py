@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from tools.sealed import index_match
+
 from .models import Run, Step, ToolCall
 
 
@@ -39,7 +41,20 @@ class StepInline(ReadOnlyInline):
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
-    """The record of what happened is not edited by hand."""
+    """The record of what happened is not edited by hand.
+
+    ``search_fields`` name clear columns only (a sealed one cannot be searched in
+    SQL); ``index_search`` names search indexes (``SearchIndexField`` paths), matched
+    word by word through the keyed index as well."""
+
+    index_search: tuple[str, ...] = ()
+
+    def get_search_results(self, request, queryset, search_term):
+        found, may_have_duplicates = super().get_search_results(request, queryset, search_term)
+        match = index_match(self.index_search, search_term) if self.index_search and search_term else None
+        if match is not None:
+            found = found | queryset.filter(match)
+        return found, may_have_duplicates
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -72,7 +87,8 @@ class RunAdmin(ReadOnlyAdmin):
     ]
     list_filter = ["status", "kind", "guard", "dry_run", "agent", "llm", "model"]
     list_select_related = ["requester"]
-    search_fields = ["task", "error", "session"]
+    search_fields = ["session"]
+    index_search = ("search",)  # the task's words
     date_hierarchy = "created_at"
     inlines = [StepInline, ToolCallInline]
 

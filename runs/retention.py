@@ -38,6 +38,9 @@ from django.db import transaction
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
+from tools.sealed import index_of
+from tools.sealing import clear_facts
+
 from .integrity import checkpoint_seal, verify_steps
 from .models import FINISHED_RUN_STATUSES, Message, Run, ToolCall
 
@@ -156,6 +159,13 @@ def kept_input(value, fields: set[str]):
     return {k: v for k, v in value.items() if k in fields}
 
 
+def _reindex(call: ToolCall) -> None:
+    """A call's clear facts and search index, of what its arguments hold now: a word
+    purged or redacted is no longer found (bulk_update does not run ``pre_save``)."""
+    call.facts = clear_facts(call.input)
+    call.search = index_of(call, ("input",))
+
+
 def _has_payload(call: ToolCall, fields: set[str]) -> bool:
     return (
         call.input != kept_input(call.input, fields)
@@ -211,8 +221,9 @@ def run_purge(
         for call in calls:
             call.input = kept_input(call.input, keep(call.tool_name))
             call.original_input = call.result = call.pre_state = None
+            _reindex(call)
         ToolCall.objects.bulk_update(
-            calls, ["input", "original_input", "result", "pre_state"], batch_size=500
+            calls, ["input", "original_input", "result", "pre_state", "facts", "search"], batch_size=500
         )
         Run.objects.filter(pk=run.pk).update(purged_at=timezone.now(), script=None)
         run.refresh_from_db()
@@ -305,13 +316,16 @@ def run_redact(
             new_original = redact_value(call.original_input, fields)
             if (new_input, new_original) != (call.input, call.original_input):
                 call.input, call.original_input = new_input, new_original
+                _reindex(call)
                 changed_calls.append(call)
         outcome.messages, outcome.calls = len(changed_messages), len(changed_calls)
         if dry_run:
             return outcome
         outcome.seal = checkpoint_seal(run)
         Message.objects.bulk_update(changed_messages, ["content"], batch_size=500)
-        ToolCall.objects.bulk_update(changed_calls, ["input", "original_input"], batch_size=500)
+        ToolCall.objects.bulk_update(
+            changed_calls, ["input", "original_input", "facts", "search"], batch_size=500
+        )
         Run.objects.filter(pk=run.pk).update(
             redacted_at=timezone.now(), script=redact_value(run.script, fields)
         )

@@ -38,20 +38,26 @@ class _SealedMixin:
         raise FieldError(f"{self.model.__name__}.{self.name} is encrypted at rest: no {name!r} in SQL.")
 
 
+# What stays clear because it says nothing: blank text, and JSON's empty values.
+BLANK_JSON = ("{}", "[]", '""')
+
+
 class _BlankOnly(lookups.Exact):
-    """``field=""`` (or ``field=None``): the one equality SQL can test on a sealed
-    column, since "" is stored as it is. Any other value would never match."""
+    """``field=""`` (``{}`` or ``[]`` for JSON): the one equality SQL can test on a
+    sealed column, since blanks are stored as they are. Any other value would never
+    match, so it is an error."""
 
     def get_prep_lookup(self):
-        if self.rhs not in ("", None) and not hasattr(self.rhs, "resolve_expression"):
+        field = self.lhs.output_field
+        if field.blank_stored(self.rhs) is None:
             raise FieldError(
-                f"{self.lhs.output_field.model.__name__}.{self.lhs.output_field.name} is encrypted at "
-                "rest: only blank can be looked up in SQL."
+                f"{field.model.__name__}.{field.name} is encrypted at rest: only blank can be looked up "
+                "in SQL."
             )
         return self.rhs
 
     def process_rhs(self, compiler, connection):
-        return "%s", [self.rhs]
+        return "%s", [self.lhs.output_field.blank_stored(self.rhs)]
 
 
 class _NoIn(lookups.In):
@@ -61,6 +67,9 @@ class _NoIn(lookups.In):
 
 class SealedTextField(_SealedMixin, models.TextField):
     """Text, sealed at rest; "" stays "" (filterable as blank)."""
+
+    def blank_stored(self, value) -> str | None:
+        return "" if value == "" else None
 
     def get_prep_value(self, value):
         value = super().get_prep_value(value)
@@ -87,16 +96,22 @@ class SealedJSONField(_SealedMixin, models.JSONField):
     def get_internal_type(self):
         return "TextField"
 
+    def blank_stored(self, value) -> str | None:
+        if isinstance(value, dict | list | str) and not value:
+            return json.dumps(value)
+        return None
+
     def get_db_prep_value(self, value, connection, prepared=False):
         if isinstance(value, Locked):
             return value.stored
         if not prepared:
             value = self.get_prep_value(value)
-        return seal(json.dumps(value, cls=self.encoder), self._context())
+        text = json.dumps(value, cls=self.encoder)
+        return text if text in BLANK_JSON else seal(text, self._context())
 
     def get_db_prep_save(self, value, connection):
-        if value is None:
-            return None
+        if value is None or hasattr(value, "as_sql"):
+            return value  # NULL, or an expression (bulk_update's CASE) compiled as it is
         return self.get_db_prep_value(value, connection)
 
     def from_db_value(self, value, expression, connection):

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tools.sealing import new_key
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # The Celery configuration as a worker started by Procfile.production reads it.
@@ -42,7 +44,7 @@ def running_it_for_real(tmp_path: Path) -> dict[str, str]:
     assert "DEBUG" not in env
     for name, value in env.items():
         if value.startswith("<"):
-            env[name] = secrets.token_urlsafe(50)
+            env[name] = new_key("prod1") if name == "DESK_ENCRYPTION_KEYS" else secrets.token_urlsafe(50)
     return {**env, "DESK_VAR_DIR": str(tmp_path / "var")}
 
 

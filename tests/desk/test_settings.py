@@ -16,6 +16,7 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 
 from desk.settings import parse_proxy_ssl_header
+from tools.sealing import new_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,6 +30,8 @@ def production_environment() -> dict[str, str]:
     assert "DEBUG" not in env
     assert env["SECRET_KEY"].startswith("<"), "the README must not publish a key"
     env["SECRET_KEY"] = secrets.token_urlsafe(50)
+    assert env["DESK_ENCRYPTION_KEYS"].startswith("<"), "the README must not publish a key"
+    env["DESK_ENCRYPTION_KEYS"] = new_key("prod1")
     return env
 
 
@@ -144,3 +147,14 @@ def test_weak_passwords_are_refused(password, message):
 
 def test_a_good_password_passes():
     validate_password("gate-keeper-at-the-desk", user=User(username="reviewer"))
+
+
+def test_it_refuses_to_start_with_debug_off_and_no_encryption_keys():
+    env = production_environment()
+    del env["DESK_ENCRYPTION_KEYS"]
+    result = manage("check", env=env)
+    assert result.returncode != 0
+    assert "will not start without DESK_ENCRYPTION_KEYS" in result.stderr
+    bad = manage("check", env={**env, "DESK_ENCRYPTION_KEYS": "k1:tooshort"})
+    assert bad.returncode != 0 and "key 'k1': not 32 bytes" in bad.stderr
+    assert "tooshort" not in bad.stderr

@@ -122,7 +122,7 @@ def record_purge(keep: AggregateFields):
         for proposal in Proposal.objects.filter(approval__run=run).select_related("approval__tool_call"):
             call = proposal.approval.tool_call
             proposal.input = retention.kept_input(proposal.input, keep(call.tool_name) if call else set())
-            proposal.save(update_fields=["input"])
+            proposal.save(update_fields=["input", "search"])  # its index, of what is left
         # A guard's findings quote the model's calls and replies.
         run.approvals.exclude(detail={}).update(detail={})
         AuditEvent.objects.create(
@@ -141,7 +141,7 @@ def record_redaction(fields: frozenset[str]):
             redacted = retention.redact_value(proposal.input, fields)
             if redacted != proposal.input:
                 proposal.input = redacted
-                proposal.save(update_fields=["input"])
+                proposal.save(update_fields=["input", "search"])  # its index, of what is left
         for approval in run.approvals.exclude(detail={}):
             approval.detail = retention.redact_value(approval.detail, fields)
             approval.save(update_fields=["detail"])

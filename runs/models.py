@@ -372,7 +372,7 @@ class ToolCall(models.Model):
     input = SealedJSONField()
     # In clear, for SQL: numbers as they are, other values as keyed digests
     # (aggregate rules add up and compare these); and the arguments' words, keyed.
-    facts = FactsField(source="input")
+    facts = FactsField(sources=("input",))
     search = SearchIndexField(sources=("input",))
     # The model's own arguments when a reviewer edited them before approving.
     original_input = SealedJSONField(null=True, blank=True)

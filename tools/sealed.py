@@ -159,30 +159,41 @@ def json_text(value) -> str:
     return " ".join(out)
 
 
-class SearchIndexField(models.TextField):
-    """The keyed index of other fields' words (``tools.sealing.search_text``), set
-    from them whenever the row is saved or bulk-created: ``sources`` are field names,
-    text or JSON. Clear, but only keyed digests of words (or, with the ring off, the
-    words themselves, as clear as the columns)."""
+class _Derived:
+    """A clear column computed from ``sources`` (field names) whenever the row is
+    saved or bulk-created (``pre_save`` runs for both); ``derive`` returns None to
+    keep what the column had."""
+
+    empty = None
 
     def __init__(self, *args, sources: tuple[str, ...] = (), **kwargs):
         self.sources = tuple(sources)
-        kwargs.setdefault("blank", True)
-        kwargs.setdefault("default", "")
-        kwargs.setdefault("editable", False)
+        kwargs.update(blank=True, editable=False, default=self.empty)
         super().__init__(*args, **kwargs)
 
     def deconstruct(self):
         name, path, args, kwargs = super().deconstruct()
-        kwargs["sources"] = self.sources
         for key in ("blank", "default", "editable"):
             kwargs.pop(key, None)
-        return name, path, args, kwargs
+        return name, path, args, {**kwargs, "sources": self.sources}
 
     def pre_save(self, model_instance, add):
-        value = index_of(model_instance, self.sources)
+        value = self.derive(model_instance)
+        if value is None:
+            return getattr(model_instance, self.attname)
         setattr(model_instance, self.attname, value)
         return value
+
+
+class SearchIndexField(_Derived, models.TextField):
+    """The keyed index of the ``sources`` fields' words (text or JSON;
+    ``tools.sealing.search_text``): clear, but only keyed digests of words (with the
+    ring off, the words themselves, as clear as the columns)."""
+
+    empty = ""
+
+    def derive(self, instance) -> str:
+        return index_of(instance, self.sources)
 
 
 def index_of(instance, sources) -> str:
@@ -198,34 +209,19 @@ def index_of(instance, sources) -> str:
     return search_text(*texts)
 
 
-class FactsField(models.JSONField):
-    """A call's clear facts (``tools.sealing.clear_facts``) of its ``source`` JSON
-    field, set from it whenever the row is saved or bulk-created: what SQL adds up
-    and compares (aggregate rules) while the arguments themselves are sealed."""
+class FactsField(_Derived, models.JSONField):
+    """A call's clear facts (``tools.sealing.clear_facts``) of its one source, JSON
+    arguments: what SQL adds up and compares (aggregate rules) while the arguments
+    themselves are sealed. An unreadable source keeps the facts it had."""
 
-    def __init__(self, *args, source: str = "input", **kwargs):
-        self.source = source
-        kwargs.setdefault("default", dict)
-        kwargs.setdefault("blank", True)
-        kwargs.setdefault("editable", False)
-        super().__init__(*args, **kwargs)
+    empty = dict
 
-    def deconstruct(self):
-        name, path, args, kwargs = super().deconstruct()
-        kwargs["source"] = self.source
-        for key in ("blank", "default", "editable"):
-            kwargs.pop(key, None)
-        return name, path, args, kwargs
-
-    def pre_save(self, model_instance, add):
+    def derive(self, instance) -> dict | None:
         from tools.sealing import clear_facts
 
-        source = getattr(model_instance, self.source)
-        if isinstance(source, Locked):
-            return getattr(model_instance, self.attname)  # unreadable: keep what it had
-        value = clear_facts(source)
-        setattr(model_instance, self.attname, value)
-        return value
+        (source,) = self.sources
+        value = getattr(instance, source)
+        return None if isinstance(value, Locked) else clear_facts(value)
 
 
 def index_match(paths: tuple[str, ...], query: str) -> models.Q | None:

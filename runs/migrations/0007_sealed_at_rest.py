@@ -37,7 +37,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='toolcall',
             name='facts',
-            field=tools.sealed.FactsField(source='input'),
+            field=tools.sealed.FactsField(sources=('input',)),
         ),
         migrations.AddField(
             model_name='toolcall',

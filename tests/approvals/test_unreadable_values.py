@@ -146,8 +146,8 @@ def test_the_api_answers_with_what_cannot_be_read(unreadable, users):
 @pytest.fixture(params=["missing", "altered"])
 def decided_unreadable(request, users):
     """The demo run to the end, its refund approved with a comment; the refund's
-    result, the approval's comment, the vote's comment and the run's error made
-    unreadable. The run, the refund's approval, and what the desk must say."""
+    result and original arguments, the approval's comment, the vote's comment and
+    the run's error made unreadable. The run, the refund's approval, and what the desk must say."""
     run = start(task=DEMO_TASK, requester=users["requester"])
     approval = pending(run)
     decide(approval, users["reviewer"], Decision.approve(comment="Checked the photo."))
@@ -158,6 +158,8 @@ def decided_unreadable(request, users):
         "comment": (ApprovalRequest, "comment", approval.pk),
         "vote": (ApprovalVote, "comment", ApprovalVote.objects.get(approval=approval).pk),
         "error": (Run, "error", run.pk),
+        # As if edited: verify recomputes the result the model read from both arguments.
+        "original": (ToolCall, "original_input", refund.pk),
     }
     for name, (model, column, pk) in values.items():
         context = f"{model._meta.db_table}.{column}"
@@ -180,15 +182,28 @@ def test_a_decided_record_shows_what_cannot_be_read(decided_unreadable, users):
     for url, names in (
         (f"/runs/{run.pk}/", ("result", "comment")),
         (f"/desk/approvals/{approval.pk}/", ("comment",)),
-        (f"/runs/{run.pk}/steps/{run.step}/", ()),
+        (f"/runs/{run.pk}/steps/{run.step - 1}/", ()),  # the last closed step
         (f"/runs/{run.pk}/integrity", ()),
         ("/runs/", ()),
     ):
         assert_says(get_html(reviewer, url), said, *names, where=url)
     run_command("runstatus", str(run.pk))
+    run_command("showcheckpoint", str(run.pk), "--step", str(run.step - 1))
     json.loads(run_command("runstatus", str(run.pk), "--json"))
     api = Api(users["reviewer"])
     for path in (f"/runs/{run.pk}", f"/runs/{run.pk}/transcript", f"/approvals/{approval.pk}", "/approvals"):
         response = api.get(path)
         assert response.status_code == 200, f"GET {path}: {response.status_code} {response.content[:300]}"
     assert_says(api.get(f"/approvals/{approval.pk}").content.decode(), said, "comment", where="the API")
+
+
+def test_verifying_a_run_whose_edited_arguments_cannot_be_read_says_so(users):
+    """The integrity page recomputes the result the model read of an edited call from
+    its original and its edited arguments: one of them unreadable still gets the page
+    (and runstatus) an answer, not a 500."""
+    run = approve_all(start(task=DEMO_TASK, requester=users["requester"]), users["reviewer"])
+    refund = ToolCall.objects.get(run=run, tool_name="refund_item")
+    context = f"{ToolCall._meta.db_table}.original_input"
+    _write(ToolCall, "original_input", refund.pk, seal(json.dumps({"x": 1}), context, gone("original")))
+    get_html(client_for(users["reviewer"]), f"/runs/{run.pk}/integrity")
+    run_command("runstatus", str(run.pk))

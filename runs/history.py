@@ -45,12 +45,16 @@ def tool_result_block(call: ToolCall) -> dict:
     text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
     if call.original_input is not None:
         # Tell the model what ran, so it does not retry its original request.
-        changes = ", ".join(
-            f"{key}: {json.dumps(call.original_input.get(key), ensure_ascii=False)} -> "
-            f"{json.dumps(call.input.get(key), ensure_ascii=False)}"
-            for key in sorted(set(call.original_input) | set(call.input))
-            if call.original_input.get(key) != call.input.get(key)
-        )
+        before, after = call.original_input, call.input
+        if isinstance(before, dict) and isinstance(after, dict):
+            changes = ", ".join(
+                f"{key}: {json.dumps(before.get(key), ensure_ascii=False)} -> "
+                f"{json.dumps(after.get(key), ensure_ascii=False)}"
+                for key in sorted(set(before) | set(after))
+                if before.get(key) != after.get(key)
+            )
+        else:  # arguments that cannot be read (a tools.sealing.Locked text says why)
+            changes = str(after if not isinstance(after, dict) else before)
         text = (
             f"A reviewer edited the arguments before this ran ({changes}). It ran once, with "
             f"the edited arguments; do not retry the original. Result: {text}"

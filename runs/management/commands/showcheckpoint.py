@@ -9,7 +9,15 @@ from runs.selectors import checkpoint
 from ._common import run_by_id, step_number
 
 
+def _blocks(content) -> list:
+    """A message's blocks; a content that cannot be read (a ``tools.sealing.Locked``
+    text, which says why) is one block of its own."""
+    return content if isinstance(content, list) else [content]
+
+
 def _block_text(block: dict) -> str:
+    if not isinstance(block, dict):
+        return str(block)
     kind = block.get("type")
     if kind == "text":
         return block["text"]
@@ -46,8 +54,8 @@ class Command(BaseCommand):
         if data["retention"]:
             self.stdout.write(f"  {data['retention']}")
         for message in data["seen"]:
-            for block in message["content"]:
+            for block in _blocks(message["content"]):
                 self.stdout.write(f"  #{message['seq']} {message['role']}: {_block_text(block)}")
         if data["reply"]:
-            for block in data["reply"]:
+            for block in _blocks(data["reply"]):
                 self.stdout.write(f"  -> reply: {_block_text(block)}")

@@ -12,10 +12,15 @@ import pytest
 from django.db import connection
 from django.test import override_settings
 
+from approvals.decisions.decision import Decision
+from approvals.models import ApprovalRequest, ApprovalVote, Proposal
+from approvals.policy.errors import NotAllowed
 from runs.engine import Outcome
 from runs.models import Message, Run, Step, ToolCall
 from runs.services import run_create
 from runs.tasks import advance_run
+from tests.helpers import decide, pending, start
+from tools.refund_desk.agent import DEMO_TASK
 from tools.sealing import new_key, parse_ring, seal
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
@@ -105,3 +110,30 @@ def test_a_run_sealed_under_a_missing_key_waits_untouched_and_resumes_when_the_k
     run.refresh_from_db()
     assert run.status in (Run.Status.WAITING_APPROVAL, Run.Status.DONE)
     assert counts(run)[1] >= 1  # it took its steps
+
+
+def test_a_pending_call_whose_arguments_are_sealed_under_a_missing_key_cannot_be_decided(demo, users, rings):
+    without, both, gone = rings
+    run = start(task=DEMO_TASK, requester=users["requester"])
+    approval = pending(run)
+    proposal = Proposal.objects.get(pk=approval.proposal_id)
+    seal_raw(Proposal._meta.db_table, "input", proposal.pk, json.dumps(proposal.input), gone)
+    call = approval.tool_call
+    seal_raw(ToolCall._meta.db_table, "input", call.pk, json.dumps(call.input), gone)
+
+    with override_settings(DESK_ENCRYPTION_KEYS=without):
+        with pytest.raises(NotAllowed) as refused:
+            decide(pending(run), users["reviewer"])
+        assert str(refused.value) == (
+            "The call's arguments are encrypted with key gone, not loaded: load the key to decide."
+        )
+        with pytest.raises(NotAllowed):
+            decide(pending(run), users["reviewer"], Decision.decline("cannot see it"))
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.PENDING
+    assert not ApprovalVote.objects.filter(proposal_id=approval.proposal_id).exists()
+
+    with override_settings(DESK_ENCRYPTION_KEYS=both):
+        decide(pending(run), users["reviewer"])  # the key is back: the reviewer sees and decides
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.APPROVED

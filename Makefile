@@ -102,6 +102,7 @@ lint: install-dev
 # The bench measures with DEBUG off, as in production: a throwaway key, no web.
 bench: install
 	$(BIN)/python bench/step_overhead.py
+	$(BIN)/python bench/sealing.py
 	$(BIN)/python bench/gate_aggregates.py
 	$(BIN)/python bench/rawsql.py
 	$(BIN)/python bench/stuck.py

@@ -50,6 +50,12 @@ from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# A fixed bench ring (32 bytes anyone can read: never a real key), so a seeded database
+# opens again on the next run; DESK_ENCRYPTION_KEYS in the environment overrides it.
+BENCH_RING = "bench:Y291bnRlcnNpZ24tYmVuY2gtcmluZy0zMi1ieXRlcyE"
+RING = os.environ.get("DESK_ENCRYPTION_KEYS", BENCH_RING)  # --ring off: clear columns
+
 PG = "postgres://countersign:countersign@127.0.0.1:5432/{}"
 DESK_DB, WORLD_DB = "cs_desk", "cs_desk_world"
 PASSWORD = "bench-desk-password"
@@ -84,6 +90,7 @@ def environment() -> dict[str, str]:
         "DJANGO_SETTINGS_MODULE": "desk.settings",
         "DEBUG": "0",
         "SECRET_KEY": "bench-desk-" + "k" * 60,
+        "DESK_ENCRYPTION_KEYS": RING,
         "ALLOWED_HOSTS": "127.0.0.1,localhost,testserver",
         "DESK_DEMO_PASSWORD": PASSWORD,
         "DESK_VAR_DIR": "/tmp/bench-desk-var",
@@ -385,7 +392,7 @@ def p95(times: list[float]) -> float:
 
 
 def main() -> None:
-    global DESK_DB, WORLD_DB
+    global DESK_DB, WORLD_DB, RING
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1000,10000,100000", help="pending approvals, ascending")
     parser.add_argument("--db", default=DESK_DB, help="the desk's database (the world's: NAME_world)")
@@ -396,14 +403,28 @@ def main() -> None:
         action="store_true",
         help="keep the databases of an earlier run (seed only what is missing)",
     )
+    parser.add_argument(
+        "--ring",
+        choices=("on", "off"),
+        default="on",
+        help="seal at rest under the bench ring (as in production), or off: clear columns, in "
+        "databases of their own (NAME_clear), since a sealed database does not open with the ring off",
+    )
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
+    if args.ring == "off":
+        RING = "off"
+        if args.db == DESK_DB:
+            args.db = f"{DESK_DB}_clear"
     DESK_DB, WORLD_DB = args.db, f"{args.db}_world"
     ensure_services()
     if not args.reuse:
         fresh_databases()
     setup_django()
-    print(f"bench/desk.py --sizes {args.sizes} --requests {args.requests}; loadavg at start {loadavg()}")
+    print(
+        f"bench/desk.py --sizes {args.sizes} --requests {args.requests} --ring {args.ring}; "
+        f"loadavg at start {loadavg()}"
+    )
     print(f"PostgreSQL databases {DESK_DB}, {WORLD_DB}; gunicorn, 2 sync workers, DEBUG off")
     rows = []
     from approvals.models import ApprovalRequest

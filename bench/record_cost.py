@@ -35,6 +35,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# A fixed bench ring (32 bytes anyone can read: never a real key), so a seeded database
+# opens again on the next run; DESK_ENCRYPTION_KEYS in the environment overrides it.
+BENCH_RING = "bench:Y291bnRlcnNpZ24tYmVuY2gtcmluZy0zMi1ieXRlcyE"
+
 
 def worker(root: Path, kind: str, n: int, out: Path) -> None:
     db_dir = Path(tempfile.mkdtemp(prefix="record-cost-"))
@@ -46,6 +50,7 @@ def worker(root: Path, kind: str, n: int, out: Path) -> None:
         DJANGO_SETTINGS_MODULE="desk.settings",
         DEBUG="0",
         SECRET_KEY="bench-" + "k" * 60,
+        DESK_ENCRYPTION_KEYS=os.environ.get("DESK_ENCRYPTION_KEYS", BENCH_RING),
         ALLOWED_HOSTS="localhost",
         DESK_DEMO_PASSWORD="bench-password-1",
     )

@@ -70,6 +70,11 @@ from decimal import Decimal
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# A fixed bench ring (32 bytes anyone can read: never a real key), so a seeded database
+# opens again on the next run; DESK_ENCRYPTION_KEYS in the environment overrides it.
+BENCH_RING = "bench:Y291bnRlcnNpZ24tYmVuY2gtcmluZy0zMi1ieXRlcyE"
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from services import ensure_services, flush_redis, fresh_databases, redis_url  # noqa: E402
@@ -918,6 +923,7 @@ def setup(args, work: Path) -> dict:
         "DJANGO_SETTINGS_MODULE": "desk.settings",
         "DEBUG": "0",
         "SECRET_KEY": "soak-" + "s" * 60,
+        "DESK_ENCRYPTION_KEYS": os.environ.get("DESK_ENCRYPTION_KEYS", BENCH_RING),
         "ALLOWED_HOSTS": "localhost",
         "DATABASE_URL": desk_url,
         "WORLD_DATABASE_URL": world_url,

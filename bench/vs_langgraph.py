@@ -60,6 +60,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# A fixed bench ring (32 bytes anyone can read: never a real key), so a seeded database
+# opens again on the next run; DESK_ENCRYPTION_KEYS in the environment overrides it.
+BENCH_RING = "bench:Y291bnRlcnNpZ24tYmVuY2gtcmluZy0zMi1ieXRlcyE"
+
 BENCH = Path(__file__).resolve().parent
 SIDES = ("countersign", "lg-default", "lg-delta")
 TOOLS = ("noop", "get_order")
@@ -118,6 +123,7 @@ def setup_countersign(root: Path, db_dir: Path) -> None:
     os.environ["DJANGO_SETTINGS_MODULE"] = "desk.settings"
     os.environ["DEBUG"] = "0"
     os.environ.setdefault("SECRET_KEY", "bench-" + "k" * 60)
+    os.environ.setdefault("DESK_ENCRYPTION_KEYS", BENCH_RING)  # sealed, as in production
     os.environ.setdefault("ALLOWED_HOSTS", "localhost")
     import django
 

@@ -24,6 +24,7 @@ from runs.models import Message, Step, ToolCall
 from runs.reasons import money_reason
 from runs.selectors import VIEW_ALL_PERMISSION
 from tools.registry import ReviewContext, arguments_in_order, canonical_json, find_tool
+from tools.sealing import Locked
 
 # Which groups an approval requires (the many-to-many's table).
 REQUIRED_GROUPS = ApprovalRequest.required_groups.through
@@ -103,6 +104,36 @@ def decide_refusal(*, user, approval: ApprovalRequest) -> str | None:
         return f"Only members of {group_names(approval)} may decide this approval."
     if approval.run.requester_id == user.pk and not approval.allow_self_approval:
         return "You requested this run; someone else must decide it."
+    return sealed_refusal(approval)
+
+
+def sealed_refusal(approval: ApprovalRequest) -> str | None:
+    """Why nobody may decide ``approval`` while the ring lacks a key: the arguments
+    that would run (the proposal's, or the call's) are sealed under a key not loaded,
+    so a reviewer would decide on a placeholder, not on what runs (issue 23)."""
+    if approval.proposal_id:
+        held = approval.proposal.input
+    elif approval.tool_call_id:
+        held = approval.tool_call.input
+    else:
+        return None  # a guard's request: no arguments of its own
+    locked = _missing_key(held)
+    if locked is None:
+        return None
+    return f"The call's arguments are encrypted with key {locked}, not loaded: load the key to decide."
+
+
+def _missing_key(value) -> str | None:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Locked):
+            if item.reason == "missing":
+                return item.key_id
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
     return None
 
 

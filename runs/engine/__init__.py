@@ -15,13 +15,14 @@ from .advance import run_advance, run_advance_until_settled
 from .execution import CALLER_RUNS_IT, MAX_UNKNOWN_OUTCOME_ATTEMPTS
 from .lease import lease_claim, new_lease_owner
 from .loop import RunStepper, llm_for_run
-from .outcomes import CARRY_ON, AdvanceResult, LeaseLost, Outcome
+from .outcomes import CARRY_ON, AdvanceResult, KeyNotLoaded, LeaseLost, Outcome
 
 __all__ = [
     "CALLER_RUNS_IT",
     "CARRY_ON",
     "MAX_UNKNOWN_OUTCOME_ATTEMPTS",
     "AdvanceResult",
+    "KeyNotLoaded",
     "LeaseLost",
     "Outcome",
     "RunStepper",

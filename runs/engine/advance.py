@@ -16,7 +16,7 @@ from ..models import Run, RunGuard
 from ..services import version_mismatch
 from .lease import lease_claim, new_lease_owner
 from .loop import RunStepper
-from .outcomes import CARRY_ON, AdvanceResult, LeaseLost, Outcome, fail_run, wait_for_person
+from .outcomes import CARRY_ON, AdvanceResult, KeyNotLoaded, LeaseLost, Outcome, fail_run, wait_for_person
 
 log = logging.getLogger("runs.engine")
 
@@ -24,7 +24,11 @@ log = logging.getLogger("runs.engine")
 def run_advance(run_id: int, *, owner: str | None = None, llm: LLM | None = None) -> AdvanceResult:
     """Advance the run until it pauses, ends, or must retry later."""
     owner = owner or new_lease_owner()
-    run = lease_claim(run_id, owner)
+    try:
+        run = lease_claim(run_id, owner)
+    except KeyNotLoaded as exc:
+        # Checked as claimed, before the claim wrote: the run is as it was.
+        return _wait_for_key(run_id, None, exc)
     if run is None:
         return AdvanceResult(Outcome.BUSY)
     log.debug("run %s: lease claimed at %.6f", run_id, time.time())
@@ -39,6 +43,8 @@ def run_advance(run_id: int, *, owner: str | None = None, llm: LLM | None = None
             result = stepper.step()
             if result is not CARRY_ON:
                 return result
+    except KeyNotLoaded as exc:
+        return _wait_for_key(run_id, owner, exc)
     except LeaseLost:
         log.warning("run %s: lease lost by %s; stopping", run_id, owner)
         return AdvanceResult(Outcome.LOST)
@@ -70,6 +76,31 @@ def run_advance_until_settled(run_id: int, *, llm: LLM | None = None, sleep=None
         if result.outcome != Outcome.RETRY:
             return result
         sleep(result.retry_after or 1)
+
+
+# How long a run whose key is not loaded waits before it is tried again.
+KEY_WAIT_SECONDS = 60.0
+
+
+def _wait_for_key(run_id: int, owner: str | None, exc: KeyNotLoaded) -> AdvanceResult:
+    """A value the step needs is sealed under a key not in the ring: no step ran and
+    nothing of it was written. The run keeps its status and its error; the lease, if
+    taken, is let go with a "not before" so the sweeper (or the worker's re-scheduled
+    nudge) tries again once the key may be back. Not counted as an attempt: nothing
+    failed, and nothing is lost by waiting."""
+    if owner is not None:
+        Run.objects.filter(pk=run_id, lease_owner=owner).update(
+            lease_owner="", lease_until=timezone.now() + timedelta(seconds=KEY_WAIT_SECONDS)
+        )
+    log.error(
+        "run %s: waiting for key %s: %s is encrypted with it and the ring does not hold it "
+        "(DESK_ENCRYPTION_KEYS); no step ran, retry in %.0fs",
+        run_id,
+        exc.key_id,
+        exc.what,
+        KEY_WAIT_SECONDS,
+    )
+    return AdvanceResult(Outcome.RETRY, retry_after=KEY_WAIT_SECONDS)
 
 
 def _hold_for_retry(run: Run, owner: str, exc: TransientLLMError) -> AdvanceResult:

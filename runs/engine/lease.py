@@ -15,7 +15,10 @@ from ..models import Run, RunStatus
 from ..rawsql import update_rows
 from ..services import lease_deadline
 from ..signals import run_transitioned
-from .outcomes import LeaseLost
+from .outcomes import LeaseLost, require_open
+
+# The run's own sealed values a step reads: checked as claimed, before the claim writes.
+RUN_SEALED = ("task", "params", "script", "verification")
 
 
 def new_lease_owner() -> str:
@@ -25,7 +28,8 @@ def new_lease_owner() -> str:
 def lease_claim(run_id: int, owner: str) -> Run | None:
     """Take the run's lease if it is free or expired: the run as claimed, or None
     (someone else holds it, or it is neither queued nor running). Losing the race is
-    normal."""
+    normal. KeyNotLoaded, with nothing written, if the run's task, parameters, script or
+    verification is sealed under a key the ring does not hold."""
     now = timezone.now()
     free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
     with transaction.atomic():
@@ -38,6 +42,8 @@ def lease_claim(run_id: int, owner: str) -> Run | None:
         )
         if run is None:
             return None
+        for name in RUN_SEALED:
+            require_open(getattr(run, name), f"Run.{name}")
         old = run.status
         fields = {
             "status": RunStatus.RUNNING,

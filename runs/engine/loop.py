@@ -65,10 +65,28 @@ from .outcomes import (
     Outcome,
     StepResult,
     fail_run,
+    require_open,
 )
 from .proposals import Proposals, Proposing, check_reply
 
 log = logging.getLogger("runs.engine")
+
+
+def _open_messages(messages) -> list[dict]:
+    """The messages as the model reads them; KeyNotLoaded (before the step writes
+    anything) if one is sealed under a key the ring does not hold."""
+    transcript = []
+    for message in messages:
+        require_open(message.content, "Message.content")
+        transcript.append(message.as_model_message())
+    return transcript
+
+
+def _open_call(call: ToolCall) -> ToolCall:
+    """The call, if the step can read what it runs on and what it came to."""
+    for name in ("input", "original_input", "result", "pre_state", "compensation"):
+        require_open(getattr(call, name), f"ToolCall.{name}")
+    return call
 
 
 def llm_for_run(run: Run) -> LLM:
@@ -124,7 +142,7 @@ class RunStepper(Proposing, Executing, Guarding):
             self.offset, messages = 0, transcript_messages(run)
         else:
             messages = Message.objects.live().filter(run=run, seq__gte=self.offset).order_by("seq")
-        self.transcript = [m.as_model_message() for m in messages]
+        self.transcript = _open_messages(messages)
         self._history_loaded = False
         # A fork replays its parent's history: calls the parent already made at
         # the same place get the parent's recorded result, and nothing runs.
@@ -133,7 +151,7 @@ class RunStepper(Proposing, Executing, Guarding):
             parent_calls = ToolCall.objects.live().filter(
                 run_id=run.parent_id, step__gte=run.fork_step, status=CallStatus.COMMITTED
             )
-            self.parent_calls = {(c.step, c.position): c for c in parent_calls}
+            self.parent_calls = {(c.step, c.position): _open_call(c) for c in parent_calls}
         # Reads executed by _work whose results are written when the step closes
         # (or pauses): a crash before that just reads again.
         self.unsaved_reads: list[tuple[ToolCall, str]] = []  # (call, status before its read)
@@ -175,6 +193,7 @@ class RunStepper(Proposing, Executing, Guarding):
         for tool_name, status, result, is_error, key, attempts in closed.values_list(
             "tool_name", "status", "result", "is_error", "idempotency_key", "attempts"
         ):
+            require_open(result, "ToolCall.result")
             self._learn(tool_name, status, result, is_error, stands_in=stood_in(key, status, attempts))
 
     def _load_history(self) -> None:
@@ -185,7 +204,7 @@ class RunStepper(Proposing, Executing, Guarding):
         self._history_loaded = True
         if self.offset:
             earlier = transcript_messages(self.run, limit=self.offset)
-            self.transcript[:0] = [m.as_model_message() for m in earlier]
+            self.transcript[:0] = _open_messages(earlier)
             self.offset = 0
         self.input_estimate = estimate_tokens(self.agent.system) + estimate_tokens(self.tools_for_model)
         self.input_growth = 0
@@ -443,7 +462,8 @@ class RunStepper(Proposing, Executing, Guarding):
             self.transcript.append(message)
 
     def _saved_calls(self) -> list[ToolCall]:
-        return list(ToolCall.objects.live().filter(run=self.run, step=self.run.step).order_by("position"))
+        calls = ToolCall.objects.live().filter(run=self.run, step=self.run.step).order_by("position")
+        return [_open_call(call) for call in calls]
 
     def _digest(self, *, message_count: int, status: str, closing: list[dict], calls: list[ToolCall]) -> str:
         """The digest of the step being closed: the messages since the last checkpoint

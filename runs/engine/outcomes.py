@@ -13,6 +13,8 @@ from typing import Final
 
 from django.db import transaction
 
+from tools.sealing import Locked
+
 from ..models import CallStatus, Run, RunStatus
 from ..services import TransitionConflict, run_transition
 
@@ -85,3 +87,31 @@ def fail_run(run: Run, owner: str, reason: str) -> None:
             )
         except TransitionConflict:
             log.warning("run %s: could not mark failed (%s): no longer ours", run.pk, reason)
+
+
+class KeyNotLoaded(Exception):
+    """A value the step needs is sealed under a key that is not in the ring.
+
+    Raised before the step writes anything: the step must not run on a placeholder
+    ("encrypted with key K, not loaded") as if it were the task or the transcript.
+    The run keeps its status and resumes once the key is back (``run_advance``)."""
+
+    def __init__(self, key_id: str, what: str) -> None:
+        super().__init__(f"{what} is encrypted with key {key_id}, not loaded")
+        self.key_id, self.what = key_id, what
+
+
+def require_open(value, what: str) -> None:
+    """KeyNotLoaded if ``value`` (a text, or JSON: lists and dicts walked) is, or
+    holds, a value sealed under a missing key. An altered value is not a missing key:
+    it is left to the step (and ``verify``) as any other bad input."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Locked):
+            if item.reason == "missing":
+                raise KeyNotLoaded(item.key_id, what)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)

@@ -149,6 +149,21 @@ class Locked(str):
         return value
 
 
+def find_locked(value) -> Locked | None:
+    """The first ``Locked`` value in ``value`` (a text, or JSON: lists and dicts
+    walked), or None when all of it could be read."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Locked):
+            return item
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return None
+
+
 def key_id_of(stored: str | None) -> str | None:
     """The id of the key a stored value is sealed with; None for a clear one."""
     if not isinstance(stored, str) or not stored.startswith(PREFIX):

@@ -24,7 +24,7 @@ from runs.models import Message, Step, ToolCall
 from runs.reasons import money_reason
 from runs.selectors import VIEW_ALL_PERMISSION
 from tools.registry import ReviewContext, arguments_in_order, canonical_json, find_tool
-from tools.sealing import Locked
+from tools.sealing import find_locked
 
 # Which groups an approval requires (the many-to-many's table).
 REQUIRED_GROUPS = ApprovalRequest.required_groups.through
@@ -108,33 +108,25 @@ def decide_refusal(*, user, approval: ApprovalRequest) -> str | None:
 
 
 def sealed_refusal(approval: ApprovalRequest) -> str | None:
-    """Why nobody may decide ``approval`` while the ring lacks a key: the arguments
-    that would run (the proposal's, or the call's) are sealed under a key not loaded,
-    so a reviewer would decide on a placeholder, not on what runs (issue 23)."""
+    """Why nobody may decide ``approval`` while the arguments that would run (the
+    proposal's, or the call's) cannot be opened: a reviewer would decide on a
+    placeholder, not on what runs."""
     if approval.proposal_id:
         held = approval.proposal.input
     elif approval.tool_call_id:
         held = approval.tool_call.input
     else:
         return None  # a guard's request: no arguments of its own
-    locked = _missing_key(held)
+    locked = find_locked(held)
     if locked is None:
         return None
-    return f"The call's arguments are encrypted with key {locked}, not loaded: load the key to decide."
-
-
-def _missing_key(value) -> str | None:
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, Locked):
-            if item.reason == "missing":
-                return item.key_id
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-    return None
+    if locked.reason == "missing":
+        key = locked.key_id
+        return f"The call's arguments are encrypted with key {key}, not loaded: load the key to decide."
+    return (
+        f"The call's arguments do not authenticate under key {locked.key_id} (altered or moved in the "
+        "database): nobody may decide on them; manage.py verify names the record."
+    )
 
 
 def has_approved_current(user, approval: ApprovalRequest) -> bool:

@@ -92,14 +92,7 @@ def _wait_for_key(run_id: int, owner: str | None, exc: KeyNotLoaded) -> AdvanceR
         Run.objects.filter(pk=run_id, lease_owner=owner).update(
             lease_owner="", lease_until=timezone.now() + timedelta(seconds=KEY_WAIT_SECONDS)
         )
-    log.error(
-        "run %s: waiting for key %s: %s is encrypted with it and the ring does not hold it "
-        "(DESK_ENCRYPTION_KEYS); no step ran, retry in %.0fs",
-        run_id,
-        exc.key_id,
-        exc.what,
-        KEY_WAIT_SECONDS,
-    )
+    log.error("run %s: waiting: %s; no step ran, retry in %.0fs", run_id, exc, KEY_WAIT_SECONDS)
     return AdvanceResult(Outcome.RETRY, retry_after=KEY_WAIT_SECONDS)
 
 

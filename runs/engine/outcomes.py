@@ -13,7 +13,7 @@ from typing import Final
 
 from django.db import transaction
 
-from tools.sealing import Locked
+from tools.sealing import find_locked
 
 from ..models import CallStatus, Run, RunStatus
 from ..services import TransitionConflict, run_transition
@@ -90,28 +90,28 @@ def fail_run(run: Run, owner: str, reason: str) -> None:
 
 
 class KeyNotLoaded(Exception):
-    """A value the step needs is sealed under a key that is not in the ring.
+    """A value the step needs cannot be opened: sealed under a key that is not in
+    the ring (``reason`` "missing"), or its ciphertext does not authenticate
+    ("altered": changed or moved in the database).
 
     Raised before the step writes anything: the step must not run on a placeholder
     ("encrypted with key K, not loaded") as if it were the task or the transcript.
-    The run keeps its status and resumes once the key is back (``run_advance``)."""
+    The run keeps its status and resumes once the key is back, or the value is
+    restored (``run_advance``)."""
 
-    def __init__(self, key_id: str, what: str) -> None:
-        super().__init__(f"{what} is encrypted with key {key_id}, not loaded")
-        self.key_id, self.what = key_id, what
+    def __init__(self, key_id: str, what: str, reason: str = "missing") -> None:
+        if reason == "missing":
+            text = f"{what} is encrypted with key {key_id}, not loaded (DESK_ENCRYPTION_KEYS)"
+        else:
+            text = f"{what} does not authenticate under key {key_id}: altered or moved (manage.py verify)"
+        super().__init__(text)
+        self.key_id, self.what, self.reason = key_id, what, reason
 
 
 def require_open(value, what: str) -> None:
     """KeyNotLoaded if ``value`` (a text, or JSON: lists and dicts walked) is, or
-    holds, a value sealed under a missing key. An altered value is not a missing key:
-    it is left to the step (and ``verify``) as any other bad input."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, Locked):
-            if item.reason == "missing":
-                raise KeyNotLoaded(item.key_id, what)
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
+    holds, a value that cannot be opened, whatever the reason: neither a missing key
+    nor an altered ciphertext may reach the model or a tool as if it were the text."""
+    locked = find_locked(value)
+    if locked is not None:
+        raise KeyNotLoaded(locked.key_id, what, locked.reason)

@@ -111,7 +111,10 @@ def test_the_pages_show_what_cannot_be_read_and_the_rest(unreadable, users):
     ):
         assert_says(get_html(reviewer, url), said, *names, where=url)
     page = get_html(reviewer, f"/desk/approvals/{approval.pk}/")
-    assert "refund_item" in page and "Decline" in page  # the rest of the record, and the decision
+    # The rest of the record, and why nobody may decide on arguments that cannot be read.
+    assert "refund_item" in page and "Approve" not in page
+    refusal = "load the key to decide" if "not loaded" in said("x") else "nobody may decide on them"
+    assert refusal in page
 
 
 def test_runstatus_and_showcheckpoint_show_what_cannot_be_read(unreadable):

@@ -137,3 +137,23 @@ def test_a_pending_call_whose_arguments_are_sealed_under_a_missing_key_cannot_be
         decide(pending(run), users["reviewer"])  # the key is back: the reviewer sees and decides
     approval.refresh_from_db()
     assert approval.status == ApprovalRequest.Status.APPROVED
+
+
+def test_a_transcript_altered_in_the_database_stops_the_step_instead_of_reaching_the_model(
+    demo, users, caplog
+):
+    run = queued_run(users)
+    first = Message.objects.get(run=run, seq=0)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT content FROM runs_message WHERE id = %s", [first.pk])
+        (stored,) = cursor.fetchone()
+        flipped = stored[:-4] + ("A" if stored[-4] != "A" else "B") + stored[-3:]
+        cursor.execute("UPDATE runs_message SET content = %s WHERE id = %s", [flipped, first.pk])
+    written = counts(run)
+
+    with caplog.at_level(logging.ERROR):
+        outcome, _ = advance(run)
+
+    assert outcome == Outcome.RETRY
+    assert counts(run) == written, "no step ran on the placeholder"
+    assert any("Message.content does not authenticate" in r.getMessage() for r in caplog.records)

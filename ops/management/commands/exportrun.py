@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from approvals.record.errors import ExportRefused
 from approvals.record.export import run_export_lines
+from ops.management.commands._sealed_export import read_key, seal_export
 from runs.management.commands._common import run_by_id
 
 
@@ -20,9 +21,13 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("run_id")
+        parser.add_argument(
+            "--encrypt-to", metavar="KEYFILE", help="seal the file under the id:key entry in KEYFILE"
+        )
 
-    def handle(self, *args, run_id, **options):
+    def handle(self, *args, run_id, encrypt_to=None, **options):
         run = run_by_id(run_id)
+        key = read_key(encrypt_to, self.stderr.write) if encrypt_to else None
         try:
             lines = run_export_lines(run)
         except ExportRefused as exc:
@@ -30,5 +35,8 @@ class Command(BaseCommand):
         # Closed at once if the reader stops reading (`| head`): its open database
         # cursors go before manage.py closes the connection and ends quietly.
         with closing(lines):
+            if key:
+                self.stdout.write(seal_export("".join(lines), *key), ending="")
+                return
             for line in lines:
                 self.stdout.write(line, ending="")

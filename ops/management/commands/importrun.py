@@ -4,6 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from approvals.record.errors import ImportRefused
 from approvals.record.importer import run_import
+from ops.management.commands._sealed_export import open_export, read_key, sealed_key_id
 
 
 class Command(BaseCommand):
@@ -24,11 +25,21 @@ class Command(BaseCommand):
         parser.add_argument(
             "--as-new", action="store_true", help="import as a new run: new ids, chains re-sealed here"
         )
+        parser.add_argument("--key", metavar="KEYFILE", help="the key file of a sealed export")
 
-    def handle(self, *args, file, as_new, **options):
+    def handle(self, *args, file, as_new, key=None, **options):
         try:
             with open(file, encoding="utf-8") as lines:
-                result = run_import(lines=lines, as_new=as_new)
+                header = lines.readline()
+                needed = sealed_key_id(header)
+                if needed is None:
+                    lines.seek(0)
+                    result = run_import(lines=lines, as_new=as_new)
+                else:
+                    if not key:
+                        raise CommandError(f"{file} is sealed: give --key with the key file of key {needed}.")
+                    plain = open_export(file, header, lines.read(), *read_key(key, self.stderr.write))
+                    result = run_import(lines=plain.splitlines(keepends=True), as_new=as_new)
         except OSError as exc:
             raise CommandError(f"Cannot read {file}: {exc.strerror}.") from None
         except UnicodeDecodeError:

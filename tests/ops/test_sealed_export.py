@@ -37,7 +37,8 @@ def test_a_sealed_export_hides_the_run_and_imports_under_another_ring(users, tmp
     run, key, path = sealed_export(users, tmp_path)
     text = path.read_text()
     assert text.startswith("countersign-export-sealed v1 backup1\n")
-    for secret in ("ada@example.com", DEMO_TASK):
+    policy = "a delivered order may be refunded in full or in part within 30 days"  # a tool's result
+    for secret in ("ada@example.com", DEMO_TASK, policy):
         assert secret not in text
     other_ring = new_key("elsewhere")
     with override_settings(DESK_ENCRYPTION_KEYS=other_ring):
@@ -48,7 +49,7 @@ def test_a_sealed_export_hides_the_run_and_imports_under_another_ring(users, tmp
 
 
 def test_wrong_key_altered_file_or_no_key_imports_nothing(users, tmp_path):
-    run, key, path = sealed_export(users, tmp_path)
+    _run, key, path = sealed_export(users, tmp_path)
     before = Run.objects.count()
     with pytest.raises(CommandError, match="key backup1"):
         run_command("importrun", str(path), "--as-new")

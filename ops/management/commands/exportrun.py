@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from approvals.record.errors import ExportRefused
 from approvals.record.export import run_export_lines
-from ops.management.commands._sealed_export import read_key, seal_export
+from ops.sealed_export import read_key, seal_export
 from runs.management.commands._common import run_by_id
 
 

@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from approvals.record.errors import ImportRefused
 from approvals.record.importer import run_import
-from ops.management.commands._sealed_export import open_export, read_key, sealed_key_id
+from ops.sealed_export import open_export, read_key, sealed_key_id
 
 
 class Command(BaseCommand):

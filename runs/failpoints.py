@@ -23,6 +23,7 @@ POINTS = frozenset(
         "after_tool_effect",
         "after_step_commit",
         "after_compensation",
+        "after_rekey_batch",  # rotatekeys, after its Nth batch committed (ops/keys.py)
     }
 )
 
@@ -49,7 +50,7 @@ def failpoint(name: str, step: int) -> None:
         os._exit(137)
 
 
-PAUSE_POINTS = frozenset({"aggregate_review"})
+PAUSE_POINTS = frozenset({"aggregate_review", "rekey_batch"})
 
 
 @cache

@@ -6,6 +6,10 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass, field
 
+from django.apps import apps
+from django.db import models, router
+from django.db.models.functions import Cast
+
 from approvals.models import ApprovalRequest, AuditChain, AuditEvent, GateRule, StandingApproval
 from approvals.record.anchors import anchor_sign
 from approvals.record.audit import (
@@ -22,6 +26,8 @@ from runs.integrity import Finding, retention_note, verify_steps
 from runs.models import SEEDED_HISTORY_VERSION, Run, Step, ToolCall
 from runs.retention import RETENTION_ACTIONS, seal_in
 from tools.registry import input_hash
+from tools.sealed import sealed_fields
+from tools.sealing import PREFIX, Locked, unseal
 
 
 # --- verify -------------------------------------------------------------------------
@@ -75,6 +81,7 @@ class Verification:
     findings: list[Finding] = field(default_factory=list)
     note: str = ""  # a run whose content was purged or redacted says so
     checked: bool = True  # False: there was nothing to check (seeded history); see note
+    values: int = 0  # sealed values authenticated (verify_sealed)
 
     @property
     def ok(self) -> bool:
@@ -90,6 +97,7 @@ class Verification:
             "findings": [f.as_dict() for f in self.findings],
             "note": self.note,
             "checked": self.checked,
+            "values": self.values,
         }
 
 
@@ -328,7 +336,66 @@ def verify_everything() -> list[Verification]:
         if subject.startswith("run:") and not Run.objects.filter(pk=subject[4:]).exists():
             findings.insert(0, Finding(f"audit chain {subject}", "belongs to a run that no longer exists"))
         results.append(Verification(subject=subject, events=events, findings=findings))
+    results.append(verify_sealed())
     return results
+
+
+# --- sealed values --------------------------------------------------------------------
+def sealed_models() -> list[tuple[type[models.Model], str, list[models.Field]]]:
+    """Every model with sealed columns, the database it lives in (the world's in its
+    own), and those fields: what verify, rotatekeys and checkkeys go over."""
+    found = []
+    for model in apps.get_models():
+        if model._meta.proxy or not model._meta.managed:
+            continue
+        fields = sealed_fields(model)
+        if fields:
+            found.append((model, router.db_for_write(model), fields))
+    return found
+
+
+def raw_column(field: models.Field) -> str:
+    """The annotation name of ``field``'s stored text (``stored_values``)."""
+    return f"_stored_{field.attname}"
+
+
+def stored_values(model, alias: str, fields):
+    """A queryset of ``model`` with each sealed field's stored text (as the database
+    holds it, not opened) annotated under ``raw_column(field)``."""
+    return (
+        model._base_manager.using(alias)
+        .annotate(**{raw_column(f): Cast(f.name, models.TextField()) for f in fields})
+        .order_by("pk")
+    )
+
+
+def verify_sealed() -> Verification:
+    """Every sealed value of both databases opened once: one that does not authenticate
+    (its ciphertext was altered, or copied from another column) or whose key is not in
+    the ring is named by table, record and column. The pages would show it as locked
+    text; the digests and chains over the plaintext cannot vouch for what cannot be read.
+    A value moved between records of the same column opens, and is caught there."""
+    findings: list[Finding] = []
+    checked = 0
+    for model, alias, fields in sealed_models():
+        table = model._meta.db_table
+        names = [raw_column(f) for f in fields]
+        rows = stored_values(model, alias, fields).values_list("pk", *names)
+        for pk, *stored in rows.iterator(chunk_size=1000):
+            for f, text in zip(fields, stored, strict=True):
+                if not text or not text.startswith(PREFIX):
+                    continue
+                checked += 1
+                value = unseal(text, f"{table}.{f.column}")
+                if not isinstance(value, Locked):
+                    continue
+                where = f"ciphertext of {table} {pk} {f.column}"
+                if value.reason == "missing":
+                    problem = f"is sealed with key {value.key_id}, which is not loaded: it cannot be checked"
+                else:
+                    problem = "does not authenticate: it was altered, or copied from another column"
+                findings.append(Finding(where, problem))
+    return Verification(subject="sealed values", findings=findings, values=checked)
 
 
 def verify_against(anchor: dict, *, name: str = "anchor") -> Verification:

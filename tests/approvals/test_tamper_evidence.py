@@ -140,7 +140,8 @@ def test_a_rewritten_audit_row_is_named(users):
 @pytest.mark.parametrize(
     "sql",
     [
-        "UPDATE approvals_auditevent SET detail = 'nothing happened' WHERE id = %s",
+        "UPDATE approvals_auditevent SET action = 'run.nothing' WHERE id = %s",
+        "UPDATE approvals_auditevent SET detail = 'nothing', hash = 'x' WHERE id = %s",
         "DELETE FROM approvals_auditevent WHERE id = %s",
     ],
 )
@@ -333,3 +334,16 @@ def test_a_real_run_passed_off_as_seeded_history_after_its_chain_was_deleted_is_
     assert broken_links(run)
     report, error = verify(str(run.pk))
     assert report is None and f"run:{run.pk}" in error
+
+
+def test_a_detail_the_database_lets_through_for_re_encryption_is_caught_by_verify(users):
+    """The one UPDATE the triggers allow changes only the sealed detail (rotatekeys);
+    a detail that then says something else fails its chain."""
+    run = finished_demo(users)
+    event = AuditEvent.objects.filter(run=run).first()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE approvals_auditevent SET detail = 'nothing happened' WHERE id = %s", [event.pk]
+        )
+    assert AuditEvent.objects.get(pk=event.pk).detail == "nothing happened"
+    assert not verify_run(run).ok

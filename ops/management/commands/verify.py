@@ -65,6 +65,8 @@ class Command(BaseCommand):
                 counts = (
                     f"{result.steps} checkpoint{'s' * (result.steps != 1)}, " if result.steps else ""
                 ) + (f"{result.events} audit event{'s' * (result.events != 1)}")
+                if result.subject == "sealed values":
+                    counts = f"{result.values} value{'s' * (result.values != 1)} opened"
                 if not result.checked:
                     self.stdout.write(f"{result.subject}: not checked; {result.note}")
                 elif result.ok:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+from unittest import mock
 
 import pytest
 from django.core.management import call_command
@@ -143,3 +144,32 @@ def test_a_value_no_key_opens_is_skipped_named_and_left_byte_identical(users, se
     assert stored("runs_toolcall", "result", call.pk) == lost
     assert stored("runs_toolcall", "input", call.pk).startswith("enc1:new:")  # its other columns moved
     assert census().not_loaded == ["gone"]
+
+
+class Killed(BaseException):
+    """The process dying after a batch committed (a BaseException, as SIGKILL is not
+    an error anything may catch and carry on from)."""
+
+
+def test_a_rotation_killed_half_way_keeps_its_batches_verifies_and_finishes_when_run_again(users, settings):
+    run = finished_demo(users)
+    before = page_values(run)
+    old = settings.DESK_ENCRYPTION_KEYS
+    settings.DESK_ENCRYPTION_KEYS = f"{new_key('new')},{old}"
+
+    def die_after_third(name, n=None):
+        if name == "after_rekey_batch" and n == 3:
+            raise Killed
+
+    with mock.patch("ops.keys.failpoint", die_after_third), pytest.raises(Killed):
+        call_command("rotatekeys", "--batch-size", "2", stdout=io.StringIO())
+    half = checkkeys()["keys"]
+    assert half.get("new", {}).get("values", 0) > 0 and half.get("test", {}).get("values", 0) > 0
+    assert verified(), "half under one key, half under the other: the record still verifies"
+    assert page_values(run) == before
+
+    output, error = rotatekeys("--batch-size", "2")
+    assert error == "" and "rewritten under key new." in output
+    assert set(checkkeys()["keys"]) == {"new"}
+    settings.DESK_ENCRYPTION_KEYS = settings.DESK_ENCRYPTION_KEYS.split(",")[0]
+    assert page_values(run) == before and verified()

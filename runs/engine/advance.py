@@ -84,15 +84,21 @@ KEY_WAIT_SECONDS = 60.0
 
 def _wait_for_key(run_id: int, owner: str | None, exc: KeyNotLoaded) -> AdvanceResult:
     """A value the step needs is sealed under a key not in the ring: no step ran and
-    nothing of it was written. The run keeps its status and its error; the lease, if
-    taken, is let go with a "not before" so the sweeper (or the worker's re-scheduled
-    nudge) tries again once the key may be back. Not counted as an attempt: nothing
-    failed, and nothing is lost by waiting."""
+    nothing of it was written. The run keeps its status; its error says what it waits
+    for (the run page and ``runstatus`` show it; the next step's reply clears it). The
+    lease, if taken, is let go with a "not before" so the sweeper (or the worker's
+    re-scheduled nudge) tries again once the key may be back. Not counted as an
+    attempt: nothing failed, and nothing is lost by waiting."""
+    waiting = f"waiting: {exc}; no step ran, tried again every {KEY_WAIT_SECONDS:.0f} s"
     if owner is not None:
         Run.objects.filter(pk=run_id, lease_owner=owner).update(
-            lease_owner="", lease_until=timezone.now() + timedelta(seconds=KEY_WAIT_SECONDS)
+            lease_owner="", lease_until=timezone.now() + timedelta(seconds=KEY_WAIT_SECONDS), error=waiting
         )
-    log.error("run %s: waiting: %s; no step ran, retry in %.0fs", run_id, exc, KEY_WAIT_SECONDS)
+    else:
+        # Refused as claimed, before the claim wrote: no lease to let go.
+        unclaimed = Run.objects.filter(pk=run_id, status__in=[Run.Status.QUEUED, Run.Status.RUNNING])
+        unclaimed.update(error=waiting)
+    log.error("run %s: %s", run_id, waiting)
     return AdvanceResult(Outcome.RETRY, retry_after=KEY_WAIT_SECONDS)
 
 

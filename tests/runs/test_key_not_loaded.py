@@ -11,6 +11,7 @@ from unittest import mock
 import pytest
 from django.db import connection
 from django.test import override_settings
+from django.urls import reverse
 
 from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest, ApprovalVote, Proposal
@@ -19,7 +20,7 @@ from runs.engine import Outcome
 from runs.models import Message, Run, Step, ToolCall
 from runs.services import run_create
 from runs.tasks import advance_run
-from tests.helpers import decide, pending, start
+from tests.helpers import client_for, decide, pending, run_command, start
 from tools.refund_desk.agent import DEMO_TASK
 from tools.sealing import new_key, parse_ring, seal
 
@@ -34,10 +35,11 @@ def rings(settings):
     return kept, f"{kept},{gone}", parse_ring(gone)
 
 
-def raw_row(table: str, pk: int) -> tuple:
+def raw_row(table: str, pk: int) -> dict:
+    """The row as stored: column name to stored value."""
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT * FROM {table} WHERE id = %s", [pk])
-        return cursor.fetchone()
+        return dict(zip([c[0] for c in cursor.description], cursor.fetchone(), strict=True))
 
 
 def seal_raw(table: str, column: str, pk: int, text: str, keyring) -> None:
@@ -95,8 +97,16 @@ def test_a_run_sealed_under_a_missing_key_waits_untouched_and_resumes_when_the_k
     run.refresh_from_db()
     assert run.status in (Run.Status.QUEUED, Run.Status.RUNNING)
     assert run.lease_owner == ""
+    # What it waits for, where an operator looks: the run page and runstatus.
+    said = f"{column} is encrypted with key gone, not loaded (DESK_ENCRYPTION_KEYS); no step ran"
+    assert run.error.startswith(f"waiting: {said}")
+    with override_settings(DESK_ENCRYPTION_KEYS=without):
+        assert said in run_command("runstatus", str(run.pk))
+        page = client_for(users["reviewer"]).get(reverse("run-detail", args=[run.pk]))
+        assert page.status_code == 200 and said in page.content.decode()
     if sealed == "task":
-        assert raw_row("runs_run", run.pk) == before  # not one column written
+        after = raw_row("runs_run", run.pk)
+        assert [name for name in before if before[name] != after[name]] == ["error"]  # nothing else written
     else:
         # The claim moved it to running before the transcript was read; the lease is
         # let go with a "not before", so it resumes after the wait.
@@ -110,6 +120,7 @@ def test_a_run_sealed_under_a_missing_key_waits_untouched_and_resumes_when_the_k
     run.refresh_from_db()
     assert run.status in (Run.Status.WAITING_APPROVAL, Run.Status.DONE)
     assert counts(run)[1] >= 1  # it took its steps
+    assert run.error == "", "no longer waiting: the run page stops saying so"
 
 
 def test_a_pending_call_whose_arguments_are_sealed_under_a_missing_key_cannot_be_decided(demo, users, rings):

@@ -19,6 +19,8 @@ one after another by a logged-in reviewer (``requests`` with the session cookie)
 - ``queue``: /desk/ (yours to decide, first page);
 - ``queue all``: /desk/?tab=all;
 - ``queue filtered``: /desk/?tool=send_email&unclaimed=1;
+- ``queue searched``: /desk/?tab=all&q=B-4242 (one run's order, through the keyed search
+  index of runs' tasks and calls' arguments);
 - ``queue deep``: 50 pages in (the "older" link followed 50 times; the time is that of the
   last page);
 - ``approval``: the page of an item in the middle of the queue;
@@ -446,6 +448,7 @@ def main() -> None:
                 "queue": "/desk/",
                 "queue all": "/desk/?tab=all",
                 "queue filtered": "/desk/?tool=send_email&unclaimed=1",
+                "queue searched": "/desk/?tab=all&q=B-4242",  # the keyed search index (issue 23)
                 "queue deep": deep_link(lambda url, s=session, b=base: s.get(b + url).text, args.deep),
                 "approval": f"/desk/approvals/{middle_approval()}/",
             }

@@ -14,8 +14,9 @@ CLI, a worker): it comes back as a ``Locked`` text that says why ("encrypted wit
 key K, not loaded", or that it fails authentication) and keeps the stored text, so
 saving the row again loses nothing; ``verify`` names every such value by record.
 
-The search index (``search_text``): the normalised words of a text, each as a
-keyed HMAC truncated to 64 bits, never the words themselves; a query's words are
+The search index (``search_text``): the beginnings of the normalised words of a text
+(so words are found as they are typed), each as a keyed HMAC truncated to 64 bits,
+never the words themselves; a query's words are
 looked up under every key of the ring, so a search still finds rows indexed before
 a rotation. The ground floor: imports nothing of ours.
 """
@@ -211,6 +212,10 @@ def unseal(stored: str, context: str, keyring: KeyRing | None = None) -> str:
 # --- the keyed search index ---------------------------------------------------------
 WORD = re.compile(r"\w+")
 MAX_WORDS = 400  # a row's index holds its first distinct words, enough for a task
+# Each word is indexed by its beginnings too, so a search finds words as they are typed
+# ("lov" finds Lovelace, "A-10" finds A-1001): its first 1, 2, ... characters, up to
+# PREFIX_MAX (a longer query word is looked up by its first PREFIX_MAX characters).
+PREFIX_MAX = 12
 
 
 def words(text: str) -> list[str]:
@@ -219,37 +224,43 @@ def words(text: str) -> list[str]:
     return WORD.findall(unicodedata.normalize("NFKC", text).casefold())
 
 
+def beginnings(word: str) -> list[str]:
+    """What the index holds of ``word``: its beginnings of 1 to PREFIX_MAX characters."""
+    return [word[:n] for n in range(1, min(len(word), PREFIX_MAX) + 1)]
+
+
 def _token(key: bytes, word: str) -> str:
     return hmac.new(key, word.encode(), hashlib.sha256).hexdigest()[:16]
 
 
 def search_text(*texts: str, keyring: KeyRing | None = None) -> str:
-    """The index of ``texts``: " t1 t2 ... ", each word once, keyed by the ring's
-    first key (with the ring off, the words themselves: the columns are clear too)."""
+    """The index of ``texts``: " t1 t2 ... ", each beginning of each word once, keyed
+    by the ring's first key (with the ring off, the beginnings themselves: the columns
+    are clear too)."""
     keyring = keyring or ring()
     key = keyring.index_keys()[0] if keyring.on else None
-    seen: dict[str, None] = {}
+    distinct: dict[str, None] = {}
     for text in texts:
         for word in words(text or ""):
-            seen.setdefault(word)
-        if len(seen) >= MAX_WORDS:
-            break
+            if len(distinct) >= MAX_WORDS:
+                break
+            distinct.setdefault(word)
+    seen = dict.fromkeys(beginning for word in distinct for beginning in beginnings(word))
     if not seen:
         return ""
-    tokens = seen if key is None else (_token(key, word) for word in seen)
+    tokens = seen if key is None else (_token(key, beginning) for beginning in seen)
     return " " + " ".join(tokens) + " "
 
 
 def query_tokens(query: str, keyring: KeyRing | None = None) -> list[tuple[str, ...]]:
     """Per word of ``query``, its index token under each key of the ring (" t "), for
-    a LIKE: a row matches when, for every word, one of its tokens is in its index
-    (so rows indexed before a rotation are found until ``rotatekeys`` re-indexes)."""
+    a LIKE: a row matches when every word begins one of its words (the query word's
+    first PREFIX_MAX characters are looked up), under any key of the ring (so rows
+    indexed before a rotation are found until ``rotatekeys`` re-indexes)."""
     keyring = keyring or ring()
     keys = keyring.index_keys()
-    return [
-        tuple(f" {_token(key, word)} " for key in keys) if keys else (f" {word} ",)
-        for word in dict.fromkeys(words(query))
-    ]
+    looked_up = dict.fromkeys(word[:PREFIX_MAX] for word in words(query))
+    return [tuple(f" {_token(key, word)} " for key in keys) if keys else (f" {word} ",) for word in looked_up]
 
 
 # --- facts that SQL reads: numbers as they are, everything else as a keyed digest ---

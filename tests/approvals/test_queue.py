@@ -293,6 +293,10 @@ def test_search_finds_by_task_customer_arguments_and_run_id(users):
     assert other.pk in found(str(other.run_id))
     assert found("send_email") == {ada.pk}  # the tool
     assert found("%") == set()  # a LIKE wildcard is just a character
+    # As it is typed (the box searches as you type): every word begins a word.
+    assert found("lov") == found("Love teap") == found("ada@exa") == {ada.pk}
+    assert found("A-100") == {order.pk, other.pk}
+    assert found("ovelace") == set(), "words by their beginnings, not any substring"
     assert found("nobody") == set()
 
 

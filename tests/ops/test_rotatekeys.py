@@ -84,6 +84,8 @@ def test_every_value_moves_to_the_new_key_and_reads_once_the_old_key_is_gone(use
     assert output.splitlines()[-1].endswith("rows rewritten under key new.")
     after = checkkeys()
     assert set(after["keys"]) == {"new"} and after["not_loaded"] == []
+    told = run_command("checkkeys")
+    assert "key test: 0 values; it seals nothing: it may leave DESK_ENCRYPTION_KEYS" in told
     assert after["columns"]["tools_outboxemail.body"] == {"new": 1}  # the world's database too
     assert verified()
     again, error = rotatekeys()
@@ -116,7 +118,8 @@ def test_checkkeys_counts_clear_values_and_flags_a_key_that_is_not_loaded(users,
         call_command("checkkeys", stdout=out)
     text = out.getvalue()
     assert "NOT LOADED" in text.split("key test: ")[1].splitlines()[0]
-    assert "key new: 0 values" in text and "clear (not encrypted): 1 value\n" in text
+    assert "key new: 0 values (seals new values)" in text
+    assert "clear (not encrypted): 1 value; manage.py rotatekeys moves them under key new\n" in text
     assert census().keys["clear"] == 1
 
 

@@ -30,11 +30,24 @@ class Command(BaseCommand):
                 if kid == CLEAR and not count:
                     continue
                 label = "clear (not encrypted)" if kid == CLEAR else f"key {kid}"
-                flag = "  NOT LOADED" if kid in result.not_loaded else ""
-                self.stdout.write(f"{label}: {count} value{'s' * (count != 1)}{flag}")
+                self.stdout.write(f"{label}: {count} value{'s' * (count != 1)}{_advice(result, kid, count)}")
         if result.not_loaded:
             raise CommandError(
                 f"values are sealed with key(s) {', '.join(result.not_loaded)}, not in DESK_ENCRYPTION_KEYS: "
                 "they cannot be read until the key is loaded again.",
                 returncode=1,
             )
+
+
+def _advice(result, kid: str, count: int) -> str:
+    """What an operator may do next about ``kid``'s values."""
+    current = result.loaded[0] if result.loaded else None
+    if kid in result.not_loaded:
+        return "  NOT LOADED"
+    if kid == current:
+        return " (seals new values)"
+    if current is None:
+        return ""  # the ring is off: nothing seals
+    if count:
+        return f"; manage.py rotatekeys moves them under key {current}"
+    return "; it seals nothing: it may leave DESK_ENCRYPTION_KEYS"

@@ -86,7 +86,7 @@ def _search(pending, q: str):
     """Pending approvals whose task, tool, arguments (the model's call and the current
     proposal) or run id match ``q``: "#12" is run 12 only; "12" is run 12 or any of the
     text. Task and arguments are sealed at rest, so their words are matched through
-    the keyed search index (every word of ``q``, whole words, any case); a tool's
+    the keyed search index (every word of ``q`` begins a word, any case); a tool's
     name is clear and matched as text."""
     number = re.fullmatch(r"#?\s*(\d{1,18})", q)
     if number and q.startswith("#"):

@@ -21,6 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from tools.registry import Budget, get_agent, idempotency_key, input_hash
+from tools.sealed import derived_updates
 
 from .gate import get_gate
 from .llm import validate_scenario
@@ -400,6 +401,7 @@ def call_transition(*, call: ToolCall, new: str, actor=None, reason: str, **fiel
         raise IllegalTransition(f"tool call {call.pk}: {old} -> {new} is not allowed")
     # No savepoint, so nothing may raise inside: a lost race is told once the block is
     # left, and a caller that expects one can go on with its own transaction intact.
+    fields |= derived_updates(call, fields)  # new arguments: new facts and search index
     with transaction.atomic(savepoint=False):
         moved = ToolCall.objects.filter(pk=call.pk, status=old).update(status=new, **fields) == 1
         if moved:

@@ -12,6 +12,7 @@ must read stays in clear columns (``ToolCall.facts``, the search indexes).
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 from django.core.exceptions import FieldError
 from django.db import models
@@ -183,6 +184,22 @@ class _Derived:
             return getattr(model_instance, self.attname)
         setattr(model_instance, self.attname, value)
         return value
+
+
+def derived_updates(instance, fields: dict) -> dict:
+    """The derived columns an ``update()`` of ``fields`` on ``instance``'s row must
+    write too: an UPDATE skips ``pre_save``, and a stale ``facts`` would have the
+    aggregate rules add up arguments the call no longer has (a reviewer's edit)."""
+    changed = {}
+    for field in instance._meta.concrete_fields:
+        if isinstance(field, _Derived) and any(name in fields for name in field.sources):
+            values = {name: fields.get(name, getattr(instance, name)) for name in field.sources}
+            if any(hasattr(v, "resolve_expression") for v in values.values()):
+                continue  # computed by the database: nothing to derive from here
+            value = field.derive(SimpleNamespace(**values))
+            if value is not None:
+                changed[field.attname] = value
+    return changed
 
 
 class SearchIndexField(_Derived, models.TextField):

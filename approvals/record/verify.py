@@ -26,7 +26,7 @@ from runs.integrity import Finding, retention_note, verify_steps
 from runs.models import SEEDED_HISTORY_VERSION, Run, Step, ToolCall
 from runs.retention import RETENTION_ACTIONS, seal_in
 from tools.registry import input_hash
-from tools.sealed import sealed_fields
+from tools.sealed import FactsField, sealed_fields
 from tools.sealing import PREFIX, Locked, unseal
 
 
@@ -121,6 +121,7 @@ def verify_run(run: Run) -> Verification:
         findings.append(Finding(f"audit chain run:{run.pk}", "is empty: the run's history was deleted"))
     else:
         findings += cross_check(run, events)
+    findings += call_facts_findings(run)
     note = retention_note(run)
     if note:
         note += ": checkpoint chain intact, content not checkable" if not step_findings else ""
@@ -396,6 +397,26 @@ def verify_sealed() -> Verification:
                     problem = "does not authenticate: it was altered, or copied from another column"
                 findings.append(Finding(where, problem))
     return Verification(subject="sealed values", findings=findings, values=checked)
+
+
+def call_facts_findings(run: Run) -> list[Finding]:
+    """The run's calls' clear ``facts`` against their arguments (sealed, and held by the
+    checkpoints): the facts are what aggregate rules add up and compare in SQL, so one
+    changed in the database (an amount lowered so a later call slips under a total) is
+    named here."""
+    (facts,) = [f for f in ToolCall._meta.concrete_fields if isinstance(f, FactsField)]
+    findings = []
+    for call in ToolCall.objects.filter(run=run).only("pk", "input", "facts").order_by("pk"):
+        if isinstance(call.input, Locked):
+            continue  # the value that cannot be opened is named by itself
+        if call.facts != facts.derive(call):
+            findings.append(
+                Finding(
+                    f"run {run.pk} call {call.pk}",
+                    "its facts do not match its arguments: aggregate rules add up what the facts say",
+                )
+            )
+    return findings
 
 
 def verify_against(anchor: dict, *, name: str = "anchor") -> Verification:

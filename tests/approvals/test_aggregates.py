@@ -236,3 +236,18 @@ def test_a_window_counts_a_refund_from_when_it_ran_not_when_it_was_asked_for(use
     second = start(script(turn(refund(100)), {"text": "Done."}), requester=users["requester"])
     expected = "₹600.00 so far on order_id A-1001 in the last 1 h + ₹100.00 = ₹700.00"
     assert expected in the_approval(second).reason
+
+
+@pytest.mark.parametrize("edited", [450, 700])
+def test_a_reviewers_edit_counts_at_the_amount_that_was_approved_not_the_one_asked_for(users, edited):
+    first = start(script(turn(refund(600)), {"text": "Done."}), requester=users["requester"])
+    approval = the_approval(first)
+    decide(approval, users["reviewer"], Decision.approve(edit={**approval.proposal.input, "amount": edited}))
+    call = ToolCall.objects.get(run=first, tool_name="refund_item")
+    assert call.input["amount"] == edited and call.facts["amount"] == edited  # what SQL adds up
+    second = start(script(turn(refund(10)), {"text": "Done."}), requester=users["requester"])
+    if edited + 10 <= 500:
+        assert second.status == Run.Status.DONE  # 450 + 10: under the limit, whatever was asked
+    else:
+        so_far = f"₹{edited}.00 so far on order_id A-1001 + ₹10.00 = ₹{edited + 10}.00"
+        assert so_far in the_approval(second).reason

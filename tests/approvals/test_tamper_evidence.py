@@ -233,7 +233,10 @@ def test_digests_recomputed_by_someone_without_the_integrity_key_do_not_verify(u
 
     run = finished_demo(users)
     refund = ToolCall.objects.get(run=run, tool_name="refund_item")
-    ToolCall.objects.filter(pk=refund.pk).update(input={**refund.input, "amount": 290})
+    # The amount as the arguments and as the clear facts (a number: no key needed).
+    ToolCall.objects.filter(pk=refund.pk).update(
+        input={**refund.input, "amount": 290}, facts={**refund.facts, "amount": 290}
+    )
     reply = Message.objects.get(run=run, seq=Step.objects.get(run=run, number=refund.step).message_count)
     content = [
         dict(b, input={**b["input"], "amount": 290}) if b.get("type") == "tool_use" else b
@@ -347,3 +350,20 @@ def test_a_detail_the_database_lets_through_for_re_encryption_is_caught_by_verif
         )
     assert AuditEvent.objects.get(pk=event.pk).detail == "nothing happened"
     assert not verify_run(run).ok
+
+
+def test_a_calls_facts_lowered_in_the_database_are_named_and_the_next_total_is_not_trusted(users):
+    """The clear facts are what aggregate rules add up (the arguments are sealed): an
+    amount lowered there would let a later refund slip under an order's total."""
+    run = finished_demo(users)
+    refund = ToolCall.objects.get(run=run, tool_name="refund_item")
+    assert refund.facts["amount"] == 2900
+    ToolCall.objects.filter(pk=refund.pk).update(facts={**refund.facts, "amount": 0})
+    assert broken_links(run) == [
+        f"run {run.pk} call {refund.pk}: its facts do not match its arguments: "
+        "aggregate rules add up what the facts say"
+    ]
+    report, error = verify()
+    assert report is None and f"first broken link: run {run.pk} call {refund.pk}" in error
+    page = get_html(client_for(users["reviewer"]), f"/runs/{run.pk}/integrity")
+    assert "The record was changed after it was written" in page

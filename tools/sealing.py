@@ -16,9 +16,9 @@ saving the row again loses nothing; ``verify`` names every such value by record.
 
 The search index (``search_text``): the beginnings of the normalised words of a text
 (so words are found as they are typed), each as a keyed HMAC truncated to 48 bits,
-never the words themselves; a query's words are
-looked up under every key of the ring, so a search still finds rows indexed before
-a rotation. The ground floor: imports nothing of ours.
+never the words themselves; a query's words are looked up under every key of the
+ring, so a search still finds rows indexed before a rotation. The ground floor:
+imports nothing of ours.
 """
 
 from __future__ import annotations

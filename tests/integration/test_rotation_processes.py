@@ -65,17 +65,22 @@ def test_a_rotation_killed_half_way_and_run_again_while_a_run_is_decided(desk, u
     assert half["new"] > 0 and half["test"] > 0, half
     assert verified(desk), "half the values under each key: the record still verifies"
 
+    # Slowed a quarter of a second a batch (tens of batches): the decisions below
+    # happen while it is still going, which the test checks rather than hopes.
     rotation = desk.manage_async(
-        "rotatekeys", "--batch-size", "3", env={"DESK_PAUSEPOINTS": "rekey_batch=0.05"}
+        "rotatekeys", "--batch-size", "3", env={"DESK_PAUSEPOINTS": "rekey_batch=0.25"}
     )
+    during = []
     while (status := desk.wait_for(live, "waiting_approval", "done", timeout=60))["status"] != "done":
         for pending in status["pending_approvals"]:
             desk.manage("decide", str(pending["id"]), "--approve", "--user", "reviewer")
+            during.append(rotation.poll() is None)
         desk.eventually(
             lambda: desk.status(live)["pending_approvals"] != status["pending_approvals"], what="the decision"
         )
     out, err = rotation.communicate(timeout=300)
     assert rotation.returncode == 0, err
+    assert during and during[0], "the first decision was made while the rotation ran"
     assert "rewritten under key new." in out, out
     assert set(keys_in_use(desk)) == {"new"}, "every value, the live run's too, under the new key"
 

@@ -20,6 +20,14 @@ def main() -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 128 + signal.SIGPIPE
+    except Exception as exc:
+        from tools.loading import AgentLoadError
+
+        if not isinstance(exc, AgentLoadError):
+            raise
+        # A broken agent module (DESK_AGENTS) stops every command: say which and why, once.
+        print(f"Countersign will not start: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

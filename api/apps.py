@@ -13,6 +13,6 @@ class ApiConfig(AppConfig):
         # any process: the gateway lists their tools, a worker runs approved calls.
         from tools.registry import register_agent_loader
 
-        from .mcp_proxy import proxy_agent_loader
+        from .mcp_proxy import proxy_agent_loader, upstream_names
 
-        register_agent_loader(proxy_agent_loader)
+        register_agent_loader(proxy_agent_loader, names=upstream_names)

@@ -65,6 +65,11 @@ def upstream_config(name: str) -> dict | None:
     return config
 
 
+def upstream_names() -> list[str]:
+    """The agents DESK_MCP_UPSTREAMS makes (none of them made yet, for all this says)."""
+    return sorted(getattr(settings, "DESK_MCP_UPSTREAMS", None) or {})
+
+
 class Upstream:
     """An open connection to one upstream MCP server, usable from any thread."""
 

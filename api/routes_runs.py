@@ -7,13 +7,12 @@ the caller may not see answers 404, exactly like a run that does not exist.
 
 from __future__ import annotations
 
-from django.conf import settings
 from ninja import Path, Query, Router, Status
 
 from runs.models import Run
 from runs.saga import SagaError, run_fork, undo_preview
 from runs.selectors import may_cancel, may_undo
-from runs.services import BudgetRefused, TaskTooLong, default_llm_kind, run_cancel, run_create
+from runs.services import BudgetRefused, TaskTooLong, default_llm_kind, llm_refusal, run_cancel, run_create
 from runs.tasks import undo_request
 from tools.registry import get_agent
 
@@ -62,13 +61,8 @@ def run_start(request, body: RunStartIn):
     except LookupError as exc:
         raise refuse(404, "unknown_agent", str(exc)) from None
     llm = body.llm or default_llm_kind(body.script)
-    # The start form's checks (runs.forms.RunStartForm.clean): run_create trusts its caller.
-    if llm == Run.LLMKind.ANTHROPIC and not settings.ANTHROPIC_API_KEY:
-        raise refuse(
-            422, "llm_unavailable", "Anthropic is not available: this server has no ANTHROPIC_API_KEY."
-        )
-    if llm == Run.LLMKind.SCRIPTED and body.script is None and not agent.demo_script:
-        raise refuse(422, "no_script", f"The agent {agent.name} has no built-in demo script: send a script.")
+    if refusal := llm_refusal(agent, llm=llm, script=body.script, give_script='send a scenario as "script"'):
+        raise refuse(422, refusal.code, str(refusal))
     try:
         run = run_create(
             agent_name=agent.name,

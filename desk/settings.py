@@ -536,6 +536,16 @@ DESK_METRICS_NETWORKS = env_list("DESK_METRICS_NETWORKS", "127.0.0.1/32,::1/128"
 # (0: never), by the same command.
 DESK_REDACT_FIELDS = env_list("DESK_REDACT_FIELDS")
 DESK_REDACT_AFTER_DAYS = env_int("DESK_REDACT_AFTER_DAYS", 0)
+# Agents: the team's own agent modules (importable, comma-separated; each registers its
+# agents and tools on import), imported by every process after the built-in ones, which
+# DESK_BUILT_IN_AGENTS=0 leaves out (a production desk that runs only its own agents).
+# A tool call running longer than DESK_TOOL_TIMEOUT_SECONDS (or its tool's own
+# ``timeout``) is stopped (tools.loading, runs.engine.execution; docs/agents.md).
+DESK_AGENTS = env_list("DESK_AGENTS")
+DESK_BUILT_IN_AGENTS = env_bool("DESK_BUILT_IN_AGENTS", True)
+DESK_TOOL_TIMEOUT_SECONDS = env_int("DESK_TOOL_TIMEOUT_SECONDS", 30)
+if DESK_TOOL_TIMEOUT_SECONDS < 1:
+    raise ImproperlyConfigured(f"DESK_TOOL_TIMEOUT_SECONDS={DESK_TOOL_TIMEOUT_SECONDS}: at least 1 second.")
 ANTHROPIC_API_KEY = env_str("ANTHROPIC_API_KEY")
 ANTHROPIC_BASE_URL = env_str("ANTHROPIC_BASE_URL") or None
 ANTHROPIC_MODEL = env_str("ANTHROPIC_MODEL", "claude-sonnet-4-6")

@@ -12,7 +12,7 @@ from tools.registry import all_agents, get_agent
 
 from .models import MAX_TASK_CHARS, Run
 from .selectors import VIEW_ALL_PERMISSION, run_agent_names
-from .services import default_llm_kind, task_too_long
+from .services import default_llm_kind, llm_refusal, task_too_long
 
 
 class RunFilterForm(forms.Form):
@@ -233,12 +233,10 @@ class RunStartForm(forms.Form):
     def clean(self):
         data = super().clean()
         agent, llm = data.get("agent"), data.get("llm")
-        if llm == Run.LLMKind.ANTHROPIC and not settings.ANTHROPIC_API_KEY:
-            self.add_error(
-                "llm",
-                "Anthropic is not available: ANTHROPIC_API_KEY is not set on this "
-                "server. Choose the demo script, or ask an admin to configure the key.",
+        if agent and llm:
+            refusal = llm_refusal(
+                get_agent(agent), llm=llm, script=None, give_script="ask for a run with a scenario file"
             )
-        if llm == Run.LLMKind.SCRIPTED and agent and not get_agent(agent).demo_script:
-            self.add_error("llm", f"The agent {agent} has no built-in demo script; choose Anthropic.")
+            if refusal:
+                self.add_error("llm", str(refusal))
         return data

@@ -10,7 +10,9 @@ later, by re-scheduling the task) or ``PermanentLLMError`` (fail the run).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -298,6 +300,12 @@ class AnthropicLLM:
     def reply(self, *, system: str, messages: list[dict], tools: list[dict]) -> Reply:
         import anthropic  # inside: as in __init__ (loaded there already)
 
+        names = api_tool_names([tool["name"] for tool in tools])
+        if names:
+            # Tool names the API refuses ("notes.add", an MCP upstream's): sent as names it
+            # takes, and the reply's read back, so the transcript keeps the desk's names.
+            tools = [tool | {"name": names.get(tool["name"], tool["name"])} for tool in tools]
+            messages = [_renamed_message(message, names) for message in messages]
         try:
             response = self.client.messages.create(
                 model=self.model,
@@ -333,7 +341,8 @@ class AnthropicLLM:
             if kind == "text":
                 content.append({"type": "text", "text": block.text})
             elif kind == "tool_use":
-                content.append({"type": "tool_use", "id": block.id, "name": block.name, "input": block.input})
+                name = next((ours for ours, theirs in names.items() if theirs == block.name), block.name)
+                content.append({"type": "tool_use", "id": block.id, "name": name, "input": block.input})
         if not content:
             raise PermanentLLMError(f"Anthropic reply had no text or tool_use (stop: {response.stop_reason})")
         if response.stop_reason == "max_tokens" and not any(b["type"] == "tool_use" for b in content):
@@ -342,6 +351,40 @@ class AnthropicLLM:
         usage = Usage(input_tokens=tokens[0], output_tokens=tokens[1])
         usage.cost = price(self.model, usage.input_tokens, usage.output_tokens)
         return Reply(content=content, usage=usage)
+
+
+API_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+def api_tool_names(names: list[str]) -> dict[str, str]:
+    """Our tool name -> the name the Messages API is sent, for the names it refuses
+    (anything but letters, digits, "_" and "-", or over 64 characters); {} if none."""
+    if all(API_TOOL_NAME.fullmatch(name) for name in names):
+        return {}
+    taken = {name for name in names if API_TOOL_NAME.fullmatch(name)}
+    renamed = {}
+    for name in names:
+        if API_TOOL_NAME.fullmatch(name):
+            continue
+        safe = re.sub(r"[^a-zA-Z0-9_-]", "_", name)[:64]
+        if safe in taken:
+            safe = f"{safe[:55]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+        taken.add(safe)
+        renamed[name] = safe
+    return renamed
+
+
+def _renamed_message(message: dict, names: dict[str, str]) -> dict:
+    content = message.get("content")
+    if message.get("role") != "assistant" or not isinstance(content, list):
+        return message
+    blocks = [
+        block | {"name": names[block["name"]]}
+        if block.get("type") == "tool_use" and block.get("name") in names
+        else block
+        for block in content
+    ]
+    return message | {"content": blocks}
 
 
 def _error_message(exc: Any) -> str:

@@ -19,8 +19,10 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from tools.loading import not_loaded_here
 from tools.registry import ToolContext, ToolError, UnknownOutcome, compensation_key, find_tool
 
+from .engine.execution import ToolMisbehaved, call_hook
 from .failpoints import failpoint
 from .gate import get_gate
 from .models import CallStatus, Message, Run, RunStatus, Step, ToolCall
@@ -59,6 +61,9 @@ class RollbackPlan:
     to_step: int | None
     compensable: list[ToolCall] = field(default_factory=list)  # newest first
     irreversible: list[ToolCall] = field(default_factory=list)
+    # Effects of tools this process has not loaded (DESK_AGENTS): nothing here knows
+    # how to undo them, so nothing is undone (never skipped as if they were reads).
+    not_loaded: list[ToolCall] = field(default_factory=list)
 
 
 @dataclass
@@ -79,9 +84,10 @@ def rollback_plan(run: Run, *, to_step: int | None = None) -> RollbackPlan:
     plan = RollbackPlan(to_step=to_step)
     for call in calls.order_by("-step", "-position"):
         spec = find_tool(call.tool_name)
-        if spec is None or spec.is_read:
-            continue
-        (plan.irreversible if spec.is_irreversible else plan.compensable).append(call)
+        if spec is None:
+            plan.not_loaded.append(call)
+        elif not spec.is_read:
+            (plan.irreversible if spec.is_irreversible else plan.compensable).append(call)
     return plan
 
 
@@ -107,6 +113,12 @@ def _refusal(
         return (
             f"Cannot {verb} run {run.pk}{where}: the outcome of {_names(unknown)} is unknown and "
             f"its tool cannot look it up. Check the world by hand. {outcome}"
+        )
+    if plan.not_loaded:
+        tools = sorted({call.tool_name for call in plan.not_loaded})
+        return (
+            f"Cannot {verb} run {run.pk}{where}: {not_loaded_here('tool', ', '.join(tools))}, so "
+            f"{_names(plan.not_loaded)} cannot be undone from this process. {outcome}"
         )
     if plan.irreversible:
         return f"Cannot {verb} run {run.pk}{where}: {_names(plan.irreversible)} cannot be undone. {outcome}"
@@ -452,8 +464,8 @@ def _settle_interrupted(run: Run, to_step: int | None, by) -> None:
         spec = find_tool(call.tool_name)
         ctx = ToolContext(run_id=run.pk, step=call.step, idempotency_key=call.idempotency_key)
         try:
-            found = spec.reconcile(ctx, call.input)
-        except UnknownOutcome as exc:
+            found = call_hook(spec, "reconcile", spec.reconcile, ctx, call.input)
+        except (UnknownOutcome, ToolError, ToolMisbehaved) as exc:
             # The world cannot be asked: undoing what may or may not have happened is a
             # guess. Stop here, with nothing compensated; the next try asks again.
             raise SagaError(
@@ -491,8 +503,8 @@ def _compensate(run: Run, call: ToolCall, by, *, number: int) -> None:
     # Slow I/O outside any transaction; the compensation is idempotent by key
     # and by the world's state, so a crash here is repaired by running again.
     try:
-        summary = spec.compensate(ctx, call.input, call.result, call.pre_state)
-    except ToolError as exc:
+        summary = call_hook(spec, "compensate", spec.compensate, ctx, call.input, call.result, call.pre_state)
+    except (ToolError, UnknownOutcome, ToolMisbehaved) as exc:
         raise RollbackHalted(
             f"Compensating #{call.pk} {call.tool_name} (step {call.step}) failed: {exc}. Everything "
             "after it was undone, nothing before it. Fix the cause and run the rollback again."

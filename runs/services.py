@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from tools.loading import not_loaded_here
 from tools.registry import Budget, get_agent, idempotency_key, input_hash
 from tools.sealed import derived_updates
 
@@ -158,6 +159,35 @@ def default_llm_kind(script: dict | None) -> str:
     return Run.LLMKind.SCRIPTED
 
 
+class ModelUnavailable(ValueError):
+    """A run that no model could carry: refused as it is started, nothing made.
+    ``code`` is the API's ("llm_unavailable", "no_script")."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def llm_refusal(
+    agent, *, llm: str, script: dict | None, give_script: str = "give it a scenario file to replay"
+) -> ModelUnavailable | None:
+    """Why a run of ``agent`` with model kind ``llm`` (and ``script``) cannot be
+    started, or None: Anthropic with no API key; no scenario for an agent with no demo
+    model. ``give_script``: how the caller's channel gives a scenario ("--script FILE")."""
+    if llm == Run.LLMKind.ANTHROPIC and not settings.ANTHROPIC_API_KEY:
+        return ModelUnavailable(
+            "Anthropic is not available: ANTHROPIC_API_KEY is not set on this server.", code="llm_unavailable"
+        )
+    if llm == Run.LLMKind.SCRIPTED and script is None and not agent.has_demo_model:
+        return ModelUnavailable(
+            f"The agent {agent.name} has no demo model, and this server has no ANTHROPIC_API_KEY: "
+            "set ANTHROPIC_API_KEY (on the web, the workers and the commands) to run it on Claude, "
+            f"or {give_script}.",
+            code="no_script",
+        )
+    return None
+
+
 def run_create(
     *,
     agent_name: str,
@@ -192,11 +222,13 @@ def run_create(
         cost=max_cost,
     )
     kind = llm or default_llm_kind(script)
+    if refusal := llm_refusal(agent, llm=kind, script=script):
+        raise refusal
     with transaction.atomic():
         run = Run.objects.create(
             agent=agent.name,
             agent_version=agent.version,
-            model=model_id(kind),
+            model=model_id(kind, agent),
             task=task,
             requester=requester,
             llm=kind,
@@ -241,9 +273,29 @@ class BudgetRefused(ValueError):
     """A budget above the agent's ceiling, asked for by someone who may not."""
 
 
-def model_id(kind: str) -> str:
-    """The model a run of this LLM kind is pinned to."""
-    return settings.ANTHROPIC_MODEL if kind == Run.LLMKind.ANTHROPIC else "scripted"
+def model_id(kind: str, agent) -> str:
+    """The model a run of ``agent`` with this LLM kind is pinned to: the agent's own
+    Anthropic model, else the desk's (ANTHROPIC_MODEL); "scripted" for a scenario or a
+    demo model."""
+    if kind == Run.LLMKind.ANTHROPIC:
+        return agent.model or settings.ANTHROPIC_MODEL
+    return "scripted"
+
+
+class AgentNotLoaded(LookupError):
+    """The run's agent is not loaded in this process (DESK_AGENTS), or an upstream that
+    makes it could not be reached: nothing is wrong with the run; a process that has
+    it will carry it on."""
+
+
+def agent_of(run: Run):
+    """The AgentSpec of ``run`` in this process, or AgentNotLoaded saying why not."""
+    try:
+        return get_agent(run.agent)
+    except LookupError as exc:
+        if run.agent in (settings.DESK_MCP_UPSTREAMS or {}):
+            raise AgentNotLoaded(str(exc).strip("'\"")) from None
+        raise AgentNotLoaded(not_loaded_here("agent", run.agent)) from None
 
 
 def run_budget(agent, *, requester=None, steps=None, tokens=None, cost=None) -> Budget:
@@ -704,8 +756,9 @@ def version_mismatch(run: Run) -> str:
     try:
         agent = get_agent(run.agent)
     except LookupError:
-        return f"agent {run.agent} no longer exists"
-    current_model = model_id(run.llm)
+        # Not a change of version: this process does not have the agent (agent_of).
+        return ""
+    current_model = model_id(run.llm, agent)
     if run.agent_version == agent.version and (not run.model or run.model == current_model):
         return ""
     pinned = f"version {run.agent_version}" + (f", model {run.model}" if run.model else "")
@@ -725,12 +778,12 @@ def run_repin(*, run_id: int, actor) -> str:
     change is queued again. Returns what was done, for the person."""
     if not may_repin(actor):
         raise PermissionError("only an admin may repin a run")
-    agent = get_agent(Run.objects.only("agent").get(pk=run_id).agent)
+    agent = agent_of(Run.objects.only("agent").get(pk=run_id))
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
         if run.is_finished:
             raise GuardConflict(f"run {run_id} is {run.status}; there is nothing to repin")
-        new_model = model_id(run.llm)
+        new_model = model_id(run.llm, agent)
         waiting = run.status == RunStatus.WAITING_APPROVAL and run.guard == RunGuard.VERSION
         if run.agent_version == agent.version and run.model == new_model:
             if waiting:  # the agent went back to the version the run is pinned to

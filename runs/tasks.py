@@ -34,8 +34,9 @@ def advance_run(run_id: int, sent_at: float | None = None) -> str:
         log.debug("run %s: nudge sent at %.6f, taken at %.6f", run_id, sent_at, time.time())
     with log_context(run_id=run_id):
         result = run_advance(run_id)
-    if result.outcome == Outcome.RETRY:
-        # Backoff by re-scheduling, never by sleeping in a worker.
+    if result.outcome in (Outcome.RETRY, Outcome.NOT_HERE):
+        # Backoff by re-scheduling, never by sleeping in a worker (any worker may take
+        # the nudge: one that has the run's agent carries it on).
         advance_run.apply_async(args=[run_id], countdown=result.retry_after)
     return result.outcome
 

@@ -1,12 +1,7 @@
 from __future__ import annotations
 
-from importlib import import_module
-
 from django.apps import AppConfig
-
-# Importing an agent's module registers it and its tools. In this order: onboarding's
-# agent names refund-desk's send_email (one tool, one registry entry).
-BUILT_IN_AGENTS = ("tools.refund_desk.agent", "tools.onboarding.agent")
+from django.conf import settings
 
 
 class ToolsConfig(AppConfig):
@@ -14,5 +9,8 @@ class ToolsConfig(AppConfig):
     verbose_name = "Tools and sandbox world"
 
     def ready(self) -> None:
-        for module in BUILT_IN_AGENTS:
-            import_module(module)
+        # Every process: the built-in agents (unless DESK_BUILT_IN_AGENTS is off), then
+        # the team's own (DESK_AGENTS); a broken one stops the process here (tools.loading).
+        from .loading import agents_load
+
+        agents_load(settings.DESK_AGENTS, built_in=settings.DESK_BUILT_IN_AGENTS)

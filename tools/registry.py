@@ -1,16 +1,22 @@
 """The tool registry: what an agent can do to the world, and the agents themselves.
 
+Public and stable: a team's agent module (named in ``DESK_AGENTS``) is written against
+``ToolSpec``, ``AgentSpec``, ``register_tool``, ``register_agent``, ``tool``, ``READ``,
+``REVERSIBLE``, ``COMPENSABLE``, ``IRREVERSIBLE``, ``ToolError``, ``UnknownOutcome`` and
+``ToolContext``; their names and fields change only by adding. docs/agents.md is the
+author's guide: every hook, when it is called and what it must guarantee.
+
 A ToolSpec says what a tool is (name, description, JSON-schema input), what it
 does (``function``), whether it changes the world (``kind``), how to find out
 after a crash or timeout whether an earlier attempt took effect
 (``reconcile``), whether re-running it with the same idempotency key is safe
-(``honours_key``) and which facts about a call a gate rule may test.
+(``honours_key``) and which facts about a call a gate rule may test. ``tool`` makes
+one of a typed function (tools.schema).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,10 +25,19 @@ from typing import Any
 
 import jsonschema
 
+from .idempotency import canonical_json as canonical_json
+from .idempotency import compensation_key as compensation_key
+from .idempotency import idempotency_key as idempotency_key
+from .idempotency import idempotency_keys_so_far as idempotency_keys_so_far
+from .idempotency import input_hash
 from .inputs import money_problem
 
 READ = "read"
 WRITE = "write"
+# Names: an agent's is in URLs and commands; a tool's is what the model and every
+# channel call it, one name across agents ("notes.add_note": an MCP upstream's).
+AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
+TOOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
 
 # What undoing a write means (the saga layer):
 REVERSIBLE = "reversible"  # a true inverse: delete the created row, rename back
@@ -168,18 +183,43 @@ class ToolSpec:
     # Top-level input fields that are rupees: bounded, in ``validation_errors``, by what
     # the desk's money columns hold and by two decimals (tools.inputs.money_problem).
     money: tuple[str, ...] = ()
+    # Seconds a call may take before it is stopped (None: the desk's
+    # DESK_TOOL_TIMEOUT_SECONDS). A read stopped so has failed; a write's outcome is
+    # unknown and is settled by ``reconcile`` or a person (runs.engine.execution).
+    timeout: float | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not TOOL_NAME.fullmatch(self.name):
+            raise ValueError(
+                f"tool name {self.name!r}: use 1 to 200 letters, digits, '_', '-' or '.', "
+                "starting with a letter or a digit"
+            )
+        if self.timeout is not None and not (
+            isinstance(self.timeout, int | float) and not isinstance(self.timeout, bool) and self.timeout > 0
+        ):
+            raise ValueError(
+                f"tool {self.name}: timeout must be a number of seconds above 0, not {self.timeout!r}"
+            )
         if self.kind not in (READ, WRITE):
             raise ValueError(f"tool {self.name}: kind must be read or write, not {self.kind!r}")
         if self.kind == WRITE:
             if self.undo not in UNDO_KINDS:
-                raise ValueError(f"write tool {self.name} must declare undo as one of {UNDO_KINDS}")
+                raise ValueError(
+                    f"write tool {self.name} must declare undo as one of {', '.join(UNDO_KINDS)} "
+                    "(a tool that only reads: kind=READ)"
+                )
             if self.undo != IRREVERSIBLE and self.compensate is None:
                 raise ValueError(f"{self.undo} tool {self.name} needs a compensate function")
         elif self.undo or self.verify or self.preview:
             raise ValueError(f"read tool {self.name} has nothing to undo, verify or preview")
-        jsonschema.Draft202012Validator.check_schema(self.input_schema)
+        if not isinstance(self.input_schema, dict) or self.input_schema.get("type") != "object":
+            raise ValueError(f'tool {self.name}: input_schema must be a JSON schema with "type": "object"')
+        try:
+            jsonschema.Draft202012Validator.check_schema(self.input_schema)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(
+                f"tool {self.name}: input_schema is not a valid JSON schema: {exc.message}"
+            ) from None
         unknown = set(self.money) - set(self.input_schema.get("properties", {}))
         if unknown:
             raise ValueError(f"tool {self.name}: money fields {sorted(unknown)} are not in its schema")
@@ -248,6 +288,67 @@ class ToolSpec:
             "description": self.description,
             "input_schema": self.input_schema,
         }
+
+
+def tool(
+    function: Callable | None = None,
+    *,
+    name: str = "",
+    description: str = "",
+    kind: str = WRITE,
+    register: bool = True,
+    **hooks: Any,
+):
+    """Make a typed function a tool (and register it): ``@tool(kind=READ)`` or
+    ``@tool(undo=COMPENSABLE, compensate=..., reconcile=..., honours_key=True)``.
+
+    Its input schema comes from the type hints (pydantic), its description from the
+    docstring; its first parameter takes the ``ToolContext`` if it is annotated so or
+    named ``ctx``. ``hooks`` are ToolSpec's other fields (``undo``, ``reconcile``,
+    ``capture``, ``compensate``, ``verify``, ``preview``, ``context``, ``warnings``,
+    ``facts``, ``money``, ``timeout``, ``honours_key``): each receives the input as the
+    JSON object the model sent (docs/agents.md). Returns the ToolSpec; ``tool_names``
+    of an AgentSpec takes it as it is."""
+
+    def make(fn: Callable) -> ToolSpec:
+        from .schema import function_tool  # pydantic and docstring_parser: only for such tools
+
+        tool_name = name or getattr(fn, "__name__", "")
+        parts = function_tool(fn, context_type=ToolContext, error_type=ToolError, name=tool_name)
+        text = description or parts.description
+        if not text:
+            raise ValueError(f"tool {tool_name}: say what it does in a docstring (the model reads it)")
+        unknown = set(hooks) - _TOOL_HOOKS
+        if unknown:
+            raise ValueError(f"tool {tool_name}: unknown arguments {', '.join(sorted(unknown))}")
+        spec = ToolSpec(
+            name=tool_name,
+            description=text,
+            input_schema=parts.input_schema,
+            function=parts.call,
+            kind=kind,
+            **hooks,
+        )
+        return register_tool(spec) if register else spec
+
+    return make(function) if function is not None else make
+
+
+# ToolSpec's fields that ``tool`` passes through.
+_TOOL_HOOKS = {
+    "reconcile",
+    "honours_key",
+    "facts",
+    "undo",
+    "capture",
+    "compensate",
+    "verify",
+    "preview",
+    "context",
+    "warnings",
+    "money",
+    "timeout",
+}
 
 
 @dataclass(frozen=True)
@@ -325,8 +426,22 @@ class AgentSpec:
     transitions: tuple[Transition, ...] = ()
     requirements: RequirementsFunction | None = None
     task_params: TaskParamsFunction | None = None
+    # What the agent is for, in a sentence (the agents page, the start form).
+    description: str = ""
+    # The Anthropic model its runs use ("": the desk's ANTHROPIC_MODEL).
+    model: str = ""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not AGENT_NAME.fullmatch(self.name):
+            raise ValueError(
+                f"agent name {self.name!r}: use 1 to 100 letters, digits, '_' or '-', "
+                "starting with a letter or a digit"
+            )
+        # Tools may be given as the ToolSpecs themselves (what ``tool`` returns).
+        names = tuple(t.name if isinstance(t, ToolSpec) else t for t in self.tool_names)
+        object.__setattr__(self, "tool_names", names)
+        if len(set(self.tool_names)) != len(self.tool_names):
+            raise ValueError(f"agent {self.name}: a tool is named twice in tool_names")
         names = {stage.name for stage in self.stages}
         for transition in self.transitions:
             if transition.source not in names or transition.target not in names:
@@ -370,17 +485,34 @@ class AgentSpec:
     @property
     def version(self) -> str:
         """Hash of everything that shapes what the agent does: the system prompt, the
-        tools' schemas and descriptions, stages and transitions, guard settings."""
+        tools' schemas, descriptions and kinds, stages and transitions, guard settings,
+        its model and its demo model (by name: the function, and the script)."""
         payload = {
             "system": self.system,
-            "tools": [t.for_model() for t in self.tools],
+            "tools": [t.for_model() | {"kind": t.effect_kind, "timeout": t.timeout} for t in self.tools],
             "stages": [[s.name, list(s.tools)] for s in self.stages],
             "transitions": [[t.source, t.target, list(t.after), list(t.statuses)] for t in self.transitions],
             "patience": self.patience,
             "budget_default": self.budget_default.as_dict(),
             "budget_ceiling": self.budget_ceiling.as_dict(),
+            "model": self.model,
+            "demo_model": _qualified_name(self.demo_model),
+            "demo_script": self.demo_script,
+            "requirements": _qualified_name(self.requirements),
+            "task_params": _qualified_name(self.task_params),
         }
         return input_hash(payload)[:16]
+
+    @property
+    def has_demo_model(self) -> bool:
+        """Whether a run of it can go with no API key and no scenario (an offline model)."""
+        return self.demo_model is not None or bool(self.demo_script)
+
+
+def _qualified_name(function: Callable | None) -> str:
+    if function is None:
+        return ""
+    return f"{getattr(function, '__module__', '')}.{getattr(function, '__qualname__', repr(function))}"
 
 
 _TOOLS: dict[str, ToolSpec] = {}
@@ -388,17 +520,57 @@ _AGENTS: dict[str, AgentSpec] = {}
 
 
 def register_tool(spec: ToolSpec) -> ToolSpec:
+    """Add a tool (once: another tool of the same name is refused, naming where the
+    first one came from)."""
+    if not isinstance(spec, ToolSpec):
+        raise TypeError(f"register_tool takes a ToolSpec, not {type(spec).__name__}")
     if spec.name in _TOOLS and _TOOLS[spec.name] is not spec:
-        raise ValueError(f"tool {spec.name!r} is already registered")
+        raise ValueError(f"tool {spec.name!r} is already registered{_from('tool', spec.name)}")
     _TOOLS[spec.name] = spec
     return spec
 
 
 def register_agent(spec: AgentSpec) -> AgentSpec:
+    """Add an agent whose tools are registered already (once, like a tool)."""
+    if not isinstance(spec, AgentSpec):
+        raise TypeError(f"register_agent takes an AgentSpec, not {type(spec).__name__}")
     for name in spec.tool_names:
-        get_tool(name)
+        if name not in _TOOLS:
+            raise ValueError(f"agent {spec.name}: its tool {name!r} is not registered (register it first)")
+    if spec.name in _AGENTS and _AGENTS[spec.name] is not spec:
+        raise ValueError(f"agent {spec.name!r} is already registered{_from('agent', spec.name)}")
     _AGENTS[spec.name] = spec
     return spec
+
+
+def _from(kind: str, name: str) -> str:
+    source = source_of(kind, name)
+    return f" (by {source})" if source else ""
+
+
+# Where each agent and tool came from: the module that registered it (tools.loading
+# notes it as it imports DESK_AGENTS), or "DESK_MCP_UPSTREAMS[notes]".
+_SOURCES: dict[tuple[str, str], str] = {}
+
+
+def note_source(source: str, *, agents=(), tools=()) -> None:
+    for name in agents:
+        _SOURCES.setdefault(("agent", name), source)
+    for name in tools:
+        _SOURCES.setdefault(("tool", name), source)
+
+
+def source_of(kind: str, name: str) -> str:
+    """The module (or setting) that registered the agent or tool ``name``; "" if unknown."""
+    found = _SOURCES.get((kind, name))
+    if found is None and kind == "tool" and name in _TOOLS:
+        found = getattr(_TOOLS[name].function, "__module__", "") or ""
+    return found or ""
+
+
+def registered_names() -> tuple[set[str], set[str]]:
+    """The names of the agents and the tools registered so far."""
+    return set(_AGENTS), set(_TOOLS)
 
 
 def get_tool(name: str) -> ToolSpec:
@@ -438,9 +610,29 @@ def _loading() -> set[str]:
     return _LOADING.names
 
 
-def register_agent_loader(loader: Callable[[str], AgentSpec | None]) -> None:
+# What the loaders could make: names -> the agents they would load if asked (the
+# agents page and the start form list them before any is made).
+_AGENT_LISTERS: list[Callable[[], Any]] = []
+
+
+def register_agent_loader(
+    loader: Callable[[str], AgentSpec | None], *, names: Callable[[], Any] | None = None
+) -> None:
+    """``loader(name)`` makes agent ``name`` on first use (or None: not one of its);
+    ``names()`` lists those it can make, without making them."""
     if loader not in _AGENT_LOADERS:
         _AGENT_LOADERS.append(loader)
+    if names is not None and names not in _AGENT_LISTERS:
+        _AGENT_LISTERS.append(names)
+
+
+def agent_names() -> list[str]:
+    """Every agent this process has or can make on first use, sorted: ``get_agent`` of
+    one made on first use may still fail (its upstream unreachable)."""
+    names = set(_AGENTS)
+    for lister in _AGENT_LISTERS:
+        names.update(lister())
+    return sorted(names)
 
 
 def get_agent(name: str) -> AgentSpec:
@@ -475,59 +667,3 @@ def arguments_in_order(tool_name: str, tool_input: Any) -> list[tuple[str, Any]]
     known = [key for key in schema if key in tool_input]
     rest = sorted(key for key in tool_input if key not in schema)
     return [(key, tool_input[key]) for key in known + rest]
-
-
-def _canonical(value: Any) -> Any:
-    # 2900, 2900.0 and Decimal("2900.00") are the same amount: one key.
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return value
-    if isinstance(value, (int, float, Decimal)):
-        number = Decimal(str(value)).normalize()
-        return int(number) if number == number.to_integral_value() else str(number)
-    if isinstance(value, dict):
-        return {str(k): _canonical(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
-    return str(value)
-
-
-def canonical_json(value: Any) -> str:
-    return json.dumps(_canonical(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def input_hash(value: Any) -> str:
-    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
-
-
-def idempotency_key(*, run_id: int, generation: int, tool_name: str, tool_input: Any) -> str:
-    """The one derivation of a call's key (a model's call or a reviewer's edit of it).
-
-    Derived, never random: a retry, a resumed run or a repeated request carries
-    the same key, so downstream systems can deduplicate. ``generation`` has no
-    default: a rewound run starts a new generation, and a call it makes again
-    after its effect was undone is a new effect that must get a new key.
-    Compensations derive theirs from the call's (``compensation_key``).
-    """
-    return _key(run_id, generation, tool_name, input_hash(tool_input))
-
-
-def idempotency_keys_so_far(*, run_id: int, generation: int, tool_name: str, tool_input: Any) -> list[str]:
-    """The keys this call would have had in every generation up to ``generation``.
-
-    A rewind undoes only the effects after its step: one made in an earlier
-    generation and kept still stands, so the same call asked again is a repeat.
-    """
-    digest = input_hash(tool_input)
-    return [_key(run_id, g, tool_name, digest) for g in range(generation + 1)]
-
-
-def _key(run_id: int, generation: int, tool_name: str, digest: str) -> str:
-    material = f"{run_id}:{tool_name}:{digest}"
-    if generation:
-        material += f":g{generation}"
-    return hashlib.sha256(material.encode()).hexdigest()[:40]
-
-
-def compensation_key(call_key: str) -> str:
-    """The derived key of the compensation of the call with ``call_key``."""
-    return hashlib.sha256(f"compensate:{call_key}".encode()).hexdigest()[:40]

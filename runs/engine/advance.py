@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from ..llm import LLM, AwaitingCaller, PermanentLLMError, TransientLLMError
 from ..models import Run, RunGuard
-from ..services import version_mismatch
+from ..services import AgentNotLoaded, agent_of, version_mismatch
 from .lease import lease_claim, new_lease_owner
 from .loop import RunStepper
 from .outcomes import CARRY_ON, AdvanceResult, KeyNotLoaded, LeaseLost, Outcome, fail_run, wait_for_person
@@ -32,6 +32,10 @@ def run_advance(run_id: int, *, owner: str | None = None, llm: LLM | None = None
     if run is None:
         return AdvanceResult(Outcome.BUSY)
     log.debug("run %s: lease claimed at %.6f", run_id, time.time())
+    try:
+        agent_of(run)
+    except AgentNotLoaded as exc:
+        return _wait_for_agent(run, owner, exc)
     mismatch = version_mismatch(run)
     if mismatch:
         # Pinned: never carry a run on under a prompt, tools or guards it did not start with.
@@ -68,14 +72,32 @@ def run_advance(run_id: int, *, owner: str | None = None, llm: LLM | None = None
 def run_advance_until_settled(run_id: int, *, llm: LLM | None = None, sleep=None) -> AdvanceResult:
     """Advance in this process (``--sync``): wait out transient errors here.
 
-    Only the command line does this; workers re-schedule instead of sleeping.
-    """
+    Only the command line does this; workers re-schedule instead of sleeping. A run
+    whose agent this process lacks is left to a process that has it (``NOT_HERE``)."""
     sleep = sleep or time.sleep
     while True:
         result = run_advance(run_id, llm=llm)
         if result.outcome != Outcome.RETRY:
             return result
         sleep(result.retry_after or 1)
+
+
+# How long a run whose agent this process lacks is left before any process tries it again.
+AGENT_WAIT_SECONDS = 10.0
+
+
+def _wait_for_agent(run: Run, owner: str, exc: AgentNotLoaded) -> AdvanceResult:
+    """This process does not have the run's agent (DESK_AGENTS): no step ran and
+    nothing was written but the claim. The run keeps its status, its error says what
+    is missing where (the run page, ``runstatus``; the next step clears it), and the
+    lease is let go with a "not before", so any process may take it after that: one
+    that has the agent carries it on. Never a repin: the agent did not change."""
+    waiting = f"waiting: {exc}; no step ran here, tried again every {AGENT_WAIT_SECONDS:.0f} s"
+    Run.objects.filter(pk=run.pk, lease_owner=owner).update(
+        lease_owner="", lease_until=timezone.now() + timedelta(seconds=AGENT_WAIT_SECONDS), error=waiting
+    )
+    log.error("run %s: %s", run.pk, waiting)
+    return AdvanceResult(Outcome.NOT_HERE, retry_after=AGENT_WAIT_SECONDS)
 
 
 # How long a run whose key is not loaded waits before it is tried again.

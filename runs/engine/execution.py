@@ -13,10 +13,13 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from tools.deadline import ToolTimedOut, call_with_deadline
+from tools.inputs import UnsafeJSON, check_json
 from tools.registry import ToolContext, ToolError, ToolSpec, UnknownOutcome, find_tool, input_hash
 
 from ..failpoints import failpoint
@@ -72,11 +75,19 @@ class Executing:
                 is_error=True,
             )
             return CARRY_ON
-        # What the compensation will need, read before the effect.
+        # What the compensation will need, read before the effect. A capture that fails
+        # in any way stops the call before its intent: nothing has happened yet.
         try:
-            pre_state = spec.capture(self._tool_context(call), call.input) if spec.capture else None
+            pre_state = (
+                call_hook(spec, "capture", spec.capture, self._tool_context(call), call.input)
+                if spec.capture
+                else None
+            )
         except ToolError as exc:
             self._resolve_now(call, CallStatus.FAILED, f"{spec.name} failed: {exc}", is_error=True)
+            return CARRY_ON
+        except ToolMisbehaved as exc:
+            self._resolve_now(call, CallStatus.FAILED, f"{exc}; {spec.name} did not run.", is_error=True)
             return CARRY_ON
         with transaction.atomic():
             self._renew_lease()
@@ -100,6 +111,9 @@ class Executing:
         except UnknownOutcome as exc:
             log.warning("run %s: %s outcome unknown (%s); reconciling", self.run.pk, call, exc)
             return self._recover(call, spec)
+        except ToolMisbehaved as exc:
+            log.warning("run %s: %s: %s; reconciling", self.run.pk, call, exc)
+            return self._recover(call, spec, misbehaved=str(exc))
         failpoint("after_tool_effect", call.step)
         self._commit(call, result, is_error, reason=reason)
         return CARRY_ON
@@ -111,16 +125,39 @@ class Executing:
                 call, new, reason=reason, result=result, is_error=is_error, finished_at=timezone.now()
             )
 
-    def _recover(self, call: ToolCall, spec: ToolSpec) -> StepResult:
-        """A write found ``executing``: its outcome is unknown. Never retry blind."""
+    def _recover(self, call: ToolCall, spec: ToolSpec, *, misbehaved: str = "") -> StepResult:
+        """A write found ``executing``: its outcome is unknown. Never retry blind.
+
+        ``misbehaved``: the tool raised something other than ToolError or UnknownOutcome
+        (a dropped connection, a bug), or returned what is not JSON. If its ``reconcile``
+        finds no effect by the call's key, nothing happened: a tool that deduplicates on
+        the key runs again with it (a dropped connection heals), up to its attempts; then,
+        or for a tool that does not, the call failed, with that error for the model and
+        the run page. With no ``reconcile`` nobody can tell, and a person is asked."""
         lookup = ""
         try:
-            found = spec.reconcile(self._tool_context(call), call.input) if spec.reconcile else None
-        except UnknownOutcome as exc:  # the world could not be asked
+            found = (
+                call_hook(spec, "reconcile", spec.reconcile, self._tool_context(call), call.input)
+                if spec.reconcile
+                else None
+            )
+        except (UnknownOutcome, ToolError, ToolMisbehaved) as exc:  # the world could not be asked
             found, lookup = None, f"; looking it up failed: {exc}"
         if found is not None:
             self._commit(call, found, False, reason="reconciled by idempotency key")
             return CARRY_ON
+        retry = spec.honours_key and call.attempts < MAX_UNKNOWN_OUTCOME_ATTEMPTS
+        if misbehaved and spec.reconcile is not None and not lookup and not retry:
+            self._commit(
+                call,
+                f"{misbehaved}. Its reconcile found no effect by the call's idempotency key: "
+                "nothing was done.",
+                True,
+                reason=f"failed: {misbehaved}",
+            )
+            return CARRY_ON
+        if misbehaved:
+            lookup = f" ({misbehaved}){lookup}"
         if not spec.honours_key:
             return self._outcome_unknown(
                 call,
@@ -221,19 +258,62 @@ def _as_permission(spec: ToolSpec) -> ToolSpec:
     return cached[1]
 
 
-def _invoke(spec: ToolSpec, ctx: ToolContext, tool_input: dict) -> tuple[object, bool]:
-    """Run a tool; a clean refusal becomes an error result the model can read."""
+class ToolMisbehaved(Exception):
+    """A tool raised what it should not (not ToolError nor UnknownOutcome) or returned
+    what is not JSON. The message names the tool and says which."""
+
+
+class ToolStopped(UnknownOutcome):
+    """A tool ran past its deadline and was stopped: what it did is unknown."""
+
+
+def tool_timeout(spec: ToolSpec) -> float:
+    """Seconds a call of ``spec`` may take: its own ``timeout``, else the desk's."""
+    return spec.timeout or settings.DESK_TOOL_TIMEOUT_SECONDS
+
+
+def call_hook(spec: ToolSpec, what: str, hook, *args):
+    """A tool's function or hook, under the tool's deadline, its answer checked as JSON.
+
+    ToolError and UnknownOutcome go through as the tool raised them; a deadline passed
+    is ToolStopped (an UnknownOutcome: the tool was stopped mid-way); anything else, and
+    an answer that is not JSON, is ToolMisbehaved."""
     try:
-        return spec.function(ctx, tool_input), False
+        value = call_with_deadline(tool_timeout(spec), hook, *args)
+    except (ToolError, UnknownOutcome):
+        raise
+    except ToolTimedOut as exc:
+        raise ToolStopped(f"{spec.name}{_of(what)} {exc}") from None
+    except Exception as exc:
+        if what == "function":
+            log.exception("%s tool %s crashed", "read" if spec.is_read else "write", spec.name)
+        else:
+            log.exception("tool %s: its %s crashed", spec.name, what)
+        raise ToolMisbehaved(f"{spec.name}{_of(what)} raised {type(exc).__name__}: {exc}") from exc
+    try:
+        check_json(value)
+    except UnsafeJSON as exc:
+        raise ToolMisbehaved(f"{spec.name}{_of(what)} returned what is not JSON ({exc})") from None
+    return value
+
+
+def _of(what: str) -> str:
+    return "" if what == "function" else f"'s {what}"
+
+
+def _invoke(spec: ToolSpec, ctx: ToolContext, tool_input: dict) -> tuple[object, bool]:
+    """Run a tool; a clean refusal becomes an error result the model can read.
+
+    A read that misbehaves or runs out of time failed (it changed nothing). A write's
+    UnknownOutcome (its own, or its deadline passed) and ToolMisbehaved go up to
+    ``_make_effect``: the effect may have happened, and its key decides."""
+    try:
+        return call_hook(spec, "function", spec.function, ctx, tool_input), False
     except ToolError as exc:
         return f"{spec.name} failed: {exc}", True
-    except UnknownOutcome:
-        raise
-    except Exception as exc:
-        if spec.is_read:
-            log.exception("read tool %s crashed", spec.name)
-            return f"{spec.name} failed: {type(exc).__name__}: {exc}", True
-        # A write that crashed in an unexpected way may or may not have taken
-        # effect: treat it as an unknown outcome, never as a clean failure.
-        log.exception("write tool %s crashed; treating the outcome as unknown", spec.name)
-        raise UnknownOutcome(f"{type(exc).__name__}: {exc}") from exc
+    except (UnknownOutcome, ToolMisbehaved) as exc:
+        if not spec.is_read:
+            raise
+        # A read changed nothing: it failed, saying why (the model and the run page).
+        said = str(exc) if isinstance(exc, ToolMisbehaved | ToolStopped) else f"{spec.name} failed: {exc}"
+        return said, True

@@ -97,12 +97,20 @@ def llm_for_run(run: Run) -> LLM:
             raise PermanentLLMError("this run uses Anthropic but ANTHROPIC_API_KEY is not set")
         return AnthropicLLM(
             api_key=settings.ANTHROPIC_API_KEY,
-            model=settings.ANTHROPIC_MODEL,
+            # The model the run is pinned to: its agent's own, else the desk's (model_id).
+            model=run.model or get_agent(run.agent).model or settings.ANTHROPIC_MODEL,
             base_url=settings.ANTHROPIC_BASE_URL,
         )
     agent = get_agent(run.agent)
     if run.script is None and agent.demo_model is not None:
         return DemoLLM(agent.demo_model)  # the offline default: it follows its task
+    if run.script is None and not agent.demo_script:
+        # Refused at the start (runs.services.llm_refusal); a run made before that rule,
+        # or whose agent lost its demo model since, ends saying why.
+        raise PermanentLLMError(
+            f"the agent {agent.name} has no demo model and this run has no scenario; "
+            "set ANTHROPIC_API_KEY or start it again with a scenario"
+        )
     script = run.script if run.script is not None else agent.demo_script
     try:
         return ScriptedLLM(script)

@@ -31,6 +31,7 @@ class Outcome(StrEnum):
     RETRY = "retry"  # a transient LLM error: try again after retry_after seconds
     LOST = "lost"  # the lease was taken from us mid-way
     IDLE = "idle"  # an external session did all it was sent; it waits for its caller
+    NOT_HERE = "not_here"  # this process lacks the run's agent: another process, after retry_after
 
 
 @dataclass

@@ -277,7 +277,7 @@ DEMO_SCRIPT = {
 }
 
 # send_email is refund-desk's tool, shared (one registry entry): tools.apps registers
-# refund-desk's agent module first (tools.apps.BUILT_IN_AGENTS).
+# refund-desk's agent module first (tools.loading.BUILT_IN_AGENTS).
 register_agent(
     AgentSpec(
         name="onboarding",

@@ -10,10 +10,13 @@ from runs.forms import MAX_PARAMS, MAX_STEPS, MAX_TOKENS
 from runs.llm import ScenarioError, load_scenario
 from runs.models import MAX_TASK_CHARS
 from runs.selectors import dry_run_preview
-from runs.services import run_create, task_too_long
+from runs.services import default_llm_kind, llm_refusal, run_create, task_too_long
+from tools.loading import agents_loaded_here
 from tools.registry import get_agent
 
 from ._common import amount, task_param, text_argument, user_by_name, whole_number
+
+QUOTES = "'\""
 
 
 class Command(BaseCommand):
@@ -71,10 +74,15 @@ class Command(BaseCommand):
             raise CommandError(problem)
         params = self._params(param)
         try:
-            get_agent(agent)
+            spec = get_agent(agent)
             scenario = load_scenario(script) if script else None
-        except (LookupError, ScenarioError) as exc:
-            raise CommandError(str(exc).strip("'\"")) from None
+        except LookupError as exc:
+            raise CommandError(f"{str(exc).strip(QUOTES)}; {agents_loaded_here()}") from None
+        except ScenarioError as exc:
+            raise CommandError(str(exc)) from None
+        llm = default_llm_kind(scenario)
+        if refusal := llm_refusal(spec, llm=llm, script=scenario, give_script="start it with --script FILE"):
+            raise CommandError(str(refusal))
         requester = user_by_name(user)
         try:
             run = run_create(

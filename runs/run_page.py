@@ -15,7 +15,7 @@ from decimal import Decimal
 
 from django.utils import timezone
 
-from tools.registry import find_tool
+from tools.registry import NOT_LOADED, find_tool
 
 from .models import ApprovalStatus, Message, Run, RunGuard, RunStatus, Step, ToolCall
 from .selectors import DECIDE_PERMISSION, call_would, is_amount
@@ -314,7 +314,9 @@ def call_shown(run: Run, call: ToolCall) -> CallShown:
         pending_edit=pending_edit,
         pending_edit_text=pretty(pending_edit.input) if pending_edit else "",
         would=call_would(call) if run.dry_run else "",
-        kind=spec.effect_kind if undoable else "",
+        kind=spec.effect_kind
+        if undoable
+        else (NOT_LOADED if spec is None and run.kind != Run.Kind.EXTERNAL else ""),
         amount=next((v for k, v in inputs.items() if is_amount(k)), None),
         votes=votes_shown(approval),
     )

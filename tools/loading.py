@@ -85,5 +85,12 @@ def agents_loaded_here() -> str:
 
 def not_loaded_here(kind: str, name: str) -> str:
     """Why this process cannot act for agent or tool ``name``: "agent subscriptions is
-    not loaded here: DESK_AGENTS is not set"."""
+    not loaded here: DESK_AGENTS is not set". A tool "<agent>.<tool>" of an agent made
+    on first use (an MCP upstream's) whose agent could not be made says so."""
+    maker = name.split(".", 1)[0] if kind == "tool" and "." in name else ""
+    if maker and maker in registry.agent_names():
+        return (
+            f"{kind} {name} is not loaded here: its agent {maker} could not be made "
+            "(is its upstream reachable?)"
+        )
     return f"{kind} {name} is not loaded here: {agents_loaded_here()}"

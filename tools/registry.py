@@ -37,7 +37,7 @@ WRITE = "write"
 # Names: an agent's is in URLs and commands; a tool's is what the model and every
 # channel call it, one name across agents ("notes.add_note": an MCP upstream's).
 AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
-TOOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
+TOOL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
 
 # What undoing a write means (the saga layer):
 REVERSIBLE = "reversible"  # a true inverse: delete the created row, rename back
@@ -54,6 +54,12 @@ UNDO_KIND_HELP = {
     IRREVERSIBLE: "A rollback can neither undo nor compensate it: once it ran, it stands, "
     "and a rollback stops before it.",
 }
+# A tool this process has not loaded (DESK_AGENTS): its kind is not guessed.
+NOT_LOADED = "not loaded"
+UNDO_KIND_HELP[NOT_LOADED] = (
+    "This process has not loaded the tool (DESK_AGENTS), so what it does and how it is undone "
+    "are not known here."
+)
 
 
 class ToolError(Exception):
@@ -192,7 +198,7 @@ class ToolSpec:
         if not isinstance(self.name, str) or not TOOL_NAME.fullmatch(self.name):
             raise ValueError(
                 f"tool name {self.name!r}: use 1 to 200 letters, digits, '_', '-' or '.', "
-                "starting with a letter or a digit"
+                "not starting with '-' or '.'"
             )
         if self.timeout is not None and not (
             isinstance(self.timeout, int | float) and not isinstance(self.timeout, bool) and self.timeout > 0

@@ -26,6 +26,7 @@ from approvals.decisions.selectors import approvals_visible_to, call_notes, deci
 from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest
 from approvals.policy.errors import DecisionError
+from tools.loading import not_loaded_here
 from tools.registry import find_tool
 
 APPROVE, DECLINE = "approve", "decline"
@@ -53,7 +54,9 @@ def bulk_approve_refusal(approval: ApprovalRequest) -> str | None:
     if approval.is_edited:
         return "its arguments are a person's edit"
     spec = find_tool(approval.tool_call.tool_name)
-    if spec is not None and spec.is_irreversible:
+    if spec is None:
+        return not_loaded_here("tool", approval.tool_call.tool_name)
+    if spec.is_irreversible:
         return f"{spec.name} cannot be undone"
     if approval.approvers_required > 1:
         return f"it needs {approval.approvers_required} approvers"

@@ -23,7 +23,8 @@ from runs.history import transcript_messages
 from runs.models import Message, Step, ToolCall
 from runs.reasons import money_reason
 from runs.selectors import VIEW_ALL_PERMISSION
-from tools.registry import ReviewContext, arguments_in_order, canonical_json, find_tool
+from tools.loading import not_loaded_here
+from tools.registry import NOT_LOADED, ReviewContext, arguments_in_order, canonical_json, find_tool
 from tools.sealing import find_locked
 
 # Which groups an approval requires (the many-to-many's table).
@@ -107,6 +108,14 @@ def decide_refusal(*, user, approval: ApprovalRequest) -> str | None:
     return sealed_refusal(approval)
 
 
+def tool_not_loaded_refusal(tool_name: str) -> str:
+    """Why a call of a tool this process has not loaded cannot be approved here."""
+    return (
+        f"{not_loaded_here('tool', tool_name)}. Nothing here knows what it does, so it cannot be "
+        "approved from here: decline it, or decide it where its agent is loaded."
+    )
+
+
 def sealed_refusal(approval: ApprovalRequest) -> str | None:
     """Why nobody may decide ``approval`` while the arguments that would run (the
     proposal's, or the call's) cannot be opened: a reviewer would decide on a
@@ -180,7 +189,9 @@ def approval_sla_minutes(approval: ApprovalRequest) -> int | None:
 def timeout_may_approve(approval: ApprovalRequest) -> str | None:
     """Why a timeout may not approve ``approval`` (its rule says approve), or None."""
     spec = find_tool(approval.tool_call.tool_name)
-    if spec is not None and spec.is_irreversible:
+    if spec is None:
+        return not_loaded_here("tool", approval.tool_call.tool_name)
+    if spec.is_irreversible:
         return f"{spec.name} cannot be undone"
     if approval.approvers_required > 1:
         return f"it needs {approval.approvers_required} approvers"
@@ -380,6 +391,8 @@ class ApprovalContext:
     # condition the current proposal was reviewed under, for people.
     rule: DecidedRule | None = None
     threshold: str = ""
+    # Why the call cannot be approved from this process: its tool is not loaded here.
+    not_loaded: str = ""
 
 
 def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> ApprovalContext:
@@ -421,7 +434,8 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
     rule = rule_as_decided(approval)
     return ApprovalContext(
         approval=approval,
-        tool_kind=spec.effect_kind if spec else "unknown",
+        tool_kind=spec.effect_kind if spec else NOT_LOADED,
+        not_loaded="" if spec else tool_not_loaded_refusal(call.tool_name),
         schema_fields=schema_fields(call.tool_name, shown),
         transcript=transcript,
         folded=sum(entry.folded for entry in transcript),

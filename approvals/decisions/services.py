@@ -57,6 +57,7 @@ from approvals.decisions.selectors import (
     has_approved_current,
     input_changes,
     timeout_may_approve,
+    tool_not_loaded_refusal,
 )
 from approvals.decisions.transitions import ApprovalMoved, approval_transition
 from approvals.models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule, GuardAction, Proposal
@@ -183,11 +184,12 @@ def _check_may_decide(approval: ApprovalRequest, reviewer, decision: Decision, *
     if decision.kind != DecisionKind.APPROVE or approval.is_guard:
         return
     spec = find_tool(approval.tool_call.tool_name)
-    # A tool this process does not know (gone, or an upstream's that cannot be reached)
-    # is treated as what cannot be undone: never approved without the confirmation.
-    if (spec is None or spec.is_irreversible) and not decision.confirm_irreversible:
-        name = spec.name if spec is not None else approval.tool_call.tool_name
-        raise DecisionError(f"{name} cannot be undone: confirm that you understand before approving it.")
+    if spec is None:
+        # A tool this process has not loaded (DESK_AGENTS, or an upstream that cannot be
+        # reached): nothing here knows what it does, so nothing here lets it run.
+        raise NotAllowed(tool_not_loaded_refusal(approval.tool_call.tool_name))
+    if spec.is_irreversible and not decision.confirm_irreversible:
+        raise DecisionError(f"{spec.name} cannot be undone: confirm that you understand before approving it.")
 
 
 # --- guards: what a person decides on a run that stopped for them ------------------

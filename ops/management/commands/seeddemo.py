@@ -5,14 +5,13 @@ import secrets
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from approvals.models import GateRule
 from runs.engine import run_advance_until_settled
 from runs.models import Run
 from runs.services import run_create
-from tools.refund_desk.agent import DEMO_TASK, seed_world
 
 GROUPS = ("reviewers", "senior-reviewers", "admins")
 # username, groups, superuser
@@ -82,6 +81,14 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, demo_run, **options):
+        if not settings.DESK_BUILT_IN_AGENTS:
+            # Importing the demo's agent would register it in a desk that runs only its own.
+            raise CommandError(
+                "The demo is the built-in agents' (refund-desk, onboarding), and DESK_BUILT_IN_AGENTS is "
+                "off here: seed a demo on a desk that loads them."
+            )
+        from tools.refund_desk.agent import DEMO_TASK, seed_world
+
         seed_world()
         with transaction.atomic():
             password, created = self._users()

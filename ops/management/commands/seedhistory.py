@@ -23,6 +23,7 @@ import random
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandError
@@ -111,6 +112,10 @@ class Command(BaseCommand):
     def handle(self, *args, calls, days, seed, no_shadow, once, **options):
         if calls < 1 or days < 1:
             raise CommandError("--calls and --days must be at least 1.")
+        if not settings.DESK_BUILT_IN_AGENTS:
+            raise CommandError(
+                "The history is the built-in agents' calls, and DESK_BUILT_IN_AGENTS is off here."
+            )
         if once and Run.objects.filter(agent_version=AGENT_VERSION).exists():
             self._quiet_history_people()  # a desk seeded before they were kept quiet
             self.stdout.write("History: already there.")

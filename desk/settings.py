@@ -519,7 +519,10 @@ DESK_SANDBOX_DIR = Path(env_str("DESK_SANDBOX_DIR", str(VAR_DIR / "sandbox")))
 # before answering "pending approval N", and upstream MCP servers to proxy (JSON:
 # {"agent-name": {"command": ["python", "server.py"]} or {"url": "http://..."}}).
 DESK_MCP_WAIT_SECONDS = env_int("DESK_MCP_WAIT_SECONDS", 60)
-DESK_MCP_UPSTREAMS = json.loads(env_str("DESK_MCP_UPSTREAMS", "{}") or "{}")
+try:
+    DESK_MCP_UPSTREAMS = json.loads(env_str("DESK_MCP_UPSTREAMS", "{}") or "{}")
+except json.JSONDecodeError as exc:
+    raise ImproperlyConfigured(f"DESK_MCP_UPSTREAMS is not valid JSON: {exc}") from None
 # The longest a GET /api/v1/calls/{id}?wait=N long poll may hold a request.
 DESK_API_MAX_WAIT_SECONDS = env_int("DESK_API_MAX_WAIT_SECONDS", 60)
 # Webhooks are delivered only to http(s) URLs on these hosts (comma-separated).

@@ -61,7 +61,7 @@ from approvals.decisions.selectors import (
 )
 from approvals.decisions.transitions import ApprovalMoved, approval_transition
 from approvals.models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule, GuardAction, Proposal
-from approvals.policy.errors import DecisionError, NotAllowed
+from approvals.policy.errors import DecisionError, NotAllowed, UnconfirmedIrreversible
 from approvals.policy.standing import standing_grant, standing_grant_refusal
 from approvals.record.audit import approval_with_facts
 from runs.gate import DENY, GUARD_ACTIONS, review_call
@@ -189,7 +189,9 @@ def _check_may_decide(approval: ApprovalRequest, reviewer, decision: Decision, *
         # reached): nothing here knows what it does, so nothing here lets it run.
         raise NotAllowed(tool_not_loaded_refusal(approval.tool_call.tool_name))
     if spec.is_irreversible and not decision.confirm_irreversible:
-        raise DecisionError(f"{spec.name} cannot be undone: confirm that you understand before approving it.")
+        raise UnconfirmedIrreversible(
+            f"{spec.name} cannot be undone: confirm that you understand before approving it."
+        )
 
 
 # --- guards: what a person decides on a run that stopped for them ------------------

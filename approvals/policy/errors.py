@@ -10,3 +10,7 @@ class DecisionError(Exception):
 
 class NotAllowed(DecisionError):
     pass
+
+
+class UnconfirmedIrreversible(DecisionError):
+    """An approval of what cannot be undone, without the decider's confirmation."""

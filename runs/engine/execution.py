@@ -159,10 +159,14 @@ class Executing:
         if misbehaved:
             lookup = f" ({misbehaved}){lookup}"
         if not spec.honours_key:
+            looked = (
+                "the world has no record of it by its key"
+                if spec.reconcile is not None
+                else "the tool has no reconcile to look it up by its key"
+            )
             return self._outcome_unknown(
                 call,
-                f"{call.tool_name} stopped mid-call, the world has no record of it by its key"
-                f"{lookup}, and the tool cannot be safely retried",
+                f"{call.tool_name} stopped mid-call, {looked}{lookup}, and the tool cannot be safely retried",
             )
         if call.attempts >= MAX_UNKNOWN_OUTCOME_ATTEMPTS:
             return self._outcome_unknown(

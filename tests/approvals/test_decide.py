@@ -174,18 +174,20 @@ def test_approving_an_irreversible_call_needs_an_explicit_confirmation(users):
     assert the_approval(run).status == ApprovalRequest.Status.APPROVED
 
 
-def test_a_call_of_a_tool_this_process_does_not_know_is_approved_only_with_the_confirmation(
+def test_a_call_of_a_tool_this_process_does_not_know_is_not_approved_here_even_confirmed(
     users, plain_refund_desk, monkeypatch
 ):
-    """A proxied tool whose upstream cannot be reached here, or a tool since removed:
-    what it does is unknown, so it is treated as what cannot be undone."""
+    """A proxied tool whose upstream cannot be reached here, or a tool this process did
+    not load (DESK_AGENTS): what it does is unknown here, so it is not guessed to be
+    irreversible and approved on a confirmation; it is declined here or decided where it
+    is loaded (tests/runs/test_agent_not_loaded.py)."""
     run = start(script(turn(("refund_item", {"order_id": "A-1001", "amount": 900, "reason": "x"}))))
     approval = the_approval(run)
     monkeypatch.setattr("approvals.decisions.services.find_tool", lambda name: None)
-    with pytest.raises(DecisionError, match="refund_item cannot be undone: confirm"):
-        decide(approval, users["reviewer"])
-    decide(approval, users["reviewer"], Decision.approve(confirm_irreversible=True))
-    assert the_approval(run).status == ApprovalRequest.Status.APPROVED
+    for decision in (Decision.approve(), Decision.approve(confirm_irreversible=True)):
+        with pytest.raises(NotAllowed, match="tool refund_item is not loaded here"):
+            decide(approval, users["reviewer"], decision)
+    assert the_approval(run).status == ApprovalRequest.Status.PENDING
 
 
 def test_a_deny_rule_still_denies_an_irreversible_call(users):

@@ -10,7 +10,7 @@ from approvals.decisions.errors import DecisionInvalid
 from approvals.decisions.guards import actions_text
 from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest, GuardAction, StandingApproval
-from approvals.policy.errors import DecisionError
+from approvals.policy.errors import DecisionError, UnconfirmedIrreversible
 from approvals.policy.standing import StandingTerms, standing_terms
 from runs.engine import run_advance_until_settled
 from runs.management.commands._common import is_id, text_argument, user_by_name
@@ -90,6 +90,8 @@ class Command(BaseCommand):
             result = approval_decide(
                 approval_id=int(approval_id), reviewer=reviewer, decision=decision, enqueue=not sync
             )
+        except UnconfirmedIrreversible as exc:
+            raise CommandError(f"{exc} (--confirm-irreversible)") from None
         except DecisionError as exc:
             raise CommandError(str(exc)) from None
         if decision.kind == Decision.Kind.ACT:

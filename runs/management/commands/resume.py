@@ -53,7 +53,9 @@ class Command(BaseCommand):
             while not lease_release_for_resume(run=run, steal=steal):
                 if time.monotonic() > deadline:
                     raise CommandError(f"Run {run.pk} is still leased by {run.lease_owner}.")
-                wait = max(0.2, min(2.0, (run.lease_until - timezone.now()).total_seconds()))
+                # Taken and let go meanwhile (no lease now): try again at once.
+                left = (run.lease_until - timezone.now()).total_seconds() if run.lease_until else 0
+                wait = max(0.2, min(2.0, left))
                 self.stdout.write(f"waiting for the lease of {run.lease_owner} ({wait:.1f}s)")
                 time.sleep(wait)
                 run.refresh_from_db()

@@ -21,6 +21,7 @@ from approvals.models import (
 )
 from approvals.notify.notifications import notifications_resend
 from approvals.notify.webhooks import webhook_retry, webhook_send_test
+from approvals.policy.agents import rule_tools
 from approvals.policy.overlap import name_contradiction, number_refusal, plain_threshold, rule_overlap
 from approvals.record.audit import rule_record
 from approvals.tuning import change_effect
@@ -69,7 +70,29 @@ class ThresholdChecked:
 
 
 class RuleForm(ThresholdChecked, forms.ModelForm):
-    pass
+    """The rule change form. Its tool is chosen from ``*`` and the tools of every agent
+    loaded here (``rule_tools``); a saved rule naming a tool not loaded here keeps it,
+    and the form says so instead of changing it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "tool" not in self.fields:
+            return
+        current = self.instance.tool if self.instance.pk is not None else ""
+        tools = rule_tools(current)
+        notes = [self.fields["tool"].help_text]
+        if tools.not_loaded:
+            notes.append(
+                f"{tools.not_loaded}. Its arguments cannot be checked here; the rule keeps it unless "
+                "you choose another."
+            )
+        if tools.not_made:
+            notes.append(f"Not listed, the agent could not be made here: {'; '.join(tools.not_made)}.")
+        self.fields["tool"] = forms.ChoiceField(
+            label="Tool",
+            choices=[("", "---------"), *tools.choices],
+            help_text=" ".join(notes),
+        )
 
 
 class RuleListForm(ThresholdChecked, forms.ModelForm):

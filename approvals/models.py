@@ -33,6 +33,7 @@ from approvals.record.chain import event_content, event_hash, event_subject
 from runs.gate import GUARD_ACTIONS
 from runs.models import ApprovalStatus, Effect, GuardKind, Run, ToolCall
 from runs.reasons import window_text
+from tools.loading import agents_loaded_here
 from tools.locks import lock_scope
 from tools.registry import find_tool
 from tools.sealed import SealedJSONField, SealedTextField, SearchIndexField
@@ -208,9 +209,12 @@ class GateRule(models.Model):
 
     def clean(self) -> None:
         errors = {}
-        spec = find_tool(self.tool) if self.tool != "*" else None
-        if self.tool != "*" and spec is None:
-            errors["tool"] = f"No tool named {self.tool!r}."
+        spec = find_tool(self.tool) if self.tool and self.tool != "*" else None
+        if self.tool and self.tool != "*" and spec is None and not self.keeps_tool_not_loaded:
+            errors["tool"] = (
+                f"No tool named {self.tool!r} is loaded here ({agents_loaded_here()}): choose a tool "
+                "of a loaded agent, or * for every tool."
+            )
         properties = spec.input_schema.get("properties", {}) if spec else {}
         if self.aggregate:
             if self.aggregate == self.Aggregate.SUM and not self.field:
@@ -232,12 +236,22 @@ class GateRule(models.Model):
                 errors["scope_fact"] = "Name the argument whose value the calls share (e.g. order_id)."
         elif self.scope_fact or self.window_minutes:
             errors["aggregate"] = "A scope argument or a window only applies to an aggregate rule."
+        # A rule tests the call's arguments: a field its tool does not have would never
+        # hold, and the rule would silently gate nothing.
+        fields = ", ".join(properties) if properties else "none"
         for name in ("field", "scope_fact"):
             value = getattr(self, name)
             if spec and value and value not in properties and name not in errors:
-                errors[name] = f"{self.tool} has no argument {value!r}."
+                errors[name] = f"{self.tool} has no field {value} (its fields: {fields})."
         if errors:
             raise ValidationError(errors)
+
+    @property
+    def keeps_tool_not_loaded(self) -> bool:
+        """A saved rule naming a tool this process has not loaded (DESK_AGENTS) stays
+        editable while its tool is kept (to disable it, change its threshold): its
+        arguments cannot be checked here, and the rule is not changed behind the admin's back."""
+        return self.pk is not None and GateRule.objects.filter(pk=self.pk, tool=self.tool).exists()
 
     def snapshot(self) -> dict:
         """The rule as it stands, for the record of an approval asked under it."""

@@ -1,11 +1,11 @@
 """The desk's URLs: the queue and approvals (decisions), mail and preferences
-(notify), analytics. Top floor: it may import every room's views."""
+(notify), analytics, the agents. Top floor: it may import every room's views."""
 
 from __future__ import annotations
 
 from django.urls import path
 
-from approvals import views_analytics
+from approvals import views_agents, views_analytics
 from approvals.decisions import views, views_queue
 from approvals.notify import views_mail
 
@@ -19,6 +19,7 @@ urlpatterns = [
     path("inbox/", views_mail.inbox, name="inbox"),
     path("preferences/", views_mail.preferences, name="notification-preferences"),
     path("analytics/", views_analytics.analytics, name="analytics"),
+    path("agents/", views_agents.agents, name="agents"),
     path("approvals/<id:approval_id>/", views.approval_detail, name="approval-detail"),
     path("approvals/<id:approval_id>/decide", views.approval_decide_view, name="approval-decide"),
     path("approvals/<id:approval_id>/claim", views.approval_claim_view, name="approval-claim"),

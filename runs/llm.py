@@ -125,13 +125,19 @@ def load_scenario(path: str | Path) -> dict:
         raise ScenarioError(f"cannot read scenario {path}: {exc.strerror or exc}") from None
     except ValueError:  # a NUL character in the name
         raise ScenarioError(f"cannot read scenario {path!r}: that is not a file name") from None
-    if len(raw) > MAX_SCENARIO_BYTES:
-        raise ScenarioError(f"{path} is over {MAX_SCENARIO_BYTES:,} bytes: too big for a scenario")
+    return parse_scenario(raw, name=str(path))
+
+
+def parse_scenario(raw: bytes, *, name: str, limit: int = MAX_SCENARIO_BYTES) -> dict:
+    """A scenario from the bytes of a file called ``name`` (a path, an upload), checked
+    like every scenario; any problem is a ScenarioError naming the file."""
+    if len(raw) > limit:
+        raise ScenarioError(f"{name} is over {limit:,} bytes: too big for a scenario")
     try:
         data = parse_json(raw)
     except UnsafeJSON as exc:
         reason = str(exc)  # "not valid JSON: ...", "not UTF-8 text", "NaN is not a number: ..."
-        message = f"{path} is {reason}" if reason.startswith("not ") else f"{path}: {reason}"
+        message = f"{name} is {reason}" if reason.startswith("not ") else f"{name}: {reason}"
         raise ScenarioError(message) from None
     return validate_scenario(data)
 

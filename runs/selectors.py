@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from copy import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime, time, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Case, CharField, Count, F, Q, Value, When
 from django.utils import timezone
 
 from tools.money import rupees
-from tools.registry import all_agents, arguments_in_order, find_tool
+from tools.registry import AgentSpec, Budget, all_agents, arguments_in_order, find_tool
 from tools.sealed import index_match
 
 from .history import transcript_messages
@@ -31,6 +33,7 @@ from .models import (
 )
 from .reasons import is_amount, money_reason
 from .saga import PERMISSION as UNDO_PERMISSION
+from .services import model_id
 
 VIEW_ALL_PERMISSION = "runs.view_all_runs"
 # Named by string: runs never imports approvals (see docs/architecture.md).
@@ -186,6 +189,55 @@ def run_agent_names() -> list[str]:
     """Every agent that has runs or is registered, for the history's agent filter."""
     names = set(Run.objects.order_by().values_list("agent", flat=True).distinct())
     return sorted(names | {agent.name for agent in all_agents()})
+
+
+# --- what an agent can be started with ------------------------------------------
+# The start form's third way, beside Run.LLMKind's two: a scenario file replayed
+# (a scripted run with a script; Run.LLMKind.SCRIPTED alone is the demo model).
+SCENARIO_FILE = "scenario"
+
+
+def models_now(agent: AgentSpec | None) -> list[tuple[str, str]]:
+    """What a run of ``agent`` can really be started with on this server now, as
+    (value, label): its demo model if it has one, Anthropic (its model) only with an
+    ANTHROPIC_API_KEY, and a scenario file always. ``agent`` None: one made on first use
+    not made yet (nothing known of it but its name). ``llm_refusal`` refuses the rest."""
+    offered = []
+    if agent is not None and agent.has_demo_model:
+        offered.append((Run.LLMKind.SCRIPTED, "Demo model"))
+    if settings.ANTHROPIC_API_KEY:
+        name = model_id(Run.LLMKind.ANTHROPIC, agent) if agent is not None else ""
+        offered.append((Run.LLMKind.ANTHROPIC, f"Anthropic ({name})" if name else "Anthropic"))
+    offered.append((SCENARIO_FILE, "Scenario file"))
+    return offered
+
+
+def agent_blurb(agent: AgentSpec) -> tuple[str, bool]:
+    """What ``agent`` is for, in a sentence: its description, else the first sentence of
+    its system prompt (the second value says which, so a page can label it)."""
+    if agent.description.strip():
+        return agent.description.strip(), False
+    first = re.split(r"(?<=[.!?])\s", agent.system.strip(), maxsplit=1)[0]
+    return (first if len(first) <= 200 else first[:199] + "…"), True
+
+
+def budget_text(budget: Budget) -> str:
+    """An agent's Budget in words: "50 steps, 200000 tokens, $2.00" ("no limit")."""
+    parts = []
+    if budget.steps is not None:
+        parts.append(f"{budget.steps} steps")
+    if budget.tokens is not None:
+        parts.append(f"{budget.tokens} tokens")
+    if budget.cost is not None:
+        parts.append(f"${budget.cost}")
+    return ", ".join(parts) or "no limit"
+
+
+def budget_start(agent: AgentSpec) -> Budget:
+    """What a run of ``agent`` gets when nobody asks for more or less: its default,
+    steps falling back to DESK_MAX_STEPS (as ``run_budget`` does)."""
+    default = agent.budget_default
+    return replace(default, steps=default.steps or settings.DESK_MAX_STEPS)
 
 
 def run_step_checkpoint(run: Run, number: int) -> dict | None:

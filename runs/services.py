@@ -179,6 +179,11 @@ def llm_refusal(
             "Anthropic is not available: ANTHROPIC_API_KEY is not set on this server.", code="llm_unavailable"
         )
     if llm == Run.LLMKind.SCRIPTED and script is None and not agent.has_demo_model:
+        if settings.ANTHROPIC_API_KEY:  # a key is set: the model is there to choose
+            return ModelUnavailable(
+                f"The agent {agent.name} has no demo model: run it on Anthropic, or {give_script}.",
+                code="no_script",
+            )
         return ModelUnavailable(
             f"The agent {agent.name} has no demo model, and this server has no ANTHROPIC_API_KEY: "
             "set ANTHROPIC_API_KEY (on the web, the workers and the commands) to run it on Claude, "

@@ -298,7 +298,7 @@ def run_checkpoint(request, run_id: int, number: int):
 # --- writes -------------------------------------------------------------------
 @require_http_methods(["GET", "POST"])
 def run_new(request):
-    form = RunStartForm(request.POST if request.method == "POST" else None)
+    form = RunStartForm(request.POST, request.FILES) if request.method == "POST" else RunStartForm()
     if form.is_valid():
         data = form.cleaned_data
         # The second submit button: the same run, with writes only previewed.
@@ -307,7 +307,6 @@ def run_new(request):
             run = run_create(
                 agent_name=data["agent"],
                 task=data["task"],
-                llm=data["llm"],
                 requester=request.user,
                 dry_run=dry_run,
                 enqueue=True,

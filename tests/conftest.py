@@ -82,3 +82,49 @@ def per_order_over_500(demo):
         priority=5,
         required_group=Group.objects.get(name="reviewers"),
     )
+
+
+@pytest.fixture
+def team_agent(monkeypatch):
+    """A team's own agent as DESK_AGENTS loads it (module ``subs_agent``), in this process
+    only, the registry this test's own: ``subscriptions``, with a description, its own
+    model and no demo model; a read, a compensable write that reconciles and honours
+    keys with a 5 s deadline, and an irreversible write."""
+    from tools.registry import COMPENSABLE, IRREVERSIBLE, READ, AgentSpec, tool
+
+    monkeypatch.setattr(registry, "_AGENTS", dict(registry._AGENTS))
+    monkeypatch.setattr(registry, "_TOOLS", dict(registry._TOOLS))
+    monkeypatch.setattr(registry, "_SOURCES", dict(registry._SOURCES))
+
+    @tool(kind=READ)
+    def subs_get(subscription_id: str) -> dict:
+        """Read a subscription."""
+        return {"id": subscription_id, "status": "active"}
+
+    def reinstate(ctx, args, result, pre_state):
+        return f"reinstated {args['subscription_id']}"
+
+    def find(ctx, args):
+        return None
+
+    @tool(undo=COMPENSABLE, compensate=reinstate, reconcile=find, honours_key=True, timeout=5)
+    def subs_cancel(subscription_id: str, reason: str) -> dict:
+        """Cancel a subscription at the end of its period."""
+        return {"id": subscription_id, "cancelled": True}
+
+    @tool(undo=IRREVERSIBLE)
+    def subs_purge(subscription_id: str) -> dict:
+        """Erase a subscription and its history for good."""
+        return {"id": subscription_id, "purged": True}
+
+    agent = registry.register_agent(
+        AgentSpec(
+            name="subscriptions",
+            system="You manage subscriptions.",
+            tool_names=(subs_get, subs_cancel, subs_purge),
+            description="Reads and cancels customers' subscriptions.",
+            model="claude-haiku-4-5",
+        )
+    )
+    registry.note_source("subs_agent", agents=[agent.name], tools=agent.tool_names)
+    return agent

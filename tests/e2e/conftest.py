@@ -103,9 +103,10 @@ def sign_in(page, username: str) -> None:
     page.wait_for_url(lambda url: "/login/" not in url)
 
 
-def screenshot(page, name: str, tmp_path: Path) -> Path:
-    """Screenshots go to docs/screenshots when DESK_UPDATE_SCREENSHOTS=1, else to tmp."""
+def screenshot(page, name: str, tmp_path: Path, *, full_page: bool = True) -> Path:
+    """Screenshots go to docs/screenshots when DESK_UPDATE_SCREENSHOTS=1, else to tmp.
+    ``full_page`` False: what the screen shows (a long page at 400 px, where it is read)."""
     folder = SCREENSHOTS if os.environ.get("DESK_UPDATE_SCREENSHOTS") else tmp_path
     path = folder / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
+    page.screenshot(path=str(path), full_page=full_page)
     return path

@@ -109,6 +109,7 @@ def test_every_page_fits_a_400_px_screen(page, desk, users, outbox_backend, tmp_
         "/desk/preferences/",
         "/desk/analytics/",
         "/desk/tokens/",
+        "/desk/agents/",
     ]
     page.set_viewport_size(NARROW)
     failures = []

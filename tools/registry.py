@@ -16,6 +16,7 @@ one of a typed function (tools.schema).
 
 from __future__ import annotations
 
+import inspect
 import re
 import threading
 from collections.abc import Callable
@@ -31,6 +32,11 @@ from .idempotency import idempotency_key as idempotency_key
 from .idempotency import idempotency_keys_so_far as idempotency_keys_so_far
 from .idempotency import input_hash
 from .inputs import money_problem
+from .records import CallRecord as CallRecord
+from .records import Check as Check
+from .records import ReviewContext as ReviewContext
+from .records import RunRecord as RunRecord
+from .records import ToolContext as ToolContext
 
 READ = "read"
 WRITE = "write"
@@ -74,61 +80,6 @@ class UnknownOutcome(Exception):
     """
 
 
-@dataclass(frozen=True)
-class ToolContext:
-    run_id: int
-    step: int
-    idempotency_key: str
-
-
-@dataclass(frozen=True)
-class Check:
-    """One thing verified against the world: what, whether it holds, and what was found."""
-
-    name: str
-    ok: bool
-    detail: str = ""
-    # Held already when the run started, and not by anything the run did (a ticket an
-    # earlier run closed): the run page says "already true before this run", not a
-    # check the run earned. Written to the verification JSON only when true.
-    before: bool = False
-
-    def as_dict(self) -> dict:
-        data = {"name": self.name, "ok": self.ok, "detail": self.detail}
-        return data | {"before": True} if self.before else data
-
-
-@dataclass(frozen=True)
-class CallRecord:
-    """One live call of the run being verified, as an agent's requirements read it
-    (tools never import runs: the engine hands these over)."""
-
-    tool: str
-    input: Any
-    status: str
-    result: Any
-    idempotency_key: str
-    step: int
-    pre_state: Any = None
-    finished_at: Any = None  # a datetime, or None
-
-    def ctx(self, run_id: int) -> ToolContext:
-        return ToolContext(run_id=run_id, step=self.step, idempotency_key=self.idempotency_key)
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """What the run being verified did: its id and its live calls, in order. A
-    requirement about an effect is met only by an effect of these calls."""
-
-    run_id: int
-    calls: tuple[CallRecord, ...] = ()
-
-    def of(self, tool: str, *statuses: str) -> list[CallRecord]:
-        """The calls of ``tool`` (with one of ``statuses``, if any given)."""
-        return [c for c in self.calls if c.tool == tool and (not statuses or c.status in statuses)]
-
-
 ToolFunction = Callable[[ToolContext, dict], Any]
 ReconcileFunction = Callable[[ToolContext, dict], Any]
 # capture(ctx, input) -> what the compensation will need, taken before the effect.
@@ -141,17 +92,6 @@ CompensateFunction = Callable[[ToolContext, dict, Any, Any], Any]
 VerifyFunction = Callable[[ToolContext, dict, Any], Check]
 # preview(input) -> what the call would do, with no effect (dry runs).
 PreviewFunction = Callable[[dict], Any]
-
-
-@dataclass(frozen=True)
-class ReviewContext:
-    """What a tool's ``context`` and ``warnings`` know of the call a person reviews:
-    its run, the run's task parameters (``Run.params``: the task's order id) and the
-    call, if it is saved yet."""
-
-    run_id: int
-    params: dict
-    call_id: int | None = None
 
 
 # context(review, input) -> facts a reviewer should see, read from the world now:
@@ -313,8 +253,9 @@ def tool(
     named ``ctx``. ``hooks`` are ToolSpec's other fields (``undo``, ``reconcile``,
     ``capture``, ``compensate``, ``verify``, ``preview``, ``context``, ``warnings``,
     ``facts``, ``money``, ``timeout``, ``honours_key``): each receives the input as the
-    JSON object the model sent (docs/agents.md). Returns the ToolSpec; ``tool_names``
-    of an AgentSpec takes it as it is."""
+    JSON object the model sent (docs/agents.md); a ``reconcile`` that takes one argument
+    is given the call's idempotency key alone. Returns the ToolSpec; ``tool_names`` of an
+    AgentSpec takes it as it is."""
 
     def make(fn: Callable) -> ToolSpec:
         from .schema import function_tool  # pydantic and docstring_parser: only for such tools
@@ -327,6 +268,8 @@ def tool(
         unknown = set(hooks) - _TOOL_HOOKS
         if unknown:
             raise ValueError(f"tool {tool_name}: unknown arguments {', '.join(sorted(unknown))}")
+        if hooks.get("reconcile") is not None and _takes_one(hooks["reconcile"]):
+            hooks["reconcile"] = _by_key(hooks["reconcile"])
         spec = ToolSpec(
             name=tool_name,
             description=text,
@@ -338,6 +281,28 @@ def tool(
         return register_tool(spec) if register else spec
 
     return make(function) if function is not None else make
+
+
+def _takes_one(function: Callable) -> bool:
+    """Whether ``function`` takes exactly one argument (a reconcile by key alone)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) == 1 and not any(p.kind == p.VAR_POSITIONAL for p in parameters)
+
+
+def _by_key(lookup: Callable[[str], Any]) -> ReconcileFunction:
+    """``reconcile=lookup`` where ``lookup(key)`` answers what the call's idempotency key
+    did (the usual question to a team's system) as a ToolSpec's reconcile(ctx, input)."""
+
+    def reconcile(ctx: ToolContext, tool_input: dict) -> Any:
+        return lookup(ctx.idempotency_key)
+
+    reconcile.__qualname__ = getattr(lookup, "__qualname__", "reconcile")
+    reconcile.__module__ = getattr(lookup, "__module__", __name__)
+    return reconcile
 
 
 # ToolSpec's fields that ``tool`` passes through.
@@ -536,8 +501,13 @@ def register_tool(spec: ToolSpec) -> ToolSpec:
     return spec
 
 
-def register_agent(spec: AgentSpec) -> AgentSpec:
-    """Add an agent whose tools are registered already (once, like a tool)."""
+def register_agent(spec: AgentSpec | None = None, /, **fields: Any) -> AgentSpec:
+    """Add an agent whose tools are registered already (once, like a tool): an
+    AgentSpec, or its fields (``register_agent(name=..., system=..., tool_names=...)``)."""
+    if spec is None:
+        spec = AgentSpec(**fields)
+    elif fields:
+        raise TypeError("register_agent takes an AgentSpec or its fields, not both")
     if not isinstance(spec, AgentSpec):
         raise TypeError(f"register_agent takes an AgentSpec, not {type(spec).__name__}")
     for name in spec.tool_names:

@@ -51,7 +51,7 @@ def test_the_form_lists_every_agent_with_what_it_is_for_and_what_it_starts_with_
     assert "Reads and cancels customers&#x27; subscriptions." in subs
     assert "Starts now with: Scenario file</dd>" in subs
     refund = page[page.index('data-agent="refund-desk"') :]
-    assert "Its prompt begins:</span> You are a customer-support agent for an online shop." in refund
+    assert "Refunds orders within policy, emails the customer what happened and closes the ticket." in refund
     assert "Starts now with: Demo model · Scenario file</dd>" in refund
     # Offered: the demo model (some agents have one) and a scenario file; no Anthropic without a key.
     assert 'value="scripted"' in page and 'value="scenario"' in page and 'value="anthropic"' not in page

@@ -281,6 +281,7 @@ DEMO_SCRIPT = {
 register_agent(
     AgentSpec(
         name="onboarding",
+        description="Creates a new user's account and files, charges their first month and welcomes them.",
         system=(
             "You onboard new users. Use the tools to create their account, put a welcome note in "
             "their home folder (home/<username>/), charge the first month to their account and email "

@@ -402,6 +402,7 @@ BUDGET_CEILING = Budget(steps=200, tokens=2_000_000, cost=Decimal("20"))
 register_agent(
     AgentSpec(
         name="refund-desk",
+        description="Refunds orders within policy, emails the customer what happened and closes the ticket.",
         system=(
             "You are a customer-support agent for an online shop. Use the tools to look up "
             "orders and the refund policy, refund within policy, email the customer and close "

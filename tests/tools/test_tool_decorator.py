@@ -146,3 +146,32 @@ def test_the_agent_version_covers_its_model_and_demo_model():
 
 def _demo(task, messages):
     return {"text": "Done."}
+
+
+def test_a_reconcile_of_one_argument_is_asked_by_the_calls_key_alone():
+    asked = []
+
+    def done_with_key(key: str):
+        asked.append(key)
+        return {"cancelled": "S-1"} if key == "k1" else None
+
+    @tool(undo=COMPENSABLE, compensate=undo, reconcile=done_with_key, honours_key=True)
+    def cancel(ctx: ToolContext, subscription_id: str) -> dict:
+        """Cancel a subscription."""
+        return {}
+
+    assert cancel.reconcile(CTX, {"subscription_id": "S-1"}) == {"cancelled": "S-1"}
+    assert cancel.reconcile(ToolContext(run_id=1, step=0, idempotency_key="k2"), {}) is None
+    assert asked == ["k1", "k2"]
+
+
+def test_register_agent_takes_the_fields_or_the_spec_never_both():
+    @tool(kind=READ)
+    def get_plan(plan: str) -> dict:
+        """Look up a plan."""
+        return {}
+
+    agent = registry.register_agent(name="plans", system="s", tool_names=(get_plan,), description="Plans.")
+    assert registry.get_agent("plans") is agent and agent.description == "Plans."
+    with pytest.raises(TypeError, match="an AgentSpec or its fields, not both"):
+        registry.register_agent(agent, name="other")

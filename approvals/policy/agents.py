@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 
 from approvals.models import GateRule, RuleEffect, RuleMode
-from approvals.policy.overlap import _outcome
+from approvals.policy.overlap import rule_outcome
 from runs.engine.execution import tool_timeout
 from runs.models import Run
 from runs.reasons import money_reason
@@ -272,7 +272,7 @@ def _agent_shown(agent: AgentSpec, tools: tuple[ToolShown, ...]) -> AgentShown:
 
 def _rule_shown(rule: GateRule, *, irreversible: bool | None) -> RuleShown:
     """``irreversible`` None: the tool is not loaded here, its kind not known (never guessed)."""
-    then = _outcome(rule, irreversible=bool(irreversible))
+    then = rule_outcome(rule, irreversible=bool(irreversible))
     if irreversible is None and rule.effect == RuleEffect.ALLOW:
         then = "runs, unless the tool is irreversible (not known here)"
     return RuleShown(

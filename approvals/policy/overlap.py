@@ -82,7 +82,7 @@ class Overlap:
         return [s for s in self.samples if s.decided_by == rule_id]
 
 
-def _outcome(rule: GateRule, *, irreversible: bool) -> str:
+def rule_outcome(rule: GateRule, *, irreversible: bool) -> str:
     if rule.effect == RuleEffect.DENY:
         return "refused"
     if rule.effect == RuleEffect.ALLOW:
@@ -148,7 +148,7 @@ def rule_overlap(rule: GateRule) -> Overlap:
             label=model.label,
             priority=model.priority,
             condition=money_reason(model.condition),
-            outcome=_outcome(model, irreversible=irreversible),
+            outcome=rule_outcome(model, irreversible=irreversible),
             mode=model.mode,
             aggregate=bool(model.aggregate),
             this=model.pk == rule.pk,
@@ -249,7 +249,7 @@ def _decide(live, arg, value, labels, models, spec, irreversible, money) -> Samp
             f"a single call totals {what} with nothing before it; with earlier calls "
             "in its scope the total is higher"
         )
-    outcome = _outcome(models[decided.id], irreversible=irreversible)
+    outcome = rule_outcome(models[decided.id], irreversible=irreversible)
     return Sample(value, text, decided.id, labels[decided.id], outcome, by_total, note, tuple(also))
 
 

@@ -86,7 +86,7 @@ class Executing:
         except ToolError as exc:
             self._resolve_now(call, CallStatus.FAILED, f"{spec.name} failed: {exc}", is_error=True)
             return CARRY_ON
-        except ToolMisbehaved as exc:
+        except (ToolMisbehaved, UnknownOutcome) as exc:  # a crash or a hang: still before the effect
             self._resolve_now(call, CallStatus.FAILED, f"{exc}; {spec.name} did not run.", is_error=True)
             return CARRY_ON
         with transaction.atomic():

@@ -14,6 +14,7 @@ import pytest
 
 from approvals.models import ApprovalRequest
 from runs.models import Run, ToolCall
+from runs.saga import RollbackHalted, run_rollback
 from tests.helpers import approve_all, client_for, get_html, script, start, tool_results, turn
 from tools import registry
 from tools.registry import COMPENSABLE, AgentSpec, ToolContext, ToolError, tool
@@ -195,3 +196,35 @@ def test_a_tool_error_is_still_a_clean_refusal(team, users, monkeypatch):
     registry._TOOLS["subs_cancel"] = dataclasses.replace(registry._TOOLS["subs_cancel"], function=refuse)
     run = approve_all(run_of(WRITE, users=users), users["reviewer"])
     assert the_call(run).result == "subs_cancel failed: S-1 is already cancelled"
+
+
+def test_a_capture_that_hangs_fails_the_call_before_anything_happened(team, users):
+    def hangs(ctx, args):
+        while True:
+            time.sleep(0.01)
+
+    registry._TOOLS["subs_cancel"] = dataclasses.replace(registry._TOOLS["subs_cancel"], capture=hangs)
+    run = approve_all(run_of(WRITE, users=users), users["reviewer"])
+    call = the_call(run)
+    assert (call.status, call.attempts) == (ToolCall.Status.FAILED, 0)
+    assert call.result == (
+        "subs_cancel's capture did not answer within 0.5 s and was stopped; subs_cancel did not run."
+    )
+    assert SERVICE == {}
+
+
+def test_a_compensation_that_crashes_halts_the_rollback_saying_so(team, users):
+    def crashes(ctx, args, result, pre_state):
+        raise KeyError("status")
+
+    run = approve_all(run_of(WRITE, users=users), users["reviewer"])
+    registry._TOOLS["subs_cancel"] = dataclasses.replace(registry._TOOLS["subs_cancel"], compensate=crashes)
+    call = the_call(run)
+    with pytest.raises(RollbackHalted) as halted:
+        run_rollback(run=run, by=users["admin"])
+    assert str(halted.value).startswith(
+        f"Compensating #{call.pk} subs_cancel (step 0) failed: "
+        "subs_cancel's compensate raised KeyError: 'status'."
+    )
+    call.refresh_from_db()
+    assert call.status == ToolCall.Status.COMMITTED  # nothing recorded as undone

@@ -56,7 +56,7 @@ def test_a_worker_without_the_agent_leaves_its_run_to_one_that_has_it(desk, tmp_
         "TEAM_AGENT_STATE": str(tmp_path / "state.json"),
     }
     team["DESK_AGENTS"] = "team_agent"
-    desk.start_worker(name="plain")  # started without the team's module
+    plain = desk.start_worker(name="plain")  # started without the team's module
     script = desk.scenario(
         {
             "turns": [
@@ -95,6 +95,10 @@ def test_a_worker_without_the_agent_leaves_its_run_to_one_that_has_it(desk, tmp_
     assert Run.objects.get(pk=run_id).guard == ""
     # A worker that has it carries the run on (a nudge, or the sweep's, reaches it): its
     # write waits for a person, as no rule names it.
+    # The plain worker is stopped once it said so: which worker a nudge reaches is the
+    # broker's choice, and with both up the run would go on only after some retries
+    # (every 10 s, by chance), which a deadline here would make a coin toss.
+    plain.stop()
     desk.start_worker(name="team", env=team)
     desk.start_beat()
     waiting = desk.wait_for(run_id, "waiting_approval", timeout=90)

@@ -313,7 +313,7 @@ class ApprovalRequestAdmin(ReadOnlyAdmin):
         "created_at",
     ]
     list_filter = ["kind", "status", "action", "rule", "tool_call__tool_name"]
-    search_fields = ["reason"]
+    search_fields = ["run__agent"]  # the reason is sealed at rest
     index_search = ("run__search", "tool_call__search")  # the task's and the arguments' words
     list_select_related = ["run", "tool_call", "rule", "decided_by"]
     inlines = [VoteInline, AuditInline]
@@ -399,7 +399,7 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin):
     ]
     list_filter = ["status", "event", "endpoint"]
     list_select_related = ["endpoint"]
-    search_fields = ["event_id", "last_error"]
+    search_fields = ["event_id"]  # the error is sealed at rest
     date_hierarchy = "created_at"
     actions = ["retry_now"]
     fields = [

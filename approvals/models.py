@@ -36,7 +36,7 @@ from runs.reasons import window_text
 from tools.loading import agents_loaded_here
 from tools.locks import lock_scope
 from tools.registry import find_tool
-from tools.sealed import SealedJSONField, SealedTextField, SearchIndexField
+from tools.sealed import SealedJSONField, SealedRow, SealedTextField, SearchIndexField
 
 # Choices used by database constraints are module-level: a model's Meta cannot see
 # the classes nested in its model. Each model names its own as before
@@ -321,7 +321,7 @@ def as_comparable(value):
     return number if number.is_finite() else str(value)
 
 
-class ApprovalRequest(models.Model):
+class ApprovalRequest(SealedRow):
     """One item of the one queue: a gated call (``kind`` call) or a guard that
     tripped on a run (budget, stuck, verify, outcome), each with its own actions."""
 
@@ -348,9 +348,10 @@ class ApprovalRequest(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
     rule = models.ForeignKey(GateRule, null=True, blank=True, on_delete=models.SET_NULL)
     rule_version = models.PositiveIntegerField(null=True, blank=True)
-    # The rule as it was when the request was opened (condition, effect, group).
-    rule_snapshot = models.JSONField(null=True, blank=True)
-    reason = models.TextField(blank=True)
+    # The rule as it was when the request was opened (condition, effect, group), and
+    # the rules that held with their reasons (which quote the call's arguments).
+    rule_snapshot = SealedJSONField(null=True, blank=True)
+    reason = SealedTextField(blank=True)  # a verify request's quotes the world
     # Who may decide, as it stands: the stricter of what the model's call and the
     # current proposal require (a member of every group), narrowed by escalation.
     required_groups = models.ManyToManyField(Group, blank=True, related_name="+")
@@ -469,7 +470,7 @@ class ApprovalRequest(models.Model):
         return self.proposal is not None and self.proposal.proposed_by_id is not None
 
 
-class Proposal(models.Model):
+class Proposal(SealedRow):
     """One set of arguments that could run for a gated call: the model's (number 1)
     or a reviewer's edit. Each was reviewed by the gate; votes bind to one."""
 
@@ -486,13 +487,13 @@ class Proposal(models.Model):
     verdict = models.CharField(max_length=20, choices=RuleEffect.choices)
     rule = models.ForeignKey(GateRule, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     rule_label = models.CharField(max_length=200, blank=True)
-    reason = models.TextField(blank=True)
+    reason = SealedTextField(blank=True)
     # An aggregate rule's figures (so far, this call, total, threshold, scope).
     detail = SealedJSONField(null=True, blank=True)
     # What the tool warned a reviewer of when these arguments were proposed
     # (``ToolSpec.warnings``: "repeats an earlier refund"), a list of sentences.
     # The approval page reads the world again; the queue shows these.
-    warnings = models.JSONField(default=list, blank=True)
+    warnings = SealedJSONField(default=list, blank=True)
     # What approving these arguments alone takes (its rule's). The approval needs
     # the stricter of this and what the model's call (proposal 1) needs.
     required_group = models.ForeignKey(
@@ -513,7 +514,7 @@ class Proposal(models.Model):
         return f"proposal {self.number} of approval {self.approval_id}"
 
 
-class ApprovalVote(models.Model):
+class ApprovalVote(SealedRow):
     """One person's approval of one proposal. An approval closes when enough
     distinct eligible people approved the same proposal."""
 
@@ -593,7 +594,7 @@ class AuditQuerySet(models.QuerySet):
         raise ValueError("audit events are append-only")
 
 
-class AuditEvent(models.Model):
+class AuditEvent(SealedRow):
     """Append-only, hash-chained record of every transition and decision.
 
     Events form one chain per subject (``run:12``, ``rule:3``, ``desk``): each row

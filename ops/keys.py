@@ -25,8 +25,8 @@ from django.db.models.functions import Cast, Substr
 
 from approvals.record.verify import raw_column, sealed_models, stored_values
 from runs.failpoints import failpoint, pausepoint
-from tools.sealed import BLANK_JSON, SealedJSONField, SearchIndexField, index_of
-from tools.sealing import PREFIX, KeyRing, Locked, key_id_of, ring
+from tools.sealed import BLANK_JSON, ROW_FIELD, ForRow, SealedJSONField, SearchIndexField, index_of, row_field
+from tools.sealing import ROW_PREFIX, KeyRing, Locked, key_id_of, ring
 
 CLEAR = "clear"
 
@@ -38,11 +38,14 @@ class Skipped:
     table: str
     pk: object
     column: str
-    reason: str  # Locked.reason: "missing" (key not loaded) or "altered"
+    reason: str  # Locked.reason: "missing" (key not loaded), "moved" or "altered"
     key_id: str
 
     def __str__(self) -> str:
-        why = f"key {self.key_id} is not loaded" if self.reason == "missing" else "does not authenticate"
+        why = {
+            "missing": f"key {self.key_id} is not loaded",
+            "moved": "was sealed for another row (moved)",
+        }.get(self.reason, "does not authenticate")
         return f"{self.table} {self.pk} {self.column}: {why}; left as it is"
 
 
@@ -55,9 +58,10 @@ class Rotation:
 
 
 def _pending(fields, current: str) -> Q:
-    """Rows with a value in one of ``fields`` not under ``current``: sealed under another
-    key, or clear; blank and NULL hold nothing to seal."""
-    sealed_now = f"{PREFIX}{current}:"
+    """Rows with a value in one of ``fields`` not under ``current`` bound to its row:
+    sealed under another key, or to its column alone (``enc1``), or clear; blank and
+    NULL hold nothing to seal."""
+    sealed_now = f"{ROW_PREFIX}{current}:"
     match = Q()
     for f in fields:
         raw = raw_column(f)
@@ -66,11 +70,11 @@ def _pending(fields, current: str) -> Q:
     return match
 
 
-def _stored(f, value, connection) -> str | None:
-    """``value`` as ``f`` stores it now, sealed under the ring's first key."""
+def _stored(f, value, row, connection) -> str | None:
+    """``value`` as ``f`` stores it now for the row ``row``, sealed under the ring's first key."""
     if isinstance(f, SealedJSONField):
-        return f.get_db_prep_value(value, connection)  # a JSON null stays a sealed "null"
-    return f.get_db_prep_save(value, connection)
+        return f.get_db_prep_value(ForRow(value, row), connection)  # a JSON null stays a sealed "null"
+    return f.get_db_prep_save(ForRow(value, row), connection)
 
 
 def _write(model, alias: str, pk, columns: dict[models.Field, str]) -> None:
@@ -96,17 +100,19 @@ def _rotate_batch(model, alias, fields, pks, current, rotation: Rotation) -> int
     done = 0
     with transaction.atomic(using=alias):
         rows = stored_values(model, alias, fields).select_for_update().filter(pk__in=pks)
-        for pk, *stored in rows.values_list("pk", *names):
+        bound = row_field(model) is not None
+        for pk, row, *stored in rows.values_list("pk", ROW_FIELD if bound else "pk", *names):
+            row = row if bound else None
             values, columns = {}, {}
             for f, text in zip(fields, stored, strict=True):
-                value = f.from_db_value(text, None, connection)
+                value = f.from_db_value(text, None, connection) if text is None else f.open_stored(text, row)
                 values[f.name] = value
-                if text is None or text in ("", *BLANK_JSON) or key_id_of(text) == current:
+                if text is None or text in ("", *BLANK_JSON) or text.startswith(f"{ROW_PREFIX}{current}:"):
                     continue
                 if isinstance(value, Locked):
                     rotation.skipped.append(Skipped(table, pk, f.column, value.reason, value.key_id))
                     continue
-                columns[f] = _stored(f, value, connection)
+                columns[f] = _stored(f, value, row, connection)
             if not columns:
                 continue
             row = SimpleNamespace(**values)

@@ -4,7 +4,16 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from tools.sealed import FactsField, SealedJSONField, SealedTextField, SearchIndexField
+from tools.sealed import (
+    DerivedField,
+    FactsField,
+    SealedJSONField,
+    SealedQuerySet,
+    SealedRow,
+    SealedTextField,
+    SearchIndexField,
+)
+from tools.sealing import Locked
 
 
 # Module-level so the models' CHECK constraints can name them (a Meta cannot see
@@ -98,7 +107,7 @@ MAX_TASK_CHARS = 10_000
 TASK_SHOWN_CHARS = 500
 
 
-class Run(models.Model):
+class Run(SealedRow):
     Status = RunStatus
     Kind = RunKind
 
@@ -180,7 +189,7 @@ class Run(models.Model):
     generation = models.PositiveIntegerField(default=0)
     # Why the last rollback or rewind asked for from the desk stopped (it runs in a
     # worker; the page shows this). Cleared when another one is asked for.
-    undo_note = models.TextField(blank=True)
+    undo_note = SealedTextField(blank=True)  # it may quote a tool's error
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -245,7 +254,7 @@ FINISHED_RUN_STATUSES = frozenset(
 LIVE = Q(superseded_at__isnull=True)
 
 
-class LiveQuerySet(models.QuerySet):
+class LiveQuerySet(SealedQuerySet):
     def live(self):
         """Rows on the run's live branch: not superseded by a rewind (those stay as history)."""
         return self.filter(LIVE)
@@ -280,7 +289,7 @@ class ToolCallQuerySet(LiveQuerySet):
         return self.live().filter(EFFECTS)
 
 
-class Message(models.Model):
+class Message(SealedRow):
     """One turn of the transcript, append-only, in Anthropic's content-block format."""
 
     class Role(models.TextChoices):
@@ -353,10 +362,43 @@ class Step(models.Model):
         return f"step {self.number} of run {self.run_id}"
 
 
+class ReasonKind(models.TextChoices):
+    """Which of the engine's own reasons resolved a call without running it (the
+    reason itself is sealed; ``REASON_*`` below)."""
+
+    NONE = "", "a gate's or a tool's reason"
+    OUTSIDE_STAGE = "outside_stage", "a write its stage does not allow"
+    STANDS_IN = "stands_in", "stands for another call of the run"
+
+
+def reason_kind(reason: str) -> str:
+    if reason.startswith(REASON_OUTSIDE_STAGE):
+        return ReasonKind.OUTSIDE_STAGE
+    if reason.startswith((REASON_DUPLICATE_IN_REPLY, REASON_REPEAT_OF_PENDING)):
+        return ReasonKind.STANDS_IN
+    return ReasonKind.NONE
+
+
+class ReasonKindField(DerivedField, models.CharField):
+    """``reason_kind`` of its one source, the call's ``verdict_reason``; an unreadable
+    reason keeps what it had."""
+
+    empty = ""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("max_length", 20)
+        super().__init__(*args, **kwargs)
+
+    def derive(self, instance) -> str | None:
+        (source,) = self.sources
+        value = getattr(instance, source)
+        return None if isinstance(value, Locked) else reason_kind(value or "")
+
+
 VERDICT_CHOICES = [(effect.value, effect.name.replace("_", " ").title()) for effect in Effect]
 
 
-class ToolCall(models.Model):
+class ToolCall(SealedRow):
     """The saga log: one row per tool_use block the model emitted."""
 
     Status = CallStatus
@@ -383,10 +425,13 @@ class ToolCall(models.Model):
     # Effect's values, with the labels this field has had since migration 0001.
     verdict = models.CharField(max_length=20, choices=VERDICT_CHOICES, blank=True)
     verdict_rule = models.CharField(max_length=200, blank=True)
-    verdict_reason = models.TextField(blank=True)
+    # Sealed: a rule's reason quotes the call's arguments ("to ada@... contains ...").
+    verdict_reason = SealedTextField(blank=True)
+    # In clear, for SQL (the outcome counts): which of the engine's own reasons it is.
+    reason_kind = ReasonKindField(sources=("verdict_reason",))
     # What the gate's shadow rules would have decided on this call, as the gate
     # reported it (``Verdict.shadow``): [{"rule_id", "version", "effect", "reason"}].
-    shadow = models.JSONField(null=True, blank=True)
+    shadow = SealedJSONField(null=True, blank=True)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PROPOSED)
     result = SealedJSONField(null=True, blank=True)
     is_error = models.BooleanField(default=False)

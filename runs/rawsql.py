@@ -7,8 +7,10 @@ left out: ``insert_rows`` writes every concrete field of the model, a field the
 caller does not give gets what ``save()`` would give it (its default, now for
 ``auto_now``/``auto_now_add``, NULL if nullable; a missing required field is an
 error), and every value is prepared by its field (``get_db_prep_save``: JSON,
-datetimes, decimals), on SQLite and PostgreSQL alike. ``update_rows`` sets every
-``auto_now`` field it is not given.
+datetimes, decimals), on SQLite and PostgreSQL alike; a sealed value is sealed
+with its row's ``seal_id`` (given one here when the row has none yet).
+``update_rows`` sets every ``auto_now`` field it is not given; a sealed value it
+writes is sealed with its row's id (looked up unless given: blank needs none).
 
 Preparing ~50 values a step through ``get_db_prep_save`` costs more than the
 statements: a field whose class prepares a ``str``, ``int`` or ``bool`` the stock
@@ -28,6 +30,9 @@ from django.db import connections, models, router
 from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models.fields import AutoFieldMixin, Field
 from django.utils import timezone
+
+from tools.sealed import ROW_FIELD, ForRow, row_field, sealed_fields
+from tools.sealing import new_row_id
 
 _STR, _INT, _BOOL, _DATETIME = str, int, bool, datetime
 
@@ -106,6 +111,14 @@ class _Missing:
 
 
 @cache
+def _sealed_attnames(model) -> tuple[str, ...]:
+    """The sealed fields of a model whose rows have a ``seal_id`` (none otherwise)."""
+    if row_field(model) is None:
+        return ()
+    return tuple(f.attname for f in sealed_fields(model))
+
+
+@cache
 def _insert_plan(model, connection_alias: str, count: int):
     connection = connections[connection_alias]
     fields = _insert_fields(model)
@@ -125,8 +138,17 @@ def insert_rows(model, rows: Sequence[Mapping]) -> None:
     sql, plan = _insert_plan(model, alias, len(rows))
     now = timezone.now()
     prepare = _preparer(connection)
+    sealed = _sealed_attnames(model)
     params = []
     for row in rows:
+        if sealed:  # each sealed value bound to its row's id (tools.sealed)
+            row = {**row, ROW_FIELD: row.get(ROW_FIELD) or new_row_id()}
+            row |= {
+                name: ForRow(row[name], row[ROW_FIELD])
+                for name in sealed
+                if row.get(name) is not None
+                and not isinstance(row[name], ForRow)  # insert_objects': pre_save's
+            }
         for field, attname, missing, kind in plan:
             value = row[attname] if attname in row else missing.value(model, now)
             params.append(prepare(field, kind, value))
@@ -191,6 +213,17 @@ def update_rows(model, where: dict, values: dict) -> int:
     connection = connections[alias]
     sql, fields = _update_plan(model, alias, tuple(values), tuple(where))
     prepare = _preparer(connection)
+    unbound = [
+        name
+        for name in _sealed_attnames(model)
+        if values.get(name) not in (None, "") and not isinstance(values[name], ForRow)
+    ]
+    if unbound:  # a sealed value is bound to its row: its id, looked up (off the step's path)
+        row = (
+            where.get(ROW_FIELD)
+            or model._base_manager.using(alias).filter(**where).values_list(ROW_FIELD, flat=True).first()
+        )
+        values |= {name: ForRow(values[name], row) for name in unbound}
     params = [
         prepare(field, kind, value)
         for (field, kind), value in zip(fields, [*values.values(), *where.values()], strict=True)

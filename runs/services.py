@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from tools.loading import not_loaded_here
 from tools.registry import Budget, get_agent, idempotency_key, input_hash
-from tools.sealed import derived_updates
+from tools.sealed import derived_updates, for_row
 
 from .gate import get_gate
 from .llm import validate_scenario
@@ -460,7 +460,9 @@ def call_transition(*, call: ToolCall, new: str, actor=None, reason: str, **fiel
     # left, and a caller that expects one can go on with its own transaction intact.
     fields |= derived_updates(call, fields)  # new arguments: new facts and search index
     with transaction.atomic(savepoint=False):
-        moved = ToolCall.objects.filter(pk=call.pk, status=old).update(status=new, **fields) == 1
+        # Each sealed value bound to the call's row (for_row: no query to find its id).
+        rows = ToolCall.objects.filter(pk=call.pk, status=old)
+        moved = rows.update(status=new, **for_row(call, fields)) == 1
         if moved:
             for name, value in fields.items():
                 if not hasattr(value, "resolve_expression"):

@@ -10,10 +10,10 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from tools.sealed import SealedJSONField, SealedTextField
+from tools.sealed import SealedJSONField, SealedQuerySet, SealedRow, SealedTextField
 
 
-class KeyedQuerySet(models.QuerySet):
+class KeyedQuerySet(SealedQuerySet):
     """Rows that writes made, each under the idempotency key it was made with (unique)."""
 
     def by_key(self, key: str):
@@ -101,7 +101,7 @@ class Note(models.Model):
         return f"note {self.pk} on {self.order_id}"
 
 
-class OutboxEmail(models.Model):
+class OutboxEmail(SealedRow):
     """An email the world has accepted for delivery: what a customer receives."""
 
     to = models.EmailField()
@@ -246,7 +246,7 @@ class FileOperation(models.Model):
         return f"{self.action} {self.path}"
 
 
-class ReceivedWebhook(models.Model):
+class ReceivedWebhook(SealedRow):
     """A webhook call as the world's receiver got it: this local sink stands in for the network.
 
     Not the desk's own outgoing webhooks (``approvals.WebhookDelivery``)."""

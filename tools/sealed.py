@@ -2,11 +2,19 @@
 
 ``SealedTextField`` and ``SealedJSONField`` hold text and JSON as Python sees them
 and store them sealed under the ring's first key in a text column, with
-"table.column" as associated data. A stored value that cannot be opened reads back
-as a ``tools.sealing.Locked`` text (never an exception) and is written back as it
-was. SQL cannot look inside a sealed column: a lookup other than ``isnull`` or
-"is blank" is an error here, not a query that silently matches nothing; what SQL
-must read stays in clear columns (``ToolCall.facts``, the search indexes).
+"table.column" and the row's ``seal_id`` as associated data: a model with sealed
+fields is a ``SealedRow``, whose random ``seal_id`` is given when the instance is
+made (the primary key is not known before the INSERT). A value is sealed where its
+row is known (``pre_save``, which gets the instance; the ``SealedQuerySet``'s
+``update`` and ``bulk_update``; ``ForRow`` for anything else) and opened where the
+row is read: every SELECT of a sealed column (a model instance, ``values()``,
+``values_list()``, a related row) reads it with its row's ``seal_id`` appended
+(``SealedCol``), so a value copied onto another row reads back as ``Locked``
+"moved". A stored value that cannot be opened reads back as a ``tools.sealing.Locked``
+text (never an exception) and is written back as it was. SQL cannot look inside a
+sealed column: a lookup other than ``isnull`` or "is blank" is an error here, not a
+query that silently matches nothing; what SQL must read stays in clear columns
+(``ToolCall.facts``, the search indexes).
 """
 
 from __future__ import annotations
@@ -14,11 +22,53 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from django.core.exceptions import FieldError
-from django.db import models
+from django.core.exceptions import FieldDoesNotExist, FieldError
+from django.db import connections, models, transaction
 from django.db.models import lookups
+from django.db.models.expressions import Col
 
-from tools.sealing import Locked, seal, unseal
+from tools.sealing import Locked, new_row_id, seal, unseal
+
+ROW_FIELD = "seal_id"
+# Between a sealed column's stored text and its row's id, as a SELECT reads them: the
+# last one in the text (a row id never holds it), so any stored text may come before.
+ROW_MARK = "|"
+
+
+def row_field(model) -> models.Field | None:
+    """The model's ``seal_id`` field; None for a model (or a migration's historical
+    model from before it) without one: its values are sealed to the column alone."""
+    try:
+        return model._meta.get_field(ROW_FIELD)
+    except FieldDoesNotExist:
+        return None
+
+
+class ForRow:
+    """A value on its way to a sealed column of one row (its ``seal_id``): what
+    ``pre_save`` and the sealed querysets hand the field to seal."""
+
+    __slots__ = ("row", "value")
+
+    def __init__(self, value, row: str):
+        self.value, self.row = value, row
+
+    def __repr__(self) -> str:
+        return f"ForRow(row={self.row!r})"
+
+
+class SealedCol(Col):
+    """A sealed column as SQL reads it: as selected, its stored text with the row's
+    ``seal_id`` after ``ROW_MARK`` (NULL stays NULL), opened against that row; in a
+    WHERE (``isnull``, blank) the column alone."""
+
+    def select_format(self, compiler, sql, params):
+        column = compiler.quote_name(row_field(self.target.model).column)
+        row = f"{compiler.quote_name(self.alias)}.{column}" if self.alias else column
+        return f"({sql} || '{ROW_MARK}' || {row})", params
+
+    def get_db_converters(self, connection):
+        return [self.target.from_db_row_value]
 
 
 class _SealedMixin:
@@ -26,6 +76,50 @@ class _SealedMixin:
 
     def _context(self) -> str:
         return f"{self.model._meta.db_table}.{self.column}"
+
+    def get_col(self, alias, output_field=None):
+        if row_field(self.model) is None:
+            return super().get_col(alias, output_field)
+        return SealedCol(alias, self, output_field or self)
+
+    def pre_save(self, model_instance, add):
+        value = getattr(model_instance, self.attname)
+        row = row_field(type(model_instance))
+        if value is None or row is None or isinstance(value, ForRow):
+            return value
+        return ForRow(value, getattr(model_instance, row.attname))
+
+    def _stored(self, value, text_of) -> str | None:
+        """What the column holds for ``value`` (a ``ForRow``, or bare: blank, Locked,
+        or a table without row ids)."""
+        row = None
+        if isinstance(value, ForRow):
+            value, row = value.value, value.row
+        if isinstance(value, Locked):
+            return value.stored
+        text = text_of(value)
+        if text is None or text == "" or (text in BLANK_JSON and isinstance(self, SealedJSONField)):
+            return text
+        if row is None and row_field(self.model) is not None:
+            raise ValueError(
+                f"{self.model.__name__}.{self.name} is sealed with its row: write it through save(), "
+                "the model's queryset (update, bulk_update) or tools.sealed.ForRow."
+            )
+        return seal(text, self._context(), row=row)
+
+    def open_stored(self, stored, row: str | None):
+        """A stored text (as the column holds it) opened for the row ``row``."""
+        raise NotImplementedError
+
+    def from_db_value(self, value, expression, connection):
+        # Read without its row (a raw query): opened against the row it names.
+        return None if value is None else self.open_stored(value, None)
+
+    def from_db_row_value(self, value, expression, connection):
+        if value is None:
+            return None
+        stored, _, row = value.rpartition(ROW_MARK)
+        return self.open_stored(stored, row)
 
     def get_lookup(self, lookup_name):
         if lookup_name in ("isnull", "exact", "in") or lookup_name == "blank":
@@ -72,16 +166,11 @@ class SealedTextField(_SealedMixin, models.TextField):
     def blank_stored(self, value) -> str | None:
         return "" if value == "" else None
 
-    def get_prep_value(self, value):
-        value = super().get_prep_value(value)
-        if value is None:
-            return None
-        return seal(value, self._context())
+    def get_db_prep_value(self, value, connection, prepared=False):
+        return self._stored(value, lambda v: v if v is None or isinstance(v, str) else str(v))
 
-    def from_db_value(self, value, expression, connection):
-        if value is None:
-            return None
-        return unseal(value, self._context())
+    def open_stored(self, stored, row):
+        return unseal(stored, self._context(), row=row)
 
 
 class SealedJSONField(_SealedMixin, models.JSONField):
@@ -103,22 +192,18 @@ class SealedJSONField(_SealedMixin, models.JSONField):
         return None
 
     def get_db_prep_value(self, value, connection, prepared=False):
-        if isinstance(value, Locked):
-            return value.stored
-        if not prepared:
-            value = self.get_prep_value(value)
-        text = json.dumps(value, cls=self.encoder)
-        return text if text in BLANK_JSON else seal(text, self._context())
+        def text_of(v):  # a JSON null is "null" here (a NULL is get_db_prep_save's)
+            return json.dumps(v if prepared else self.get_prep_value(v), cls=self.encoder)
+
+        return self._stored(value, text_of)
 
     def get_db_prep_save(self, value, connection):
         if value is None or hasattr(value, "as_sql"):
             return value  # NULL, or an expression (bulk_update's CASE) compiled as it is
         return self.get_db_prep_value(value, connection)
 
-    def from_db_value(self, value, expression, connection):
-        if value is None:
-            return None
-        text = unseal(value, self._context())
+    def open_stored(self, stored, row):
+        text = unseal(stored, self._context(), row=row)
         if isinstance(text, Locked):
             return text
         try:
@@ -134,6 +219,129 @@ class SealedJSONField(_SealedMixin, models.JSONField):
 for _field in (SealedTextField, SealedJSONField):
     _field.register_lookup(_BlankOnly, "exact")
     _field.register_lookup(_NoIn, "in")
+
+
+def _needs_row(field, value) -> bool:
+    return (
+        getattr(field, "sealed", False)
+        and value is not None
+        and not isinstance(value, ForRow | Locked)
+        and not hasattr(value, "resolve_expression")
+    )
+
+
+def for_row(instance, fields: dict) -> dict:
+    """``fields`` for an ``update()`` of ``instance``'s row alone, each sealed value
+    bound to its ``seal_id`` (the queryset need not look it up)."""
+    row = row_field(type(instance))
+    if row is None:
+        return fields
+    seal_id, meta = getattr(instance, row.attname), instance._meta
+    return {
+        name: ForRow(v, seal_id) if _needs_row(meta.get_field(name), v) else v for name, v in fields.items()
+    }
+
+
+class SealedQuerySet(models.QuerySet):
+    """The queryset of a ``SealedRow``: ``update`` and ``bulk_update`` seal each row's
+    values with its ``seal_id``."""
+
+    def update(self, **kwargs):
+        meta = self.model._meta
+        sealed = {name for name, value in kwargs.items() if _needs_row(meta.get_field(name), value)}
+        if not sealed or row_field(self.model) is None:
+            return super().update(**kwargs)
+        # A value is sealed for one row: one UPDATE per row, each still under this
+        # queryset's filters (a conditional claim stays one), in one transaction.
+        rows = list(self.values_list("pk", ROW_FIELD))
+        with transaction.atomic(using=self.db, savepoint=False):
+            return sum(
+                self.filter(pk=pk, **{ROW_FIELD: row}).update(
+                    **{name: ForRow(v, row) if name in sealed else v for name, v in kwargs.items()}
+                )
+                for pk, row in rows
+            )
+
+    update.alters_data = True
+
+    def bulk_update(self, objs, fields, batch_size=None):
+        objs = list(objs)
+        sealed = [
+            f for f in (self.model._meta.get_field(name) for name in fields) if getattr(f, "sealed", False)
+        ]
+        if not sealed or not objs or row_field(self.model) is None:
+            return super().bulk_update(objs, fields, batch_size=batch_size)
+        deferred = [obj.pk for obj in objs if ROW_FIELD in obj.get_deferred_fields()]
+        ids = dict(
+            self.model._base_manager.using(self.db).filter(pk__in=deferred).values_list("pk", ROW_FIELD)
+        )
+        kept = []
+        try:
+            for obj in objs:
+                row = ids[obj.pk] if obj.pk in ids else getattr(obj, ROW_FIELD)
+                for f in sealed:
+                    value = getattr(obj, f.attname)
+                    if _needs_row(f, value):
+                        kept.append((obj, f.attname, value))
+                        setattr(obj, f.attname, ForRow(value, row))
+            return super().bulk_update(objs, fields, batch_size=batch_size)
+        finally:
+            for obj, attname, value in kept:
+                setattr(obj, attname, value)
+
+    bulk_update.alters_data = True
+
+
+class SealedRow(models.Model):
+    """A model with sealed fields: ``seal_id``, random and given when the instance is
+    made, binds each sealed value to its row (``tools.sealing``)."""
+
+    seal_id = models.CharField(max_length=24, default=new_row_id, editable=False)
+
+    objects = SealedQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+
+def number_rows(model, using: str) -> None:
+    """Each row that was there before ``seal_id`` its own one (adding the column gave
+    them all one): "r" and its primary key, which no random id (hex) can be."""
+    connection = connections[using]
+    quote = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {quote(model._meta.db_table)} SET {quote(ROW_FIELD)} = "
+            f"'r' || CAST({quote(model._meta.pk.column)} AS TEXT)"
+        )
+
+
+def seal_rows(model, names, using: str, *, batch_size: int = 500) -> int:
+    """Seal the values of ``names`` (sealed fields) of every row of ``model`` where
+    one is not blank, each with its row (a migration's conversion of clear values:
+    a clear value reads as itself, and is written back sealed)."""
+    fields = [model._meta.get_field(name) for name in names]
+    blank = models.Q()
+    for f in fields:
+        empty = [[], {}, ""] if isinstance(f, SealedJSONField) else [""]
+        nothing = models.Q(**{f"{f.name}__isnull": True})
+        for value in empty:
+            nothing |= models.Q(**{f.name: value})
+        blank &= nothing
+    rows = model._base_manager.using(using).exclude(blank).only("pk", ROW_FIELD, *names).order_by("pk")
+    done, last = 0, None
+    while True:
+        batch = list((rows if last is None else rows.filter(pk__gt=last))[:batch_size])
+        if not batch:
+            return done
+        for obj in batch:
+            for f in fields:
+                value = getattr(obj, f.attname)
+                if value is not None and not isinstance(value, Locked):
+                    setattr(obj, f.attname, ForRow(value, getattr(obj, ROW_FIELD)))
+        model._base_manager.using(using).bulk_update(batch, names)
+        done += len(batch)
+        last = batch[-1].pk
 
 
 def sealed_fields(model) -> list[models.Field]:
@@ -160,7 +368,7 @@ def json_text(value) -> str:
     return " ".join(out)
 
 
-class _Derived:
+class DerivedField:
     """A clear column computed from ``sources`` (field names) whenever the row is
     saved or bulk-created (``pre_save`` runs for both); ``derive`` returns None to
     keep what the column had."""
@@ -192,7 +400,7 @@ def derived_updates(instance, fields: dict) -> dict:
     aggregate rules add up arguments the call no longer has (a reviewer's edit)."""
     changed = {}
     for field in instance._meta.concrete_fields:
-        if isinstance(field, _Derived) and any(name in fields for name in field.sources):
+        if isinstance(field, DerivedField) and any(name in fields for name in field.sources):
             values = {name: fields.get(name, getattr(instance, name)) for name in field.sources}
             if any(hasattr(v, "resolve_expression") for v in values.values()):
                 continue  # computed by the database: nothing to derive from here
@@ -202,7 +410,7 @@ def derived_updates(instance, fields: dict) -> dict:
     return changed
 
 
-class SearchIndexField(_Derived, models.TextField):
+class SearchIndexField(DerivedField, models.TextField):
     """The keyed index of the ``sources`` fields' words (text or JSON;
     ``tools.sealing.search_text``): clear, but only keyed digests of words (with the
     ring off, the words themselves, as clear as the columns)."""
@@ -226,7 +434,7 @@ def index_of(instance, sources) -> str:
     return search_text(*texts)
 
 
-class FactsField(_Derived, models.JSONField):
+class FactsField(DerivedField, models.JSONField):
     """A call's clear facts (``tools.sealing.clear_facts``) of its one source, JSON
     arguments: what SQL adds up and compares (aggregate rules) while the arguments
     themselves are sealed. An unreadable source keeps the facts it had."""

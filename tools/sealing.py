@@ -4,14 +4,20 @@
 URL-safe base64; ``python -m tools.sealing newkey`` prints one). The first key
 seals every value written; every key in the ring opens. "off" (benchmarks only)
 writes clear text. Values are sealed with AES-256-GCM (``cryptography``): a random
-96-bit nonce per value, the column's "table.column" as associated data (a value
-copied into another column does not open), and the key's id in clear in front::
+96-bit nonce per value, the column's "table.column" and the row's own id (its
+``seal_id``, random, given when the row is made) as associated data, so a value
+copied into another column or another row does not open there; the key's id and the
+row's id in clear in front::
 
-    enc1:<key id>:<urlsafe base64 of nonce + ciphertext + tag>
+    enc2:<key id>:<row id>:<urlsafe base64 of nonce + ciphertext + tag>
+
+Values written before rows had an id (``enc1:<key id>:<base64>``, "table.column"
+alone as associated data) still open; ``rotatekeys`` seals them again as ``enc2``.
 
 A value that cannot be opened is never an exception where it is read (a page, the
 CLI, a worker): it comes back as a ``Locked`` text that says why ("encrypted with
-key K, not loaded", or that it fails authentication) and keeps the stored text, so
+key K, not loaded", "encrypted for another row (moved)", or that it fails
+authentication) and keeps the stored text, so
 saving the row again loses nothing; ``verify`` names every such value by record.
 
 The search index (``search_text``): the beginnings of the normalised words of a text
@@ -36,7 +42,10 @@ from functools import lru_cache
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-PREFIX = "enc1:"
+PREFIX = "enc1:"  # written before rows had an id: "table.column" alone binds it
+ROW_PREFIX = "enc2:"  # bound to its row too: what seal() writes
+SEALED_PREFIXES = (PREFIX, ROW_PREFIX)
+ROW_ID = re.compile(r"[0-9a-z]{1,24}")
 # A clear value (the ring is off) that happens to begin like a sealed one, or like
 # this escape, is stored behind the escape, so it is never mistaken for ciphertext.
 CLEAR_ESCAPE = "clr1:"
@@ -138,13 +147,17 @@ class Locked(str):
 
     stored: str
     key_id: str
-    reason: str  # "missing" (the key is not in the ring) or "altered" (fails authentication)
+    # "missing" (the key is not in the ring), "moved" (sealed for another row of the
+    # column) or "altered" (fails authentication)
+    reason: str
 
     def __new__(cls, stored: str, key_id: str, reason: str):
         if reason == "missing":
             text = f"encrypted with key {key_id}, not loaded"
+        elif reason == "moved":
+            text = "encrypted for another row (moved)"
         else:
-            text = f"encrypted with key {key_id}, does not authenticate (altered or moved)"
+            text = f"encrypted with key {key_id}, does not authenticate (altered)"
         value = super().__new__(cls, text)
         value.stored, value.key_id, value.reason = stored, key_id, reason
         return value
@@ -167,46 +180,69 @@ def find_locked(value) -> Locked | None:
 
 def key_id_of(stored: str | None) -> str | None:
     """The id of the key a stored value is sealed with; None for a clear one."""
-    if not isinstance(stored, str) or not stored.startswith(PREFIX):
+    if not isinstance(stored, str) or not stored.startswith(SEALED_PREFIXES):
         return None
     kid, colon, _ = stored[len(PREFIX) :].partition(":")
     return kid if colon else None
 
 
-def seal(text: str, context: str, keyring: KeyRing | None = None) -> str:
+def new_row_id() -> str:
+    """A row's id for sealing (``tools.sealed.SealedRow.seal_id``): 64 random bits, hex."""
+    return os.urandom(8).hex()
+
+
+def _aad(context: str, row: str | None) -> bytes:
+    return (context if row is None else f"{context}#{row}").encode()
+
+
+def seal(text: str, context: str, keyring: KeyRing | None = None, *, row: str | None = None) -> str:
     """``text`` as stored: sealed under the ring's first key, with ``context``
-    ("table.column") as associated data; "" stays "" (nothing to hide, and a blank
-    field stays filterable). With the ring off, clear (escaped if it looks sealed)."""
+    ("table.column") and ``row`` (the row's ``seal_id``) as associated data; "" stays ""
+    (nothing to hide, and a blank field stays filterable). With the ring off, clear
+    (escaped if it looks sealed). Without a row: the old ``enc1`` format (tables whose
+    rows have no id yet, in the migrations that come before it)."""
     if isinstance(text, Locked):
         return text.stored
     if text == "":
         return text
     keyring = keyring or ring()
     if not keyring.on:
-        if text.startswith((PREFIX, CLEAR_ESCAPE)):
+        if text.startswith((*SEALED_PREFIXES, CLEAR_ESCAPE)):
             return CLEAR_ESCAPE + text
         return text
+    if row is not None and not ROW_ID.fullmatch(row):
+        raise ValueError(f"{row!r} is not a row id")
     kid = keyring.current
     nonce = os.urandom(NONCE_BYTES)
-    sealed = keyring.aead(kid).encrypt(nonce, text.encode(), context.encode())
-    return f"{PREFIX}{kid}:{base64.urlsafe_b64encode(nonce + sealed).decode().rstrip('=')}"
+    sealed = keyring.aead(kid).encrypt(nonce, text.encode(), _aad(context, row))
+    body = base64.urlsafe_b64encode(nonce + sealed).decode().rstrip("=")
+    return f"{PREFIX}{kid}:{body}" if row is None else f"{ROW_PREFIX}{kid}:{row}:{body}"
 
 
-def unseal(stored: str, context: str, keyring: KeyRing | None = None) -> str:
+def unseal(stored: str, context: str, keyring: KeyRing | None = None, *, row: str | None = None) -> str:
     """The text of a stored value, or a ``Locked`` one saying why it cannot be read.
-    A clear value (written before encryption, or with the ring off) is itself."""
-    if not stored.startswith(PREFIX):
+    A clear value (written before encryption, or with the ring off) is itself.
+    ``row``: the seal id of the row the value was read from; an ``enc2`` value sealed
+    for another row is "moved". None: the row is not known, and the value opens
+    against the row it names (for a reader that compares the two itself)."""
+    if not stored.startswith(SEALED_PREFIXES):
         return stored.removeprefix(CLEAR_ESCAPE)
     keyring = keyring or ring()
-    kid, _, encoded = stored[len(PREFIX) :].partition(":")
+    bound = stored.startswith(ROW_PREFIX)
+    kid, _, rest = stored[len(PREFIX) :].partition(":")
+    sealed_for = None
+    if bound:
+        sealed_for, _, rest = rest.partition(":")
     aead = keyring.aead(kid)
     if aead is None:
         return Locked(stored, kid, "missing")
     try:
-        raw = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
-        return aead.decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], context.encode()).decode()
+        raw = base64.urlsafe_b64decode(rest + "=" * (-len(rest) % 4))
+        text = aead.decrypt(raw[:NONCE_BYTES], raw[NONCE_BYTES:], _aad(context, sealed_for)).decode()
     except (InvalidTag, ValueError):
         return Locked(stored, kid, "altered")
+    # Authentic, and sealed for the row it names: another row's value copied here.
+    return Locked(stored, kid, "moved") if bound and row is not None and sealed_for != row else text
 
 
 # --- the keyed search index ---------------------------------------------------------

@@ -15,7 +15,7 @@ from django.db.models import Q
 
 from approvals.notify.endpoints import webhook_endpoint_refusals
 from runs.models import Run
-from tools.sealed import SealedJSONField, SealedTextField
+from tools.sealed import SealedJSONField, SealedRow, SealedTextField
 
 
 class NotificationStatus(models.TextChoices):
@@ -45,7 +45,7 @@ class Delivery(models.TextChoices):
     NONE = "none", "no email (in-app inbox only)"
 
 
-class Notification(models.Model):
+class Notification(SealedRow):
     """One email for one event to one recipient: the record that stops a second send."""
 
     Status = NotificationStatus
@@ -66,7 +66,7 @@ class Notification(models.Model):
     subject = SealedTextField()
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveSmallIntegerField(default=0)
-    last_error = models.TextField(blank=True)
+    last_error = SealedTextField(blank=True)  # the mail server's words
     created_at = models.DateTimeField(auto_now_add=True)
     # When a worker claimed it to talk to the SMTP server (pending -> sending).
     claimed_at = models.DateTimeField(null=True, blank=True)
@@ -115,7 +115,7 @@ class NotificationPreference(models.Model):
         return f"{self.user_id} {self.kind}: {self.delivery}"
 
 
-class DeskEmail(models.Model):
+class DeskEmail(SealedRow):
     """An email the desk sent (to its reviewers and requesters), as the development
     backend (``desk.mail.DatabaseBackend``) received it instead of printing its MIME
     to the log: listed at ``/desk/outbox/``. Named for whose mail it is: the world's
@@ -184,7 +184,7 @@ class WebhookEndpoint(models.Model):
         return self.enabled and (not self.events or event in self.events)
 
 
-class WebhookDelivery(models.Model):
+class WebhookDelivery(SealedRow):
     """One event for one endpoint: the outbox row that stops a second delivery.
 
     ``attempts_log`` keeps every attempt, oldest first: ``{"at": ISO time,
@@ -203,7 +203,7 @@ class WebhookDelivery(models.Model):
     # attempt counts as interrupted (its worker died) and is made again.
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
-    last_error = models.TextField(blank=True)
+    last_error = SealedTextField(blank=True)  # the receiver's words
     attempts_log = SealedJSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     delivered_at = models.DateTimeField(null=True, blank=True)

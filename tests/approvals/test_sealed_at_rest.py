@@ -168,8 +168,11 @@ def test_after_a_rotation_only_the_new_key_opens_the_record_and_the_desk_still_s
         run_command("rotatekeys")
         dump = dump_of_the_desk()
     assert_holds_none(dump, secrets)
-    assert "enc1:new:" in dump
-    assert f"enc1:{old_id}:" not in dump, "a value is still sealed under the old key"
+    assert "enc2:new:" in dump
+    assert f"enc2:{old_id}:" not in dump and f"enc1:{old_id}:" not in dump, (
+        "a value is still sealed under the old key"
+    )
+    assert "enc1:" not in dump, "a value is still sealed to its column alone, not to its row"
     with override_settings(DESK_ENCRYPTION_KEYS=fresh):
         shown = html.unescape(pages_of(run, users))
     assert "not loaded" not in shown and "does not authenticate" not in shown

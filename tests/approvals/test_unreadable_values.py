@@ -87,7 +87,7 @@ def unreadable(request, users):
     def said(name: str) -> str:
         if request.param == "missing":
             return f"encrypted with key gone-{name}, not loaded"
-        return "does not authenticate (altered or moved)"
+        return "does not authenticate (altered)"
 
     return Run.objects.get(pk=run.pk), said
 
@@ -174,7 +174,7 @@ def decided_unreadable(request, users):
     def said(name: str) -> str:
         if request.param == "missing":
             return f"encrypted with key gone-{name}, not loaded"
-        return "does not authenticate (altered or moved)"
+        return "does not authenticate (altered)"
 
     return Run.objects.get(pk=run.pk), approval, said
 

@@ -129,7 +129,7 @@ def test_a_clear_legacy_value_is_sealed_by_the_rotation(users, settings):
         cursor.execute("UPDATE runs_run SET task = %s WHERE id = %s", [run.task, run.pk])
     output, error = rotatekeys()
     assert error == "" and "runs_run: 1 row rewritten" in output
-    assert stored("runs_run", "task", run.pk).startswith("enc1:test:")
+    assert stored("runs_run", "task", run.pk).startswith("enc2:test:")
     assert Run.objects.get(pk=run.pk).task == run.task and verified()
 
 
@@ -145,7 +145,7 @@ def test_a_value_no_key_opens_is_skipped_named_and_left_byte_identical(users, se
     assert f"SKIPPED runs_toolcall {call.pk} result: key gone is not loaded; left as it is" in output
     assert "1 value(s) not re-sealed" in error
     assert stored("runs_toolcall", "result", call.pk) == lost
-    assert stored("runs_toolcall", "input", call.pk).startswith("enc1:new:")  # its other columns moved
+    assert stored("runs_toolcall", "input", call.pk).startswith("enc2:new:")  # its other columns moved
     assert census().not_loaded == ["gone"]
 
 

@@ -448,7 +448,9 @@ def _vote(approval: ApprovalRequest, proposal: Proposal, reviewer, comment: str)
             approval=approval,
             before="pending",
             after="pending",
-            detail=f"approved proposal {proposal.number}; {missing} more approval(s) needed",
+            detail=approval_with_facts(
+                f"approved proposal {proposal.number}; {missing} more approval(s) needed", approval
+            ),
         )
     return missing
 

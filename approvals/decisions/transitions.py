@@ -13,6 +13,8 @@ from __future__ import annotations
 from django.db import transaction
 
 from approvals.models import ApprovalRequest, AuditEvent
+from approvals.record.audit import approval_with_facts
+from tools.sealed import for_row
 
 Status = ApprovalRequest.Status
 
@@ -50,7 +52,7 @@ def approval_transition(
     # left, and a caller that expects one can go on with its own transaction intact.
     with transaction.atomic(savepoint=False):
         rows = ApprovalRequest.objects.filter(pk=approval.pk, status=old)
-        moved = rows.update(status=new, action=action, **fields) == 1
+        moved = rows.update(status=new, action=action, **for_row(approval, fields)) == 1
         if moved:
             for name, value in fields.items():
                 setattr(approval, name, value)
@@ -63,7 +65,7 @@ def approval_transition(
                 approval=approval,
                 before=old,
                 after=new,
-                detail=detail,
+                detail=approval_with_facts(detail, approval),
             )
     if not moved:
         raise ApprovalMoved(f"approval {approval.pk} is no longer {old}")

@@ -17,15 +17,19 @@
   they wrote, every vote, every edit) against the chain (``cross_check``).
 - What a decision depends on is recorded in the chain when it is set, as a keyed
   digest at the end of the event's detail (``[facts <hmac>]``, no plaintext copy):
-  an approval's authority (required groups, approvers, self-approval, escalation),
-  its rule snapshot and version and the model's own proposal (``approval.opened``,
-  re-recorded by each edit and escalation); a run's task, agent version and params
-  (``run.created``, and a repin); each call's verdict, rule and reason (every call
-  event); a standing approval's terms, grantor and revocation (``standing.granted``
-  / ``standing.revoked``); every version of a gate rule (its ``rule:<id>`` chain, on
+  an approval's authority (required groups, approvers, self-approval, escalation,
+  expiry), its rule snapshot and version, which proposal is current and its argument
+  hash, each proposal's review, requirements and warnings, and every vote
+  (``approval.opened``, re-recorded by each edit, vote, escalation and the decision);
+  a run's task, agent, version, model, params and budgets (every run event); each
+  call's verdict, rule, reason, argument hashes and key (every call event); a
+  standing approval's terms, grantor and revocation (``standing.granted`` /
+  ``standing.revoked``); every version of a gate rule (its ``rule:<id>`` chain, on
   every save, admin or not). ``cross_check`` and ``verify_rule`` recompute each digest
   from the live rows and compare it with the last one recorded, naming the record.
-  Records written before these digests existed carry none and are not checked.
+  Records written before these digests existed carry none and are not checked; those
+  written before issue 32 are checked against the fewer facts they covered
+  (``LEGACY_FACTS``). What each column is held to: ``record.coverage``.
 - Anchors (``anchor_heads``): every chain's head and the runs and approvals that
   exist, signed, written outside the database (``verify --anchor FILE``; the beat
   task ``anchor_chains`` appends them under ``DESK_ANCHOR_DIR`` and sends the
@@ -81,10 +85,56 @@ def _when(value) -> str | None:
 
 
 def approval_facts(approval) -> dict:
-    """Who may decide ``approval`` and under which rule, and what the model asked for
-    (proposal 1's argument hash and the gate's review of it). Reads the approval's
-    groups and proposals (prefetched by ``cross_check``)."""
-    first = next((p for p in approval.proposals.all() if p.number == 1), None)
+    """Everything a decision on ``approval`` depends on: who may decide it and under
+    which rule, the model's call, which proposal is current and its argument hash,
+    each proposal's terms (its review, what approving it requires, its warnings) and
+    every vote (by whom, on which proposal, with what comment). Proposals and votes
+    are named by their number and hash, people by username: nothing an import
+    renumbers. Reads the approval's groups, proposals and votes (prefetched by
+    ``cross_check``; ``approval_with_facts`` reads them afresh)."""
+    proposals = sorted(approval.proposals.all(), key=lambda p: p.number)
+    number = {p.pk: p.number for p in proposals}
+    return {
+        **_approval_facts_v1(approval, proposals),
+        "v": 2,
+        "expires_at": _when(approval.expires_at),
+        # A proposal of another approval (a moved pointer) is not one of these.
+        "proposal": number.get(approval.proposal_id, "elsewhere") if approval.proposal_id else None,
+        "args_hash": approval.args_hash,
+        "proposals": [proposal_facts(p) for p in proposals],
+        "votes": sorted(
+            [vote.reviewer.get_username(), number.get(vote.proposal_id, "elsewhere"), vote.comment]
+            for vote in approval.votes.all()
+        ),
+    }
+
+
+def proposal_facts(proposal) -> dict:
+    return {
+        "number": proposal.number,
+        "input_hash": proposal.input_hash,
+        "proposed_by": proposal.proposed_by.get_username() if proposal.proposed_by_id else None,
+        "verdict": proposal.verdict,
+        "rule": proposal.rule_label,
+        "reason": proposal.reason,
+        "detail": _as_stored(proposal.detail),
+        "warnings": _as_stored(proposal.warnings),
+        "required_group": proposal.required_group.name if proposal.required_group_id else None,
+        "approvers_required": proposal.approvers_required,
+        "allow_self_approval": proposal.allow_self_approval,
+    }
+
+
+def _as_stored(value):
+    """``value`` as it reads back from its JSON column (a Decimal in a fresh one is its text)."""
+    return json.loads(json.dumps(value, cls=DjangoJSONEncoder))
+
+
+def _approval_facts_v1(approval, proposals=None) -> dict:
+    """What the record held of an approval before issue 32 (its authority, its rule and
+    proposal 1): the digest of events written then, still checked against it."""
+    proposals = approval.proposals.all() if proposals is None else proposals
+    first = next((p for p in proposals if p.number == 1), None)
     return {
         "kind": approval.kind,
         "approvers_required": approval.approvers_required,
@@ -92,8 +142,7 @@ def approval_facts(approval) -> dict:
         "groups": sorted(group.name for group in approval.required_groups.all()),
         "escalated": approval.escalated_at is not None,
         "rule_version": approval.rule_version,
-        # As it reads back from its JSONField (a Decimal in a fresh snapshot is its text).
-        "rule_snapshot": json.loads(json.dumps(approval.rule_snapshot, cls=DjangoJSONEncoder)),
+        "rule_snapshot": _as_stored(approval.rule_snapshot),
         "reason": approval.reason,
         "proposal_1": None
         if first is None
@@ -108,16 +157,78 @@ def approval_facts(approval) -> dict:
     }
 
 
+APPROVAL_PREFETCH = (
+    "required_groups",
+    "proposals__proposed_by",
+    "proposals__required_group",
+    "votes__reviewer",
+)
+
+
 def approval_with_facts(detail: str, approval) -> str:
-    return with_facts(detail, "approval", approval_facts(approval))
+    """``detail`` with the digest of ``approval``'s facts as its rows hold them now
+    (read afresh: a caller's copy may predate the change it records)."""
+    fresh = type(approval).objects.prefetch_related(*APPROVAL_PREFETCH).get(pk=approval.pk)
+    return with_facts(detail, "approval", approval_facts(fresh))
 
 
 def run_facts(run) -> dict:
+    """What a run does and within what: its task, agent (and version), model, kind,
+    whether it is a dry run, its params and budgets (recorded at every run event: a
+    grant raises a budget as the run is queued again)."""
+    return {
+        **_run_facts_v1(run),
+        "v": 2,
+        "agent": run.agent,
+        "kind": run.kind,
+        "llm": run.llm,
+        "model": run.model,
+        "dry_run": run.dry_run,
+        "budget": [
+            run.max_steps,
+            run.max_tokens,
+            plain_number(run.max_cost) if run.max_cost is not None else None,
+        ],
+    }
+
+
+RUN_FACT_FIELDS = ("task", "agent_version", "params", "agent", "kind", "llm", "model", "dry_run", "max_steps",
+                   "max_tokens", "max_cost")  # fmt: skip
+
+
+def _run_facts_v1(run) -> dict:
     return {"task": run.task, "agent_version": run.agent_version, "params": run.params}
 
 
 def call_facts(call) -> dict:
+    """A call's verdict, the hashes of the arguments it was asked with and approved
+    with, and its key (recorded at every event of the call)."""
+    return {
+        **_call_facts_v1(call),
+        "v": 2,
+        "input_hash": call.input_hash,
+        "approved_hash": call.approved_hash,
+        "idempotency_key": call.idempotency_key,
+    }
+
+
+def _call_facts_v1(call) -> dict:
     return {"verdict": call.verdict, "rule": call.verdict_rule, "reason": call.verdict_reason}
+
+
+# The facts as digested before issue 32: an event written then still verifies against
+# them. A digest of the current facts never matches these (they have no "v"), so an
+# old digest holds only the old facts, and a new one all of them.
+LEGACY_FACTS = {"approval": _approval_facts_v1, "call": _call_facts_v1, "run": _run_facts_v1}
+
+
+def facts_hold(recorded: str, kind: str, facts: dict, subject) -> bool:
+    """Whether ``recorded`` (a digest from the chain) is the digest of ``facts``, or of
+    what an event written before issue 32 digested of ``subject``."""
+    if recorded == facts_digest(kind, facts):
+        return True
+    legacy = LEGACY_FACTS.get(kind)
+    return legacy is not None and recorded == facts_digest(kind, legacy(subject))
 
 
 def standing_facts(grant) -> dict:

@@ -4,9 +4,9 @@ Recording only: what a transition means for approvals (a run that ended closes
 its requests, a withdrawn call its own) is ``RuleGate.run_ended`` and
 ``RuleGate.call_withdrawn``, called by ``runs`` at the transition.
 
-What a decision depends on is recorded as a digest (``approvals.record.audit``): a run's task,
-agent version and params when it is created and on any change of the run that keeps
-its status (a repin); each call's verdict on every event of the call (the call is in
+What a decision depends on is recorded as a digest (``approvals.record.audit``): a
+run's task, agent, model, params and budgets on every event of the run (one read);
+each call's verdict and argument hashes on every event of the call (the call is in
 hand: no query); a rule's content on every save that is not the admin's (the admin
 records its own event, with the same digest).
 """
@@ -17,18 +17,17 @@ from django.db.models.signals import post_save
 from django.dispatch import receiver
 
 from approvals.models import AuditEvent, GateRule
-from approvals.record.audit import call_facts, rule_record, run_facts, with_facts
+from approvals.record.audit import RUN_FACT_FIELDS, call_facts, rule_record, run_facts, with_facts
 from runs.models import Run
 from runs.signals import run_transitioned, tool_call_transitioned
 
 
 @receiver(run_transitioned)
 def audit_run_transition(sender, *, run_id, old, new, actor, reason, action="", **kwargs):
-    detail = reason
-    if not old or old == new:
-        # Created, or changed in place (repinned, its lease stolen): rare, one read.
-        run = Run.objects.only("task", "agent_version", "params").get(pk=run_id)
-        detail = with_facts(reason, "run", run_facts(run))
+    # Every event: a grant raises a budget as the run is queued again, a repin changes
+    # its version in place. One read of the run.
+    run = Run.objects.only(*RUN_FACT_FIELDS).get(pk=run_id)
+    detail = with_facts(reason, "run", run_facts(run))
     AuditEvent.objects.create(
         actor=actor,
         action=action or ("run.created" if not old else f"run.{new}"),

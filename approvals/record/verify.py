@@ -10,12 +10,23 @@ from django.apps import apps
 from django.db import models, router
 from django.db.models.functions import Cast
 
-from approvals.models import ApprovalRequest, AuditChain, AuditEvent, GateRule, StandingApproval
+from approvals.models import (
+    ApprovalRequest,
+    ApprovalVote,
+    AuditChain,
+    AuditEvent,
+    GateRule,
+    Proposal,
+    StandingApproval,
+)
 from approvals.record.anchors import anchor_sign
 from approvals.record.audit import (
+    APPROVAL_PREFETCH,
+    FACTS,
     approval_facts,
     call_facts,
     facts_digest,
+    facts_hold,
     recorded_facts,
     rule_facts,
     run_facts,
@@ -23,11 +34,11 @@ from approvals.record.audit import (
 )
 from approvals.record.chain import event_content, event_hash
 from runs.integrity import Finding, retention_note, verify_steps
-from runs.models import SEEDED_HISTORY_VERSION, Run, Step, ToolCall
+from runs.models import SEEDED_HISTORY_VERSION, Message, Run, Step, ToolCall
 from runs.retention import RETENTION_ACTIONS, seal_in
 from tools.registry import input_hash
-from tools.sealed import FactsField, sealed_fields
-from tools.sealing import PREFIX, Locked, unseal
+from tools.sealed import ROW_FIELD, FactsField, SearchIndexField, json_text, sealed_fields
+from tools.sealing import SEALED_PREFIXES, KeyRing, Locked, key_id_of, ring, search_text, unseal
 
 
 # --- verify -------------------------------------------------------------------------
@@ -104,6 +115,11 @@ class Verification:
 def verify_run(run: Run) -> Verification:
     """A run's checkpoints, its audit chain, and the rows the desk shows against both."""
 
+    missing = missing_keys(run)
+    if missing:
+        # Every digest over a value that cannot be opened would differ: name the key
+        # instead of calling each step changed.
+        return Verification(subject=f"run:{run.pk}", findings=missing)
     events = list(AuditEvent.objects.filter(subject=f"run:{run.pk}").order_by("seq"))
     # A purged or redacted run's checkpoints are held against the seal its chain recorded.
     seals = [seal_in(e.detail) for e in events if e.action in RETENTION_ACTIONS]
@@ -122,6 +138,7 @@ def verify_run(run: Run) -> Verification:
     else:
         findings += cross_check(run, events)
     findings += call_facts_findings(run)
+    findings += search_findings(run)
     note = retention_note(run)
     if note:
         note += ": checkpoint chain intact, content not checkable" if not step_findings else ""
@@ -150,13 +167,20 @@ def cross_check(run: Run, events: list) -> list[Finding]:
     if created is not None and created.actor_id is not None and created.actor_id != run.requester_id:
         findings.append(Finding(where, "its requester is not the person who started it"))
     run_recorded = [f for e in events if e.action.startswith("run.") and (f := recorded_facts(e))]
-    if run_recorded and run_recorded[-1] != facts_digest("run", run_facts(run)):
+    if run_recorded and not facts_hold(run_recorded[-1], "run", run_facts(run), run):
         findings.append(
-            Finding(where, "its task, agent version or params differ from what was recorded when it was set")
+            Finding(
+                where,
+                "its task, agent version, agent, model, kind, dry run, params or budgets differ from "
+                "what was recorded when they were set",
+            )
         )
     moves = [e for e in events if e.action.startswith("run.") and e.after]
     if moves and moves[-1].after != run.status:
         findings.append(Finding(where, f"is shown as {run.status}, but its history ends {moves[-1].after}"))
+    handed = [e for e in moves if e.after == Run.Status.HANDED_OVER]
+    if handed and run.handed_over_to_id != handed[-1].actor_id:
+        findings.append(Finding(where, "is shown as handed over to someone other than who took it over"))
     start = run.fork_step if run.parent_id else 0
     live = set(Step.objects.live().filter(run=run).values_list("number", flat=True))
     if live != set(range(start, run.step)):
@@ -172,7 +196,16 @@ def cross_check(run: Run, events: list) -> list[Finding]:
         if event.tool_call_id and event.action.startswith("call."):
             last_call_event[event.tool_call_id] = event
     calls = ToolCall.objects.filter(run=run).only(
-        "pk", "status", "tool_name", "step", "verdict", "verdict_rule", "verdict_reason"
+        "pk",
+        "status",
+        "tool_name",
+        "step",
+        "verdict",
+        "verdict_rule",
+        "verdict_reason",
+        "input_hash",
+        "approved_hash",
+        "idempotency_key",
     )
     for call in calls:
         event = last_call_event.get(call.pk)
@@ -184,11 +217,12 @@ def cross_check(run: Run, events: list) -> list[Finding]:
                 )
             )
         recorded = recorded_facts(event) if event is not None else None
-        if recorded and recorded != facts_digest("call", call_facts(call)):
+        if recorded and not facts_hold(recorded, "call", call_facts(call), call):
             findings.append(
                 Finding(
                     f"{where} step {call.step}",
-                    f"{call.tool_name}'s verdict, its rule or its reason differs from the verdict recorded",
+                    f"{call.tool_name}'s argument hashes (asked, approved), its key, its verdict, its rule "
+                    "or its reason differ from what its history recorded",
                 )
             )
     content_gone = run.purged_at is not None or run.redacted_at is not None  # arguments blanked
@@ -196,9 +230,7 @@ def cross_check(run: Run, events: list) -> list[Finding]:
     for event in events:
         if event.approval_id:
             by_approval.setdefault(event.approval_id, []).append(event)
-    approvals = ApprovalRequest.objects.filter(run=run).prefetch_related(
-        "votes", "proposals", "required_groups"
-    )
+    approvals = ApprovalRequest.objects.filter(run=run).prefetch_related(*APPROVAL_PREFETCH)
     for approval in approvals:
         history = by_approval.get(approval.pk, [])
         here = f"{where} approval {approval.pk}"
@@ -207,13 +239,26 @@ def cross_check(run: Run, events: list) -> list[Finding]:
             findings.append(
                 Finding(here, "proposal 1 (the model's call) differs from the arguments the model sent")
             )
-        recorded = [f for e in history if e.action.startswith("approval.") and (f := recorded_facts(e))]
-        if recorded and recorded[-1] != facts_digest("approval", approval_facts(approval)):
+        opened = next((e for e in history if e.action == "approval.opened"), None)
+        if opened is None:
             findings.append(
                 Finding(
                     here,
-                    "who may decide it (groups, approvers, self-approval, escalation), the rule it was "
-                    "asked under or the model's call differs from what was recorded",
+                    "its opening is not in its run's history: made in the database, or moved from "
+                    "another run",
+                )
+            )
+        elif opened.tool_call_id != (approval.tool_call_id or approval.outcome_call_id):
+            findings.append(Finding(here, "is about another call than the one it was opened for"))
+        recorded = [f for e in history if e.action.startswith("approval.") and (f := recorded_facts(e))]
+        if recorded and not facts_hold(recorded[-1], "approval", approval_facts(approval), approval):
+            findings.append(
+                Finding(
+                    here,
+                    "differs from what its history recorded: which proposal it is decided on and its "
+                    "argument hash, the votes and the proposal each is on, what each proposal requires "
+                    "(group, approvers, self-approval) and its warnings, who may decide it (groups, "
+                    "approvers, self-approval, escalation), the rule it was asked under or the model's call",
                 )
             )
         if approval.required_key != ApprovalRequest.groups_key(g.pk for g in approval.required_groups.all()):
@@ -232,9 +277,9 @@ def cross_check(run: Run, events: list) -> list[Finding]:
                 findings.append(
                     Finding(here, f"is shown as {approval.status}, but its history ends {decided[-1].after}")
                 )
-            elif decided[-1].actor_id != approval.decided_by_id or not decided[-1].detail.endswith(
-                approval.comment
-            ):
+            elif decided[-1].actor_id != approval.decided_by_id or not FACTS.sub(
+                "", decided[-1].detail
+            ).endswith(approval.comment):
                 findings.append(Finding(here, "who decided it, or what they wrote, differs from the record"))
         voters = {e.actor_id for e in history if e.action in ("approval.vote", "approval.approved")}
         if any(vote.reviewer_id not in voters for vote in approval.votes.all()):
@@ -381,18 +426,20 @@ def verify_sealed() -> Verification:
     for model, alias, fields in sealed_models():
         table = model._meta.db_table
         names = [raw_column(f) for f in fields]
-        rows = stored_values(model, alias, fields).values_list("pk", *names)
-        for pk, *stored in rows.iterator(chunk_size=1000):
+        rows = stored_values(model, alias, fields).values_list("pk", ROW_FIELD, *names)
+        for pk, row, *stored in rows.iterator(chunk_size=1000):
             for f, text in zip(fields, stored, strict=True):
-                if not text or not text.startswith(PREFIX):
+                if not text or not text.startswith(SEALED_PREFIXES):
                     continue
                 checked += 1
-                value = unseal(text, f"{table}.{f.column}")
+                value = unseal(text, f"{table}.{f.column}", row=row)
                 if not isinstance(value, Locked):
                     continue
                 where = f"ciphertext of {table} {pk} {f.column}"
                 if value.reason == "missing":
                     problem = f"is sealed with key {value.key_id}, which is not loaded: it cannot be checked"
+                elif value.reason == "moved":
+                    problem = "was sealed for another record of this column: it was moved here"
                 else:
                     problem = "does not authenticate: it was altered, or copied from another column"
                 findings.append(Finding(where, problem))
@@ -400,23 +447,111 @@ def verify_sealed() -> Verification:
 
 
 def call_facts_findings(run: Run) -> list[Finding]:
-    """The run's calls' clear ``facts`` against their arguments (sealed, and held by the
-    checkpoints): the facts are what aggregate rules add up and compare in SQL, so one
-    changed in the database (an amount lowered so a later call slips under a total) is
-    named here."""
-    (facts,) = [f for f in ToolCall._meta.concrete_fields if isinstance(f, FactsField)]
+    """The run's calls' clear derived columns (their ``facts``, and any other but the
+    search index, which ``search_findings`` recomputes under each key) against the
+    sealed values they derive from: the facts are what aggregate rules add up and
+    compare in SQL, so one changed in the database (an amount lowered so a later call
+    slips under a total) is named here."""
+    derived = [
+        f
+        for f in ToolCall._meta.concrete_fields
+        if hasattr(f, "derive") and getattr(f, "sources", ()) and not isinstance(f, SearchIndexField)
+    ]
+    sources = {name for f in derived for name in f.sources}
     findings = []
-    for call in ToolCall.objects.filter(run=run).only("pk", "input", "facts").order_by("pk"):
-        if isinstance(call.input, Locked):
-            continue  # the value that cannot be opened is named by itself
-        if call.facts != facts.derive(call):
-            findings.append(
-                Finding(
-                    f"run {run.pk} call {call.pk}",
-                    "its facts do not match its arguments: aggregate rules add up what the facts say",
+    calls = ToolCall.objects.filter(run=run).only("pk", *sources, *(f.attname for f in derived))
+    for call in calls.order_by("pk"):
+        for f in derived:
+            if any(isinstance(getattr(call, name), Locked) for name in f.sources):
+                continue  # the value that cannot be opened is named by itself
+            expected = f.derive(call)
+            if expected is not None and getattr(call, f.attname) != expected:
+                what = (
+                    "its facts do not match its arguments: aggregate rules add up what the facts say"
+                    if isinstance(f, FactsField)
+                    else f"its {f.name.replace('_', ' ')} does not match its {' and '.join(f.sources)}"
                 )
-            )
+                findings.append(Finding(f"run {run.pk} call {call.pk}", what))
     return findings
+
+
+def search_findings(run: Run) -> list[Finding]:
+    """Each search index of the run (its task; its calls' and its proposals' arguments)
+    recomputed from the values it indexes, under each key of the ring in turn (a row
+    indexed before a rotation still holds until ``rotatekeys`` re-indexes it): an index
+    edited in the database hides the row from the queue's search, or has it found by
+    words that are another row's."""
+    keyring = ring()
+    rings = [KeyRing((key,)) for key in keyring.keys] if keyring.on else [keyring]
+    rows = (
+        (Run.objects.filter(pk=run.pk), lambda row: f"run {run.pk}", "its task"),
+        (ToolCall.objects.filter(run=run), lambda row: f"run {run.pk} call {row.pk}", "its arguments"),
+        (
+            Proposal.objects.filter(approval__run=run),
+            lambda row: f"run {run.pk} proposal {row.pk}",
+            "its arguments",
+        ),
+    )
+    findings = []
+    for queryset, where, what in rows:
+        (index,) = [f for f in queryset.model._meta.concrete_fields if isinstance(f, SearchIndexField)]
+        for row in queryset.only("pk", index.attname, *index.sources).order_by("pk"):
+            values = [getattr(row, name) for name in index.sources]
+            if any(isinstance(v, Locked) for v in values):
+                continue  # a value that cannot be opened is named by itself
+            texts = [v if isinstance(v, str) else json_text(v) for v in values]
+            stored = getattr(row, index.attname)
+            if not any(search_text(*texts, keyring=r) == stored for r in rings):
+                findings.append(
+                    Finding(
+                        where(row),
+                        f"its search index does not match {what} under any key of the ring: a search "
+                        "misses it, or finds it by words it does not hold",
+                    )
+                )
+    return findings
+
+
+# The run's rows with sealed values, and how each is found: a key missing from the
+# ring makes every digest over them differ, so verify names the key instead.
+RUN_ROWS = (
+    (Run, "pk"),
+    (Message, "run"),
+    (ToolCall, "run"),
+    (ApprovalRequest, "run"),
+    (Proposal, "approval__run"),
+    (ApprovalVote, "approval__run"),
+    (StandingApproval, "run"),
+    (AuditEvent, "run"),
+)
+
+
+def missing_keys(run: Run) -> list[Finding]:
+    """One finding per key the run's sealed values need that is not in the ring (read
+    from the stored values' prefixes: nothing is decrypted)."""
+    loaded = set(ring().ids)
+    missing: dict[str, list[str]] = {}
+    for model, path in RUN_ROWS:
+        fields = sealed_fields(model)
+        if not fields:
+            continue
+        table = model._meta.db_table
+        queryset = stored_values(model, router.db_for_read(model), fields).filter(**{path: run.pk})
+        for pk, *stored in queryset.values_list("pk", *(raw_column(f) for f in fields)).iterator(
+            chunk_size=1000
+        ):
+            for f, text in zip(fields, stored, strict=True):
+                kid = key_id_of(text)
+                if kid is not None and kid not in loaded:
+                    missing.setdefault(kid, []).append(f"{table} {pk} {f.column}")
+    return [
+        Finding(
+            f"run {run.pk}",
+            f"{len(where)} value(s) are sealed with key {kid}, which is not loaded (DESK_ENCRYPTION_KEYS), "
+            f"first {where[0]}: load the key to check the run",
+        )
+        for kid, where in missing.items()
+    ]
 
 
 def verify_against(anchor: dict, *, name: str = "anchor") -> Verification:

@@ -333,3 +333,53 @@ def test_an_unfinished_run_is_a_conflict_over_the_api(users, plain_refund_desk):
     _token, raw = apitoken_create(user=users["requester"])
     response = get_export(waiting, raw)
     assert response.status_code == 409 and response.json()["error"]["code"] == "not_exportable"
+
+
+# --- lines duplicated, dropped or reordered (issue 32) ----------------------------------
+def rearranged(lines: list[str], how: str) -> list[str]:
+    """The file with one body line duplicated, dropped, or swapped with the next."""
+    n = len(lines) // 2
+    return {
+        "duplicated": [*lines[: n + 1], lines[n], *lines[n + 1 :]],
+        "dropped": [*lines[:n], *lines[n + 1 :]],
+        "dropped last": lines[:-1],
+        "reordered": [*lines[:n], lines[n + 1], lines[n], *lines[n + 2 :]],
+    }[how]
+
+
+@pytest.mark.parametrize("how", ["duplicated", "dropped", "dropped last", "reordered"])
+def test_a_file_with_a_line_duplicated_dropped_or_reordered_is_refused(users, how):
+    lines = export(finished_demo(users))
+    before = everything()
+    message = refused(rearranged(lines, how), "--as-new")
+    assert message.startswith("Refused; nothing was imported.")
+    # Each line's seal chains from the one before it, and the header (sealed) counts them.
+    assert "its seal does not match" in message or "header announces" in message, message
+    assert everything() == before
+
+
+@pytest.mark.parametrize("how", ["duplicated", "dropped", "reordered"])
+def test_a_sealed_file_with_its_line_duplicated_dropped_or_reordered_is_refused(users, tmp_path, how):
+    from tools.sealing import new_key
+
+    run = finished_demo(users)
+    key = tmp_path / "road.key"
+    key.write_text(new_key("road") + "\n")
+    key.chmod(0o600)
+    header, body = run_command("exportrun", str(run.pk), "--encrypt-to", str(key)).splitlines(keepends=True)
+    # A padded body line duplicated is what base64 would read past: refused all the same.
+    changed = {"duplicated": [header, body, body], "dropped": [header], "reordered": [body, header]}[how]
+    before = everything()
+    with pytest.raises(CommandError) as caught:
+        run_command("importrun", write(changed), "--key", str(key), "--as-new")
+    said = str(caught.value)
+    assert "nothing was imported" in said.lower(), said
+    if how == "duplicated":
+        assert "holds 2 lines, not the one exportrun wrote" in said
+    assert everything() == before
+
+
+def test_the_header_names_the_desks_base_url(users, settings):
+    settings.DESK_BASE_URL = "http://127.0.0.1:8200"
+    header = parsed(export(finished_demo(users)))[0]
+    assert header["source"] == "http://127.0.0.1:8200"

@@ -230,12 +230,16 @@ def test_digests_recomputed_by_someone_without_the_integrity_key_do_not_verify(u
     """The attack of someone who can write to the database: change the refund in the
     call log and the transcript, then recompute every checkpoint's digest."""
     from runs.integrity import call_record, closed_until, genesis, step_digest
+    from tools.sealed import json_text
+    from tools.sealing import search_text
 
     run = finished_demo(users)
     refund = ToolCall.objects.get(run=run, tool_name="refund_item")
-    # The amount as the arguments and as the clear facts (a number: no key needed).
+    # The amount as the arguments, as the clear facts (a number: no key needed) and in
+    # the search index (recomputed here, as someone with the ring's keys would).
+    changed = {**refund.input, "amount": 290}
     ToolCall.objects.filter(pk=refund.pk).update(
-        input={**refund.input, "amount": 290}, facts={**refund.facts, "amount": 290}
+        input=changed, facts={**refund.facts, "amount": 290}, search=search_text(json_text(changed))
     )
     reply = Message.objects.get(run=run, seq=Step.objects.get(run=run, number=refund.step).message_count)
     content = [
@@ -367,3 +371,26 @@ def test_a_calls_facts_lowered_in_the_database_are_named_and_the_next_total_is_n
     assert report is None and f"first broken link: run {run.pk} call {refund.pk}" in error
     page = get_html(client_for(users["reviewer"]), f"/runs/{run.pk}/integrity")
     assert "The record was changed after it was written" in page
+
+
+def test_verifying_one_run_without_its_key_names_the_key_not_every_step(users, settings):
+    """`verify RUN` with the key its values are sealed under gone from the ring (a
+    rotation that dropped it too early) names the key, as the full verify does."""
+    import io
+
+    from django.core.management import call_command
+
+    from tools.sealing import key_id_of, new_key
+
+    run = finished_demo(users)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT task FROM runs_run WHERE id = %s", [run.pk])
+        key = key_id_of(cursor.fetchone()[0])
+    settings.DESK_ENCRYPTION_KEYS = new_key("newer")  # the old key is not in the ring
+    out = io.StringIO()
+    with pytest.raises(CommandError) as caught:
+        call_command("verify", str(run.pk), stdout=out)
+    said = out.getvalue()
+    assert f"run:{run.pk}: BROKEN" in said and f"sealed with key {key}, which is not loaded" in said
+    assert "changed after" not in said and "step" not in said
+    assert caught.value.returncode == 1 and f"key {key}" in str(caught.value)

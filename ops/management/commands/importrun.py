@@ -1,10 +1,27 @@
 from __future__ import annotations
 
+import re
+
 from django.core.management.base import BaseCommand, CommandError
 
 from approvals.record.errors import ImportRefused
 from approvals.record.importer import run_import
 from ops.sealed_export import open_export, read_key, sealed_key_id
+
+# A sealed export is its header line and one line of URL-safe base64, nothing else.
+SEALED_BODY = re.compile(r"[A-Za-z0-9_-]+={0,2}\n?")
+
+
+def sealed_body_refusal(body: str) -> str:
+    """Why the body of a sealed export is not the one line exportrun wrote ("" if it
+    is). The base64 decoder would skip what follows a padded line (a duplicate of it):
+    the file must be exactly what was sealed, not merely contain it."""
+    count = len(body.splitlines())
+    if count != 1:
+        return f"after its header it holds {count} lines, not the one exportrun wrote (added or dropped)"
+    if not SEALED_BODY.fullmatch(body):
+        return "its sealed line is not base64 as exportrun wrote it: it was altered"
+    return ""
 
 
 class Command(BaseCommand):
@@ -38,7 +55,11 @@ class Command(BaseCommand):
                 else:
                     if not key:
                         raise CommandError(f"{file} is sealed: give --key with the key file of key {needed}.")
-                    plain = open_export(file, header, lines.read(), *read_key(key, self.stderr.write))
+                    body = lines.read()
+                    refusal = sealed_body_refusal(body)
+                    if refusal:
+                        raise CommandError(f"{file} is refused; nothing was imported: {refusal}.")
+                    plain = open_export(file, header, body, *read_key(key, self.stderr.write))
                     result = run_import(lines=plain.splitlines(keepends=True), as_new=as_new)
         except OSError as exc:
             raise CommandError(f"Cannot read {file}: {exc.strerror}.") from None

@@ -24,6 +24,7 @@ from tools.registry import find_tool
 
 from .forms import RunFilterForm, RunStartForm
 from .models import Run, Step, ToolCall
+from .outcome import outcome_lines_of_calls, outcome_of_calls, run_outcome, run_outcomes
 from .run_page import (
     HAND_OVER_STATUSES,
     final_reply_step,
@@ -48,11 +49,7 @@ from .selectors import (
     has_checkpoint,
     may_cancel,
     may_undo,
-    outcome_lines_of_calls,
-    outcome_of_calls,
     run_get,
-    run_outcome,
-    run_outcomes,
     run_search,
     run_step_checkpoint,
 )

@@ -22,9 +22,18 @@ from approvals.notify.kinds import REVIEWER_KINDS, Kind
 from approvals.notify.models import Notification
 from approvals.policy.decided import rule_as_decided
 from runs.history import live_at
-from runs.models import CallStatus, Message, Run, ToolCall
-from runs.reasons import money_reason
-from runs.selectors import args_summary, not_done_filter, not_done_what, outcome_lines_of_calls, run_outcome
+from runs.models import Message, Run, ToolCall
+from runs.outcome import (
+    ANSWERED,
+    COMPENSATED,
+    DECLINED,
+    DENIED,
+    not_done_filter,
+    not_done_what,
+    outcome_lines_of_calls,
+    run_outcome,
+)
+from runs.selectors import args_summary
 from tools.registry import arguments_in_order
 
 # The emails that ask a reviewer to decide a call: they carry its warnings.
@@ -90,10 +99,14 @@ def digest_items(digest: Notification) -> list[dict]:
 
 
 def unhonoured_calls(run: Run, *, at) -> list[ToolCall]:
-    """The calls of ``run`` that did not take effect as the model asked (failed,
-    refused, denied, declined, compensated: runs.selectors.not_done_what), on the branch
-    that was live at ``at``."""
-    calls = ToolCall.objects.filter(live_at(at), not_done_filter(), run=run).order_by("step", "position")
+    """The calls of ``run`` that did not take effect as the model asked (runs.outcome:
+    failed, refused, denied, declined, timed out, answered instead of run, never decided,
+    ...), on the branch that was live at ``at``."""
+    calls = (
+        ToolCall.objects.filter(live_at(at), not_done_filter(), run=run)
+        .select_related("approval__decided_by")
+        .order_by("step", "position")
+    )
     return [call for call in calls if not_done_what(call, finished=run.is_finished)]
 
 
@@ -104,25 +117,25 @@ def _call_summary(call: ToolCall) -> str:
     return args_summary(call.input, tool=call.tool_name, limit=200)
 
 
-def _why_unhonoured(call: ToolCall, decisions: dict[int, ApprovalRequest]) -> str:
-    """Who stopped the call and why: the reviewer's decline, the rule's denial, the undo."""
-    approval = decisions.get(call.pk)
-    if call.status == CallStatus.DECLINED and approval is not None:
-        who = f"declined by {_name(approval.decided_by)}" if approval.decided_by else "declined (timed out)"
-        return f"{who}: {approval.comment}" if approval.comment else who
-    if call.status == CallStatus.DENIED:
-        return (
-            f"denied by the rules: {money_reason(call.verdict_reason)}"
-            if call.verdict_reason
-            else "denied by the rules"
-        )
-    if call.status == CallStatus.COMPENSATED:
+def _why_unhonoured(call: ToolCall) -> str:
+    """Who stopped the call and why, naming people as emails do: "declined by Bob: ...",
+    "answered by Bob instead of running: ...", "never decided: ..."."""
+    [line] = outcome_lines_of_calls([call])
+    approval = getattr(call, "approval", None)
+    decider = approval.decided_by if approval is not None else None
+    if line.what == DECLINED:
+        who = f"declined by {_name(decider)}" if decider else "declined"
+        return f"{who}: {line.reason}" if line.reason else who
+    if line.what == ANSWERED:
+        # The reviewer's answer, not the tool: the model's claim rests on it.
+        who = _name(decider) if decider else "a reviewer"
+        return f"answered by {who} instead of running: {line.reason}"
+    if line.what == DENIED:
+        return f"denied by the rules: {line.reason}" if line.reason else "denied by the rules"
+    if line.what == COMPENSATED:
         return "it ran, then was undone (compensated)"
-    if call.status in (CallStatus.FAILED, CallStatus.UNKNOWN):
-        # "failed: refund_item failed: ... exceeds the refundable 0.00", "refused by its stage: ..."
-        [line] = outcome_lines_of_calls([call])
-        return f"{line.what} by {line.by}: {line.reason}" if line.by else f"{line.what}: {line.reason}"
-    return CallStatus(call.status).label
+    # "failed: refund_item failed: ... exceeds the refundable 0.00", "refused by its stage: ..."
+    return f"{line.what} by {line.by}: {line.reason}" if line.by else f"{line.what}: {line.reason}"
 
 
 def notification_context(note: Notification) -> dict:
@@ -185,18 +198,12 @@ def notification_context(note: Notification) -> dict:
         run = Run.objects.select_related("requester", "handed_over_to").get(pk=note.run_id)
         outcome = run_outcome(run)
         calls = unhonoured_calls(run, at=note.created_at)
-        decisions = {
-            a.tool_call_id: a
-            for a in ApprovalRequest.objects.filter(tool_call__in=calls)
-            .select_related("decided_by")
-            .order_by("created_at")
-        }
         context.update(
             link=run_link(run.pk),
             outcome=outcome,
             # What the model's last reply may claim but did not happen.
             unhonoured=[
-                {"call": call, "why": _why_unhonoured(call, decisions), "arguments": _call_summary(call)}
+                {"call": call, "why": _why_unhonoured(call), "arguments": _call_summary(call)}
                 for call in calls
             ],
             final_text=_final_text(run, at=note.created_at),

@@ -32,9 +32,12 @@ Events (``data`` has ``run`` and, for approval events, ``approval``; each with i
   (``services._close`` / ``services._act``, ``announcer().approval_closed``);
 - ``approval.expired``: it timed out with no decision: ``approval.status`` expired
   (declined by the timeout) or approved (by policy, ``approval.by_policy`` true);
-- ``run.finished``: a run ended done (``data.outcome``: its label, whether it is
-  clean, and ``not_done``: every call that did not take effect, with its status and
-  reason); ``run.failed``: it failed;
+- ``run.finished``: a run ended done; ``run.failed``: it failed. Both, and a hand-over
+  below, carry ``data.outcome``: its label ("Done, 1 answered instead of run"), whether
+  it is clean, and ``not_done``: every call that did not take effect, with its status,
+  what became of it (``runs.outcome.NOT_DONE``: failed, refused, denied, declined, timed
+  out, answered instead of run, never decided, never run, compensated, outcome unknown,
+  previewed (dry run)), who and why;
 - ``run.needs_attention``: a run waits for a person: a guard stopped it
   (``data.reason`` budget, stuck, verify or outcome, with its ``approval``), or it
   was handed over to a person (``data.reason`` handed_over,
@@ -113,8 +116,8 @@ from approvals.notify.endpoints import TEST_EVENT, webhook_address
 from approvals.notify.errors import UnsafeWebhookURL
 from approvals.notify.models import WebhookDelivery, WebhookEndpoint
 from desk.logs import log_context
+from runs.outcome import run_outcome, run_outcome_lines
 from runs.reasons import aggregate_figures
-from runs.selectors import run_outcome, run_outcome_lines
 
 log = logging.getLogger(__name__)
 
@@ -324,15 +327,9 @@ def webhook_run_ended(*, run) -> list[WebhookDelivery]:
     }.get(run.status)
     if event is None:
         return []
-    data = {"run": _run_data(run, ended=True)}
-    if event == "run.finished":
-        # Done is not "did it all": every call that did not take effect, and why.
-        outcome = run_outcome(run)
-        data["outcome"] = {
-            "label": outcome.label,
-            "clean": outcome.clean,
-            "not_done": [line.as_dict() for line in run_outcome_lines(run)],
-        }
+    # Ended is not "did it all": every call that did not take effect, and why (a failed
+    # or handed-over run too: a call it left undecided never ran).
+    data = {"run": _run_data(run, ended=True), "outcome": run_outcome(run).as_dict(run_outcome_lines(run))}
     if run.status == Status.HANDED_OVER:
         data["reason"] = "handed_over"
         data["run"]["handed_over_to"] = _username(run.handed_over_to)

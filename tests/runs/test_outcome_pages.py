@@ -15,8 +15,9 @@ from django.utils import timezone
 from approvals.decisions.decision import Decision
 from approvals.models import GateRule
 from runs.models import Run, ToolCall
+from runs.outcome import outcome_of_calls, run_outcome, run_outcome_lines, run_outcomes
 from runs.saga import run_rollback
-from runs.selectors import args_summary, outcome_of_calls, run_outcome, run_outcome_lines, run_outcomes
+from runs.selectors import args_summary
 from runs.services import run_create
 from runs.templatetags.runs_extras import money_reason, rupees
 from tests.helpers import client_for, decide_and_advance, finished_demo, get_html, script, start, turn

@@ -18,8 +18,8 @@ from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest, WebhookDelivery, WebhookEndpoint
 from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
+from runs.outcome import outcome_of_calls, run_outcome, run_outcome_lines
 from runs.run_page import run_verification
-from runs.selectors import outcome_of_calls, run_outcome, run_outcome_lines
 from tests.helpers import (
     approve_all,
     client_for,

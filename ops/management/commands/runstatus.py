@@ -10,8 +10,9 @@ from approvals.models import ApprovalRequest
 from runs.integrity import retention_note
 from runs.management.commands._common import run_by_id
 from runs.models import Run
+from runs.outcome import run_outcome, run_outcome_lines
 from runs.reasons import aggregate_figures, reason_text
-from runs.selectors import dry_run_preview, run_outcome, run_outcome_lines
+from runs.selectors import dry_run_preview
 
 
 class Command(BaseCommand):
@@ -69,11 +70,7 @@ class Command(BaseCommand):
         }
         # What this run did: every live call that did not take effect, with why.
         outcome, not_done = run_outcome(run), run_outcome_lines(run)
-        data["outcome"] = {
-            "label": outcome.label,
-            "clean": outcome.clean,
-            "not_done": [line.as_dict() for line in not_done],
-        }
+        data["outcome"] = outcome.as_dict(not_done)
         preview = dry_run_preview(run) if run.dry_run else []
         if run.dry_run:
             # What each call would have done: the dry run's report.

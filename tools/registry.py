@@ -129,6 +129,11 @@ class ToolSpec:
     # Top-level input fields that are rupees: bounded, in ``validation_errors``, by what
     # the desk's money columns hold and by two decimals (tools.inputs.money_problem).
     money: tuple[str, ...] = ()
+    # Writes: the top-level input fields that make two calls the same effect (a refund's
+    # order and amount). A call whose fields equal those of one still waiting for a
+    # decision, or approved and not yet run, is warned of and left out of a bulk approve
+    # (approvals/decisions/duplicates.py); money fields compare as amounts (600 == 600.0).
+    duplicate_key: tuple[str, ...] = ()
     # Seconds a call may take before it is stopped (None: the desk's
     # DESK_TOOL_TIMEOUT_SECONDS). A read stopped so has failed; a write's outcome is
     # unknown and is settled by ``reconcile`` or a person (runs.engine.execution).
@@ -169,6 +174,13 @@ class ToolSpec:
         unknown = set(self.money) - set(self.input_schema.get("properties", {}))
         if unknown:
             raise ValueError(f"tool {self.name}: money fields {sorted(unknown)} are not in its schema")
+        unknown = set(self.duplicate_key) - set(self.input_schema.get("properties", {}))
+        if unknown:
+            raise ValueError(
+                f"tool {self.name}: duplicate key fields {sorted(unknown)} are not in its schema"
+            )
+        if self.duplicate_key and self.kind != WRITE:
+            raise ValueError(f"read tool {self.name} makes no effect to duplicate: it needs no duplicate key")
 
     @property
     def is_read(self) -> bool:
@@ -252,7 +264,7 @@ def tool(
     docstring; its first parameter takes the ``ToolContext`` if it is annotated so or
     named ``ctx``. ``hooks`` are ToolSpec's other fields (``undo``, ``reconcile``,
     ``capture``, ``compensate``, ``verify``, ``preview``, ``context``, ``warnings``,
-    ``facts``, ``money``, ``timeout``, ``honours_key``): each receives the input as the
+    ``facts``, ``money``, ``duplicate_key``, ``timeout``, ``honours_key``): each receives the input as the
     JSON object the model sent (docs/agents.md); a ``reconcile`` that takes one argument
     is given the call's idempotency key alone. Returns the ToolSpec; ``tool_names`` of an
     AgentSpec takes it as it is."""
@@ -318,6 +330,7 @@ _TOOL_HOOKS = {
     "context",
     "warnings",
     "money",
+    "duplicate_key",
     "timeout",
 }
 

@@ -10,23 +10,28 @@ fails leaves the others decided.
 Bulk approve is for the plain cases only. It leaves out, and says why, what a person
 should look at on its own page: an edited proposal, a call that cannot be undone, an
 item that needs more than one approver, an item that shows a warning (the ones its
-queue row and its page show), and a guard (which takes its own actions). These are
-checked here, when each item is decided, whatever the form posted: the confirm step
-(``approvals_bulk_preview``, what will be approved and what will be left out) is for
-the person, not the guard.
+queue row and its page show; among them a call that repeats one in flight, so of two
+identical refunds ticked together the oldest is approved), and a guard (which takes its
+own actions). These are checked here, when each item is decided, whatever the form
+posted: the confirm step (``approvals_bulk_preview``, what will be approved and what
+will be left out) is for the person, not the guard.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from approvals.decisions.decision import Decision
+from django.db import transaction
+
+from approvals.decisions.decision import Decision, DecisionKind
+from approvals.decisions.duplicates import duplicate_scope, repeats_of, stored_warnings
 from approvals.decisions.errors import AlreadyDecided, StaleDecision
 from approvals.decisions.selectors import approvals_visible_to, call_notes, decide_refusal
 from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest
 from approvals.policy.errors import DecisionError
 from tools.loading import not_loaded_here
+from tools.locks import lock_scope
 from tools.registry import find_tool
 
 APPROVE, DECLINE = "approve", "decline"
@@ -69,12 +74,12 @@ def bulk_approve_refusal(approval: ApprovalRequest) -> str | None:
 
 def shown_warnings(approval: ApprovalRequest) -> list[str]:
     """Every warning a person deciding ``approval`` is shown: those stored with its
-    current proposal (its queue row) and those its tool reads from the world now (its
-    page), each once."""
-    stored = approval.proposal.warnings if approval.proposal_id else None
-    warnings = [str(w) for w in stored if w] if isinstance(stored, list) else []
+    current proposal (its queue row), those its tool reads from the world now (its
+    page) and the calls in flight it repeats, read now (both), each once."""
+    warnings = stored_warnings(approval.proposal if approval.proposal_id else None)
     if approval.tool_call_id:
         warnings += [str(w) for w in call_notes(approval)[1] if w]
+        warnings += [repeat.text for repeat in repeats_of(approval)]
     return list(dict.fromkeys(warnings))
 
 
@@ -95,14 +100,25 @@ def approvals_bulk_decide(
         raise DecisionError("Choose approve or decline.")
     verb = "approved" if decision == APPROVE else "declined"
     visible = _visible(reviewer, items)
-    outcomes = []
-    for approval_id, args_hash in items:
+    outcomes: dict[int, BulkOutcome] = {}
+    # Oldest first: of two that repeat each other (decisions.duplicates), the one asked
+    # first is approved and the other left out, in whatever order they were ticked.
+    for position in sorted(range(len(items)), key=lambda i: _age(visible.get(items[i][0]))):
+        approval_id, args_hash = items[position]
         approval = visible.get(approval_id)
         if approval is None:
-            outcomes.append(BulkOutcome(approval_id, False, f"#{approval_id} not {verb}: no such approval"))
+            outcomes[position] = BulkOutcome(
+                approval_id, False, f"#{approval_id} not {verb}: no such approval"
+            )
             continue
-        outcomes.append(_decide_one(approval, reviewer, decision, comment, args_hash, verb, enqueue=enqueue))
-    return outcomes
+        outcomes[position] = _decide_one(
+            approval, reviewer, decision, comment, args_hash, verb, enqueue=enqueue
+        )
+    return [outcomes[position] for position in range(len(items))]
+
+
+def _age(approval: ApprovalRequest | None) -> tuple:
+    return (0, approval.created_at, approval.pk) if approval is not None else (1,)
 
 
 @dataclass(frozen=True)
@@ -181,7 +197,9 @@ def _decide_one(approval, reviewer, decision, comment, args_hash, verb, *, enque
     else:
         made = Decision.decline(comment, args_hash=args_hash)
     try:
-        result = approval_decide(approval_id=approval.pk, reviewer=reviewer, decision=made, enqueue=enqueue)
+        result = _decide_unrepeated(approval, reviewer, made, enqueue=enqueue)
+    except Repeated as exc:
+        return refused(f"it shows a warning: “{exc}”, {ON_ITS_PAGE}")
     except StaleDecision:
         return refused(f"its arguments changed since the queue was shown, {ON_ITS_PAGE}")
     except AlreadyDecided as exc:
@@ -197,3 +215,24 @@ def _decide_one(approval, reviewer, decision, comment, args_hash, verb, *, enque
             True, f"#{approval.pk}: your approval is recorded; {result.approvals_missing} more needed"
         )
     return outcome(True, f"#{approval.pk} {decided.status}")
+
+
+class Repeated(Exception):
+    """A bulk approve met a call in flight that the item repeats (the sentence)."""
+
+
+def _decide_unrepeated(approval: ApprovalRequest, reviewer, made: Decision, *, enqueue: bool):
+    """``approval_decide``; an approval first checked again, in the deciding transaction
+    and under a lock on what it would repeat, for a call in flight it repeats: two bulk
+    approves of two identical refunds at once approve one (SQLite serialises writing
+    transactions; PostgreSQL takes the lock). The check before (``bulk_approve_refusal``)
+    reads the world outside any transaction; this one reads the desk only."""
+    scope = duplicate_scope(approval) if made.kind == DecisionKind.APPROVE else ""
+    if not scope:
+        return approval_decide(approval_id=approval.pk, reviewer=reviewer, decision=made, enqueue=enqueue)
+    with transaction.atomic():
+        lock_scope(scope)
+        repeats = repeats_of(approval)
+        if repeats:
+            raise Repeated(repeats[0].text)
+        return approval_decide(approval_id=approval.pk, reviewer=reviewer, decision=made, enqueue=enqueue)

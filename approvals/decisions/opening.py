@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from approvals.decisions.announce import announcer
 from approvals.decisions.decision import Requirement
+from approvals.decisions.duplicates import proposal_repeats
 from approvals.models import ApprovalRequest, AuditEvent, GateRule, Proposal
 from approvals.policy.decided import decided_rule_snapshot
 from approvals.record.audit import approval_with_facts
@@ -145,8 +146,8 @@ def proposal_record(
     needed: Requirement,
 ) -> Proposal:
     """A proposal with the gate's review of its arguments, what approving them alone
-    takes (``needed``) and the tool's warnings about them, read from the world now (an
-    edit is a new proposal: its own warnings)."""
+    takes (``needed``) and the tool's warnings about them, read from the world now, with
+    the calls in flight they repeat (an edit is a new proposal: its own warnings)."""
     spec = find_tool(approval.tool_call.tool_name) if approval.tool_call_id else None
     warnings = []
     if spec is not None:
@@ -154,6 +155,8 @@ def proposal_record(
             run_id=approval.run_id, params=approval.run.params or {}, call_id=approval.tool_call_id
         )
         warnings = spec.reviewer_notes(review, tool_input)[1]
+        # And what it repeats that is not made yet (waiting, approved and not yet run).
+        warnings += proposal_repeats(approval, tool_input)
     return Proposal.objects.create(
         approval=approval,
         number=number,

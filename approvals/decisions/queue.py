@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
@@ -28,6 +28,7 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from approvals.decisions.duplicates import Repeat, in_flight_repeats, stored_warnings
 from approvals.decisions.selectors import (
     DECIDE_PERMISSION,
     approval_sla_minutes,
@@ -534,13 +535,14 @@ def queue_refusal(*, user, approval: ApprovalRequest, voted: bool, now: datetime
 @dataclass
 class QueueRow:
     """One row of the queue: the approval, its SLA state, why the viewer may not decide
-    it (None: they may, and may select it for a bulk decision) and the warnings stored
-    with its current proposal."""
+    it (None: they may, and may select it for a bulk decision), the warnings stored with
+    its current proposal and the calls in flight it repeats, read now (duplicates)."""
 
     approval: ApprovalRequest
     sla: SlaState
     refusal: str | None
     warnings: list[str]
+    repeats: list[Repeat] = field(default_factory=list)
     # The rule it was asked under, as recorded (None for a guard).
     rule: DecidedRule | None = None
 
@@ -572,9 +574,9 @@ def queue_rows(approvals, *, user, now: datetime) -> list[QueueRow]:
             if proposals and user.is_authenticated
             else ()
         )
+    repeats = in_flight_repeats(approvals)  # one query for the page
     rows = []
     for approval in approvals:
-        warnings = approval.proposal.warnings if approval.proposal_id else None
         rows.append(
             QueueRow(
                 approval=approval,
@@ -582,7 +584,8 @@ def queue_rows(approvals, *, user, now: datetime) -> list[QueueRow]:
                 refusal=queue_refusal(
                     user=user, approval=approval, voted=approval.proposal_id in voted, now=now
                 ),
-                warnings=[str(w) for w in warnings if w] if isinstance(warnings, list) else [],
+                warnings=stored_warnings(approval.proposal if approval.proposal_id else None),
+                repeats=repeats.get(approval.pk, []),
                 rule=rule_as_decided(approval),
             )
         )

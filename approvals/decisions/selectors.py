@@ -17,6 +17,7 @@ from django.contrib.auth.models import Group
 from django.db.models import Exists, OuterRef, Prefetch, Q
 from django.utils import timezone
 
+from approvals.decisions.duplicates import Repeat, repeats_of
 from approvals.models import ApprovalRequest, ApprovalVote, Proposal
 from approvals.policy.decided import RULE_NONE, RULE_RECORDED, DecidedRule, rule_as_decided
 from runs.history import transcript_messages
@@ -387,6 +388,9 @@ class ApprovalContext:
     # (call_notes); warnings only while it waits for a decision.
     facts: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # The calls in flight what would run repeats (decisions.duplicates), read now, each
+    # with the approval to link to; only while it waits for a decision.
+    repeats: list[Repeat] = field(default_factory=list)
     # The rule the request was asked under, as recorded (``rule_as_decided``), and the
     # condition the current proposal was reviewed under, for people.
     rule: DecidedRule | None = None
@@ -430,7 +434,9 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
         # Decided: the facts are still the world now (the page says so, and re-reads them
         # with its status), so they include what the decision let run; the warnings were
         # for deciding (a refund that ran would warn of itself as a repeat).
-        warnings = []
+        warnings, repeats = [], []
+    else:
+        repeats = repeats_of(approval)
     rule = rule_as_decided(approval)
     return ApprovalContext(
         approval=approval,
@@ -448,6 +454,7 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
         arguments=arguments_in_order(call.tool_name, shown) if isinstance(shown, dict) else None,
         facts=facts,
         warnings=warnings,
+        repeats=repeats,
         rule=rule,
         threshold=proposal_threshold(approval, proposal, rule),
     )

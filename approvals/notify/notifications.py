@@ -60,6 +60,7 @@ from django.db import transaction
 from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
+from approvals.decisions.duplicates import repeats_of, stored_warnings
 from approvals.decisions.guards import guard_headline
 from approvals.decisions.selectors import eligible_reviewers
 from approvals.models import ApprovalRequest
@@ -69,8 +70,8 @@ from approvals.notify.models import Notification, NotificationPreference
 from approvals.notify.webhooks import webhook_run_ended
 from desk.logs import log_context
 from runs.models import Run
+from runs.outcome import run_outcome
 from runs.reasons import reason_text
-from runs.selectors import run_outcome
 
 log = logging.getLogger(__name__)
 
@@ -173,9 +174,10 @@ def approval_subject(approval: ApprovalRequest, kind: str) -> str:
     call = approval.tool_call
     run = f"run {approval.run_id}"
     proposal = approval.proposal
-    # The warnings stored with what would run ("repeats an earlier refund"): the email
-    # says them first; the subject says there are some.
-    warned = _warnings_note(proposal.warnings if proposal is not None else None)
+    # The warnings stored with what would run ("repeats an earlier refund") and the
+    # calls in flight it repeats now (not the ones it repeated: a first refund declined
+    # since is not counted): the email says them first; the subject says there are some.
+    warned = _warnings_note(stored_warnings(proposal) + [r.text for r in repeats_of(approval)])
     if kind == Kind.APPROVAL_REMINDER:
         return f"[Countersign] Reminder: {call.tool_name} for {run} is waiting for a decision{warned}"
     if kind == Kind.APPROVAL_ESCALATED:

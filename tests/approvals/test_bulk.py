@@ -19,7 +19,7 @@ from approvals.decisions.bulk import approvals_bulk_decide
 from approvals.decisions.decision import Decision
 from approvals.decisions.forms import BULK_LIMIT
 from approvals.decisions.opening import approval_open_guard
-from approvals.models import ApprovalRequest, AuditEvent, GateRule
+from approvals.models import ApprovalRequest, AuditEvent, GateRule, Proposal
 from runs.engine import run_advance_until_settled
 from runs.models import GuardKind, Run
 from runs.services import run_create
@@ -362,7 +362,7 @@ def test_a_requester_cannot_bulk_approve_their_own_run(users):
 
 def test_a_reviewer_cannot_bulk_approve_the_run_they_requested(users):
     own = waiting(users["reviewer"])
-    other = waiting(users["requester"])
+    other = waiting(users["requester"], refund(650))  # not the same refund: that would be held back
     response = post_bulk(client_for(users["reviewer"]), "approve", [own, other], htmx=True, confirmed=True)
     assert outcomes(response)[0].startswith(
         f"#{own.pk} not approved: You requested this run; someone else must decide it."
@@ -508,3 +508,82 @@ def test_the_service_reports_each_item_and_goes_on(users):
     )
     assert [o.done for o in result] == [False, True]
     assert result[1].text == f"#{other.pk} declined" and result[1].what == f"refund_item, run #{other.run_id}"
+
+
+# --- bulk approve: the same refund in flight in two runs -------------------------------
+def opened_at_the_same_moment(*approvals: ApprovalRequest) -> None:
+    """As if they were opened at once: neither call was saved when the other's warnings
+    were read, so neither proposal was stored with a warning."""
+    for approval in approvals:
+        proposal = Proposal.objects.get(pk=approval.proposal_id)
+        proposal.warnings = []
+        proposal.save(update_fields=["warnings"])
+        approval.refresh_from_db()
+
+
+def test_two_identical_refunds_of_two_runs_approved_together_approve_the_oldest_only(users):
+    first, second = waiting(users["requester"]), waiting(users["requester"])
+    opened_at_the_same_moment(first, second)
+    # Ticked newest first: the oldest is still the one approved.
+    response = post_bulk(
+        client_for(users["reviewer"]), "approve", [second, first], comment="Fine", htmx=True, confirmed=True
+    )
+    lines = outcomes(response)
+    assert lines[0].startswith(
+        f"#{second.pk} not approved: it shows a warning: “Repeats the refund_item call approved and not "
+        f"yet run in run {first.run_id}: order_id A-1001, amount ₹600.00 (approval #{first.pk})”, "
+        "decide it on its page"
+    )
+    assert lines[1].startswith(f"#{first.pk} approved")
+    assert "1 approved, 1 not approved." in response.content.decode()
+    assert [status(first), status(second)] == ["approved", "pending"]
+    run_advance_until_settled(first.run_id)
+    assert Payment.objects.count() == 1
+
+
+def test_the_bulk_preview_leaves_out_the_second_of_two_identical_refunds_and_says_why(users):
+    first, second = waiting(users["requester"]), waiting(users["requester"])
+    opened_at_the_same_moment(first, second)
+    shown = post_bulk(client_for(users["reviewer"]), "approve", [first, second], comment="Fine", htmx=True)
+    assert confirmed_items(shown) == [item(first)]
+    [left_out] = outcomes_of(shown, "bulk-left-out")
+    assert left_out.startswith(
+        f"#{second.pk} not approved: it shows a warning: “Repeats the refund_item call waiting for a "
+        f"decision in run {first.run_id}: order_id A-1001, amount ₹600.00 (approval #{first.pk})”"
+    )
+    assert [status(first), status(second)] == ["pending", "pending"]
+
+
+def test_a_refund_repeating_one_approved_and_not_yet_run_stays_out_of_a_bulk_approve(users):
+    first = waiting(users["requester"])
+    decide(first, users["reviewer"])  # approved; its run has not run it yet
+    second = waiting(users["requester"], refund(600.0))  # the same amount, written otherwise
+    [result] = approvals_bulk_decide(
+        reviewer=users["reviewer"],
+        decision="approve",
+        comment="",
+        items=[(second.pk, second.args_hash)],
+        enqueue=False,
+    )
+    assert not result.done
+    assert f"approved and not yet run in run {first.run_id}: order_id A-1001, amount ₹600.00" in result.text
+    assert status(second) == "pending"
+
+
+def test_once_the_first_is_declined_the_second_may_be_approved_in_bulk(users):
+    first, second = waiting(users["requester"]), waiting(users["requester"])
+    decide(first, users["reviewer"], Decision.decline("Wrong order"))
+    response = post_bulk(client_for(users["reviewer"]), "approve", [second], htmx=True, confirmed=True)
+    assert outcomes(response)[0].startswith(f"#{second.pk} approved")
+    # What the second was told when it was proposed stays its record.
+    assert any("waiting for a decision" in w for w in Proposal.objects.get(pk=second.proposal_id).warnings)
+
+
+def test_refunds_of_other_amounts_or_orders_are_approved_together(users):
+    approvals = [waiting(users["requester"], refund(600 + i)) for i in range(2)]
+    approvals.append(waiting(users["requester"], refund(600, order="A-1003"), task="Refund order A-1003"))
+    response = post_bulk(client_for(users["reviewer"]), "approve", approvals, htmx=True, confirmed=True)
+    assert [line.split(" refund_item")[0] for line in outcomes(response)] == [
+        f"#{a.pk} approved" for a in approvals
+    ]
+    assert [status(a) for a in approvals] == ["approved"] * 3

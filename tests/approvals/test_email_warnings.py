@@ -143,3 +143,35 @@ def test_the_requester_s_decline_email_has_no_warning_box(users):
     deliver()
     [email] = [m for m in mail.outbox if m.to == ["requester@countersign.local"]]
     assert "Check before deciding" not in email.body
+
+
+# --- a refund that repeats one waiting in another run (decisions.duplicates) ------------
+def test_a_refund_waiting_in_another_run_is_a_warning_in_the_second_s_email(users):
+    first = pending(run_of(users, ("refund_item", PART)))
+    deliver()
+    mail.outbox.clear()
+    second = pending(run_of(users, ("refund_item", {**PART, "reason": "Customer asked again"})))
+    deliver()
+    warning = (
+        f"Repeats the refund_item call waiting for a decision in run {first.run_id}: "
+        f"order_id A-1001, amount ₹1,000.00 (approval #{first.pk})"
+    )
+    email = reviewer_email(":opened")
+    assert_warned_first(email, [warning])
+    assert warning in html_of(email)
+    assert email.subject.endswith("· 1 warning")
+    assert f"/desk/approvals/{second.pk}/" in email.body
+
+
+def test_a_reminder_sent_after_the_first_was_declined_no_longer_claims_it(users):
+    first = pending(run_of(users, ("refund_item", PART)))
+    second = pending(run_of(users, ("refund_item", {**PART, "reason": "Customer asked again"})))
+    decide(first, users["reviewer"], Decision.decline("Wrong order"))
+    deliver()
+    mail.outbox.clear()
+    assert approval_remind(approval_id=second.pk, now=second.created_at + timedelta(minutes=31))
+    deliver()
+    reminder = reviewer_email(":reminder")
+    assert "Repeats the refund_item call" not in reminder.body
+    assert "Check before deciding" not in reminder.body
+    assert "warning" not in reminder.subject

@@ -171,6 +171,7 @@ register_tool(
         preview=preview_charge,
         context=charge_context,
         warnings=charge_warnings,
+        duplicate_key=("account", "amount"),
     )
 )
 register_tool(

@@ -131,6 +131,7 @@ register_tool(
         context=refund_context,
         warnings=refund_warnings,
         money=("amount",),
+        duplicate_key=("order_id", "amount"),
     )
 )
 register_tool(

@@ -28,11 +28,14 @@ from django.views.decorators.csrf import csrf_exempt
 from runs.external import SESSION_PATTERN
 from tools.registry import get_agent
 
+from .bodies import body_json, raw_body
+from .errors import ApiError
 from .tokens import apitoken_user
 
 # JSON-RPC's "server error" range: no standard code says "unauthenticated".
 UNAUTHENTICATED = -32001
 BAD_REQUEST = -32600
+PARSE_ERROR = -32700
 # Headers WSGI leaves to the server (PEP 3333 forbids an application to set them).
 HOP_BY_HOP = {
     "connection",
@@ -99,8 +102,14 @@ def mcp_endpoint(request):
         agent = get_agent(agent_name)
     except LookupError as exc:
         return _error(404, BAD_REQUEST, str(exc))
+    try:
+        body = raw_body(request)
+        if body:
+            body_json(body)  # the API's limits; the SDK parses it again, as it likes
+    except ApiError as exc:
+        return _error(exc.status, PARSE_ERROR if exc.code == "invalid_json" else BAD_REQUEST, exc.message)
     gateway = Gateway(user=user, agent_name=agent.name, session=session, wait_seconds=wait)
-    return _serve(gateway, request)
+    return _serve(gateway, request, body)
 
 
 def _scope(request) -> dict:
@@ -188,8 +197,8 @@ class _Exchange:
             self.closed.set()
 
 
-def _serve(gateway, request) -> HttpResponse:
-    exchange = _Exchange(gateway, _scope(request), request.body)
+def _serve(gateway, request, body: bytes) -> HttpResponse:
+    exchange = _Exchange(gateway, _scope(request), body)
     try:
         start = exchange.next_message(timeout=START_TIMEOUT_SECONDS)
     except queue.Empty:

@@ -21,9 +21,8 @@ from runs.external import (
     ALLOWED_STATUSES,
     SESSION_PATTERN,
     SessionWaiting,
-    call_for_key,
     external_call_check,
-    external_call_submit,
+    external_call_take,
     external_call_wait,
     external_session_end,
     external_session_open,
@@ -197,15 +196,16 @@ def call_submit(request, payload: CallIn):
     run = external_session_open(
         user=request.auth, agent_name=payload.agent, session=payload.session, kind=Run.Kind.EXTERNAL
     )
-    repeated = call_for_key(run, payload.idempotency_key) is not None
     try:
-        call = external_call_submit(
+        submitted = external_call_take(
             run=run, tool_name=payload.tool, tool_input=payload.input, key=payload.idempotency_key
         )
     except SessionWaiting as exc:
         raise _waiting(exc) from None
-    call = _call_for(request.auth, call.pk)  # with its approval, as GET shows it
-    return Status(200 if repeated else 201, call_out(call))
+    # 201 from the one request that made the call, copies sent at the same moment
+    # included: the others, and every later one, get 200 with it.
+    call = _call_for(request.auth, submitted.call.pk)  # with its approval, as GET shows it
+    return Status(201 if submitted.created else 200, call_out(call))
 
 
 @router.get(

@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from ninja import Field, Schema
-from pydantic import ConfigDict, StrictBool, StrictInt, StringConstraints
+from pydantic import ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr, StringConstraints
 
 from approvals.models import ApprovalStatus, GuardAction
 from runs.forms import MAX_COST, MAX_PARAM_VALUE, MAX_PARAMS, MAX_STEPS, MAX_TOKENS
@@ -403,8 +403,13 @@ class DecideIn(Schema):
     response: Annotated[PlainText, StringConstraints(max_length=MAX_COMMENT)] | None = Field(
         None, description="respond: the text that becomes the tool's result."
     )
-    amount: Decimal | None = Field(
-        None, gt=0, le=MAX_TOKENS, description="grant: how many more steps or tokens, or how much more cost."
+    # As sent: the decision reads it (approvals.decisions.Decision), as it reads the
+    # command line's --amount and the desk's form, so that all three take the same
+    # amounts and refuse the others in the same words (422 invalid_decision).
+    amount: StrictInt | StrictFloat | StrictStr | None = Field(
+        None,
+        description="grant: how many more steps or tokens, or how much more cost (US dollars): more than 0, "
+        'a JSON number or its digits as text ("1000", "2.5", "1e3").',
     )
     confirm_irreversible: StrictBool = Field(False, description="Approving a call that cannot be undone.")
 

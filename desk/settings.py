@@ -525,6 +525,11 @@ except json.JSONDecodeError as exc:
     raise ImproperlyConfigured(f"DESK_MCP_UPSTREAMS is not valid JSON: {exc}") from None
 # The longest a GET /api/v1/calls/{id}?wait=N long poll may hold a request.
 DESK_API_MAX_WAIT_SECONDS = env_int("DESK_API_MAX_WAIT_SECONDS", 60)
+# A request body: at most DATA_UPLOAD_MAX_MEMORY_SIZE bytes (Django's 2.5 MB default;
+# more answers 413 too_large) and a form at most DATA_UPLOAD_MAX_NUMBER_FIELDS fields.
+# Neither counts a JSON body's keys: the API and /mcp/ take at most this many keys and
+# array items in one, all levels together (api.bodies; more answers 413 too_many_fields).
+DESK_API_MAX_BODY_KEYS = env_int("DESK_API_MAX_BODY_KEYS", 10_000)
 # Webhooks are delivered only to http(s) URLs on these hosts (comma-separated).
 DESK_WEBHOOK_ALLOWED_HOSTS = [host.lower() for host in env_list("DESK_WEBHOOK_ALLOWED_HOSTS")]
 # First retry of a failed webhook delivery after up to this many seconds, doubling (jittered).

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 
@@ -176,42 +177,70 @@ def call_for_key(run: Run, key: str) -> ToolCall | None:
     return ToolCall.objects.live().filter(run=run, tool_use_id=tool_use_id_for(key)).first()
 
 
+@dataclass(frozen=True)
+class Submitted:
+    """A caller's call as the loop left it; ``created``: this request made it (False:
+    the key named a call already, or a copy sent at the same moment made it)."""
+
+    call: ToolCall
+    created: bool
+
+
 def external_call_submit(*, run: Run, tool_name: str, tool_input, key: str) -> ToolCall:
+    """``external_call_take``'s call, for callers that need not know who made it."""
+    return external_call_take(run=run, tool_name=tool_name, tool_input=tool_input, key=key).call
+
+
+def external_call_take(*, run: Run, tool_name: str, tool_input, key: str) -> Submitted:
     """Hand the caller's call to the run's loop; return it as the loop left it.
 
     The loop saves it, the gate reviews it, an allowed one runs (the desk's tools) or
     is recorded as permitted (the caller's), one that needs a person opens an
-    approval and pauses the run. The same key again returns the same call.
+    approval and pauses the run. The same key again returns the same call, made by
+    exactly one of the requests that sent it (``Submitted.created``).
     """
     if not KEY_PATTERN.match(key or ""):
         raise ExternalCallError("idempotency key must be 1-80 characters of letters, digits and . _ : -")
     tool_use_id = tool_use_id_for(key)
     digest = input_hash(tool_input) if isinstance(tool_input, dict) else ""
 
-    def first_answer(call: ToolCall) -> ToolCall:
+    def first_answer(call: ToolCall, *, created: bool) -> Submitted:
         asked = call.original_input if call.original_input is not None else call.input
         if call.tool_name != tool_name or input_hash(asked) != digest:
             raise KeyReused(f"key {key!r} was used for another call ({call.tool_name}, call {call.pk})")
-        return call
+        return Submitted(call, created)
 
     earlier = call_for_key(run, key)
     if earlier is not None:
-        return first_answer(earlier)
+        return first_answer(earlier, created=False)
     external_call_check(agent_name=run.agent, tool_name=tool_name, tool_input=tool_input)
     turn = Reply(content=[{"type": "tool_use", "id": tool_use_id, "name": tool_name, "input": tool_input}])
     deadline = time.monotonic() + LEASE_WAIT_SECONDS
     while True:
         run.refresh_from_db(fields=["status", "lease_until"])
+        # A copy of this call sent at the same moment may have made it meanwhile (and
+        # paused the session on it): that is this call, not one the session waits on.
+        # Read after the run: the call is saved no later than the status it caused.
+        made = call_for_key(run, key)
+        if made is not None:
+            return first_answer(made, created=False)
         _check_open(run, then="send that call again to collect its result before sending another")
+        taken = False
 
-        # With the lease held, nobody else can have saved this key meanwhile.
+        # With the lease held, nobody else can have saved this key meanwhile: the one
+        # request whose turn is taken here is the one that makes the call. (Copies sent
+        # at the same moment all found no call above; they wait for the lease and find
+        # it here.) A turn taken but not saved (an error) rolls back and keeps the lease
+        # as a "not before": nobody else can make the call before this request says busy.
         def still_new() -> bool:
-            return call_for_key(run, key) is None
+            nonlocal taken
+            taken = call_for_key(run, key) is None
+            return taken
 
         result = run_advance(run.pk, owner=new_lease_owner(), llm=CallerTurns(turn, still_new=still_new))
         call = call_for_key(run, key)
         if call is not None:
-            return first_answer(call)
+            return first_answer(call, created=taken)
         if result.outcome != Outcome.BUSY or time.monotonic() > deadline:
             raise SessionBusy(
                 f"session {run.session} (run {run.pk}) could not take the call now; send it again"

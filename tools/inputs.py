@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from decimal import Decimal, InvalidOperation, localcontext
 from typing import Any
 
@@ -111,8 +112,15 @@ def check_json(value: Any) -> None:
             raise UnsafeJSON(f"{type(item).__name__} is not a JSON value")
 
 
+# A number in plain digits, as JSON writes one (and as people type one: "+5", ".5",
+# "5."). Python's Decimal also reads "1_000" and Arabic-Indic or other scripts' digits,
+# which a person may not mean as the number Decimal makes of them.
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+
+
 def finite_decimal(text: str) -> Decimal:
-    """A number typed into a form field: finite, or UnsafeJSON."""
+    """A number typed into a form field, a command line's flag or sent as text to the
+    API: finite, in plain digits (surrounding spaces aside), or UnsafeJSON."""
     raw = text.strip()
     if len(raw) > 60:
         raise UnsafeJSON(f"{raw[:20]}… is too long to be a number")
@@ -122,6 +130,8 @@ def finite_decimal(text: str) -> Decimal:
         raise UnsafeJSON(f"{raw!r} is not a number") from None
     if not number.is_finite():
         raise UnsafeJSON(f"{raw} is not a finite number")
+    if not _PLAIN_NUMBER.fullmatch(raw):
+        raise UnsafeJSON(f"{raw!r} is not a number")
     if abs(number.adjusted()) > MAX_INT_DIGITS:
         raise UnsafeJSON(f"{raw} is out of range")
     return number

@@ -11,7 +11,7 @@ endif
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run reset test test-production soak soak-embedded coverage lint bench bench-production install install-dev migrate clean
+.PHONY: run local-base-url reset test test-production soak soak-embedded coverage lint bench bench-production install install-dev migrate clean
 
 $(BIN)/python:
 	@test -n "$(PYTHON)" || { echo "Python 3.12 or newer is needed (Django 6)."; exit 1; }
@@ -40,7 +40,7 @@ LOCAL_ENV := var/local.env
 # `make run PORT=8001` or `PORT=8001 make run`: honcho hands the web process PORT
 # (-p is its base port; the worker and beat get PORT+100 and +200, unused).
 PORT ?= 8000
-run: export DESK_BASE_URL ?= http://127.0.0.1:$(PORT)
+run local-base-url: export DESK_BASE_URL ?= http://127.0.0.1:$(PORT)
 
 $(LOCAL_ENV):
 	@mkdir -p $(@D)
@@ -57,11 +57,18 @@ $(LOCAL_KEYS): | $(VENV)/.installed
 	@mkdir -p $(@D)
 	@umask 077 && $(BIN)/python -m tools.sealing newkey local1 > $@.tmp && mv $@.tmp $@
 
+# The address this desk answers on (DESK_BASE_URL, for the links in emails and the
+# header of an export), rewritten in var/local.env on every `make run`: after
+# `make run PORT=8200`, manage.py commands name 8200 as the web process does.
+local-base-url: $(LOCAL_ENV)
+	@sed -i '/^DESK_BASE_URL=/d' $(LOCAL_ENV)
+	@echo "DESK_BASE_URL=$(DESK_BASE_URL)" >> $(LOCAL_ENV)
+
 migrate: install $(LOCAL_ENV) $(LOCAL_KEYS)
 	$(BIN)/python manage.py migrate --noinput -v0
 	$(BIN)/python manage.py migrate --database world --noinput -v0
 
-run: migrate
+run: migrate local-base-url
 	$(BIN)/python manage.py seeddemo --demo-run
 	$(BIN)/python manage.py seedhistory --calls 400 --once
 	@echo

@@ -96,3 +96,27 @@ def test_test_processes_never_read_it(made_by_make_run):
     # ...and neither does the test process itself.
     assert local_env_path() is None
     assert settings.DEBUG is False
+
+
+def test_make_run_on_another_port_names_that_port_to_manage_py(made_by_make_run):
+    """`make run PORT=8200`: the links manage.py writes (an export's header, an email's
+    desk link) name 8200, not the default 8000, and a later `make run` on another port
+    replaces the address rather than adding a second one."""
+    local_env = made_by_make_run / "local.env"
+    for port in ("8200", "8300"):
+        made = subprocess.run(
+            ["make", "-s", f"LOCAL_ENV={local_env}", f"PORT={port}", "local-base-url"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PATH": os.environ["PATH"]},
+        )
+        assert made.returncode == 0, made.stderr
+    lines = local_env.read_text().splitlines()
+    assert [line for line in lines if line.startswith("DESK_BASE_URL=")] == ["DESK_BASE_URL=http://127.0.0.1:8300"]
+    assert "DEBUG=1" in lines
+    show = "from django.conf import settings; print(settings.DESK_BASE_URL)"
+    result = manage("shell", "-c", show, env={"DESK_VAR_DIR": str(made_by_make_run)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "http://127.0.0.1:8300"

@@ -114,7 +114,9 @@ def test_make_run_on_another_port_names_that_port_to_manage_py(made_by_make_run)
         )
         assert made.returncode == 0, made.stderr
     lines = local_env.read_text().splitlines()
-    assert [line for line in lines if line.startswith("DESK_BASE_URL=")] == ["DESK_BASE_URL=http://127.0.0.1:8300"]
+    assert [line for line in lines if line.startswith("DESK_BASE_URL=")] == [
+        "DESK_BASE_URL=http://127.0.0.1:8300"
+    ]
     assert "DEBUG=1" in lines
     show = "from django.conf import settings; print(settings.DESK_BASE_URL)"
     result = manage("shell", "-c", show, env={"DESK_VAR_DIR": str(made_by_make_run)})

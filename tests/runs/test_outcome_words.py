@@ -220,6 +220,9 @@ def test_the_demo_as_shipped_with_its_refund_answered_is_not_clean(users, monkey
     email, _ = finished_email(run)
     assert f"Outcome: {label}" in email.body
     assert "answered by Reviewer instead of running: Refunded by phone already." in email.body
+    # The check of the world says what became of this run's refund in the same words.
+    refund = next(c for c in run.verification["checks"] if c["name"].startswith("refunds on"))
+    assert refund["detail"].endswith("this run's refund was answered by a reviewer instead of run")
 
 
 # --- a run cancelled while a gated call waited ----------------------------------------------

@@ -302,6 +302,8 @@ def refund_requirements(params: dict, run: RunRecord | None = None) -> list[Chec
 
 # What settles a refund this run asked for: it was made, or a person or a rule refused it.
 REFUND_REFUSED = ("declined", "denied", "responded")
+# How the verification names each: a response is a reviewer's answer, not a refund.
+REFUSAL_WORDS = {"responded": "answered by a reviewer instead of run"}
 
 
 def _made(call: CallRecord) -> bool:
@@ -374,7 +376,8 @@ def _refund_requirement(check: Check, order_id: str, run: RunRecord) -> Check:
         return Check(check.name, True, f"{check.detail}, this run's refund included")
     refused = [c for c in asked if c.status in REFUND_REFUSED]
     if refused:
-        return Check(check.name, True, f"{check.detail}; this run's refund was {refused[-1].status}")
+        said = REFUSAL_WORDS.get(refused[-1].status, refused[-1].status)
+        return Check(check.name, True, f"{check.detail}; this run's refund was {said}")
     if asked:
         last = asked[-1]
         why = last.result if isinstance(last.result, str) else last.status

@@ -117,6 +117,7 @@ UNDELIVERED = ("pending", "sending", "unknown")
 # sweep, every second here); a nudge lost with a whole worker comes back with the
 # broker's visibility timeout (the lease) or the sweep's renudge of rows a minute old.
 EMAIL_AFTER = 90
+STARTUP_GRACE = 1.0  # seconds a restarted prefork worker is left alone after "ready."
 # Short, so that a cut-off send is sent again within a trial (outbox:// takes ms).
 EMAIL_SENDING_SECONDS = 5
 
@@ -135,10 +136,12 @@ class Proc:
         self.log_path = log_dir / f"{name}.log"
         self.starts = 0
         self.killed_by_us = False
+        self.ready_at = 0.0
         self.start()
 
     def start(self) -> None:
         self.starts += 1
+        self.ready_at = 0.0
         if self not in Proc.started:
             Proc.started.append(self)
         with self.log_path.open("a") as log:
@@ -175,7 +178,19 @@ class Proc:
         """The pids that run tasks: the pool's children (prefork), else the process."""
         if self.process.poll() is not None:
             return []
-        return self.children() if pool == "prefork" else [self.pid]
+        if pool != "prefork":
+            return [self.pid]
+        # Celery exits ("Could not start worker processes") when a pool child dies
+        # between "ready." and the event loop's first turn: a property of Celery's
+        # start-up, not of our recovery, so children are fair game only once the
+        # worker has been ready for a moment.
+        if not self.ready_at:
+            if not self.is_ready():
+                return []
+            self.ready_at = time.time()
+        if time.time() - self.ready_at < STARTUP_GRACE:
+            return []
+        return self.children()
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.forms.models import model_to_dict
+from django.http import HttpResponseNotAllowed
+from django.template.response import TemplateResponse
+from django.urls import path
 from django.utils.html import format_html, format_html_join
 
 from approvals.models import (
@@ -28,6 +32,9 @@ from approvals.tuning import change_effect
 from runs.admin import ReadOnlyAdmin
 from runs.reasons import money_reason
 from tools.money import rupees
+
+# The figures the change form showed (``ChangeEffect.figures``), posted with the save.
+SHOWN_FIELD = "shown_effect"
 
 RULE_FIELDS = [
     "name",
@@ -181,11 +188,38 @@ class GateRuleAdmin(admin.ModelAdmin):
     def sla(self, rule: GateRule) -> str:
         return f"{rule.sla_minutes} min" if rule.sla_minutes else "—"
 
+    def get_urls(self):
+        preview = path(
+            "<path:object_id>/effect/",
+            self.admin_site.admin_view(self.effect_view),
+            name="approvals_gaterule_effect",
+        )
+        return [preview, *super().get_urls()]
+
+    def effect_view(self, request, object_id):
+        """The effect of the change being edited, before any save (htmx: the form's
+        fields as they stand, posted on each edit; nothing is saved here)."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        rule = self.get_object(request, object_id)
+        if rule is None or not self.has_change_permission(request, rule):
+            raise PermissionDenied
+        before = model_to_dict(rule, RULE_FIELDS)
+        form = self.get_form(request, rule, change=True)(request.POST, instance=rule)
+        context = {"effect": None, "errors": None}
+        if form.is_valid():  # fills ``rule`` with the edit, in memory only
+            after = model_to_dict(form.instance, RULE_FIELDS)
+            context["effect"] = change_effect(rule.pk, before, after, version=rule.version)
+        else:
+            context["errors"] = [f"{name}: {' '.join(errors)}" for name, errors in form.errors.items()]
+        return TemplateResponse(request, "admin/approvals/gaterule/_effect.html", context)
+
     def save_model(self, request, obj, form, change):
-        before = model_to_dict(GateRule.objects.get(pk=obj.pk), RULE_FIELDS) if change else {}
+        stored = GateRule.objects.get(pk=obj.pk) if change else None
+        before = model_to_dict(stored, RULE_FIELDS) if stored else {}
         after = model_to_dict(obj, RULE_FIELDS)
-        # Replayed before the save: the what-if compares with the live rules as they stand.
-        effect = change_effect(obj.pk, before, after) if change else None
+        # Replayed before the save: the replay compares with the live rules as they stand.
+        effect = change_effect(obj.pk, before, after, version=stored.version) if stored else None
         obj._recorded_by_admin = True  # recorded here, with who changed what (approvals.receivers)
         super().save_model(request, obj, form, change)  # save() bumps the version
         changed = {k: [before.get(k), v] for k, v in after.items() if before.get(k) != v}
@@ -200,6 +234,9 @@ class GateRuleAdmin(admin.ModelAdmin):
         )
         if effect is not None:
             self.message_user(request, _effect_message(effect), messages.INFO)
+            shown = request.POST.get(SHOWN_FIELD)
+            if shown is not None and shown != effect.figures:
+                self.message_user(request, _changed_since_shown(shown, effect), messages.WARNING)
         if flag := name_contradiction(obj):
             self.message_user(request, f"{obj.label}: {flag} Rename it?", messages.WARNING)
 
@@ -225,52 +262,63 @@ def _flag(rule: GateRule) -> str:
 
 
 def _effect_message(effect) -> str:
-    """The 30-day replay of a rule change, as the message after the save."""
+    """The 30-day replay of a rule change, as the message after the save: the figures
+    of the preview and of the analytics what-if (one replay, ``approvals.tuning``)."""
     if effect.result is None:
-        parts = []
-        if effect.why_not:
-            parts.append(format_html("the threshold change was not replayed: {}", effect.why_not))
-        if effect.not_replayed:
-            parts.append(
-                format_html(
-                    "the what-if replays threshold changes (operator, value) only; not replayed: {}",
-                    "; ".join(effect.not_replayed),
-                )
-            )
+        parts = [effect.why_not] if effect.why_not else []
+        if effect.who:
+            parts.append(f"who decides changed ({effect.who}); which calls are asked did not")
         return format_html(
             '<span data-testid="rule-effect">Over the last 30 days: {}.</span>',
-            format_html_join("; ", "{}", ((p,) for p in parts)),
+            "; ".join(parts) or "nothing that decides which calls are asked changed",
         )
     r = effect.result
     harm = ", ".join(
-        f"{rupees(h.value) if h.field == 'amount' else h.value} (run {h.run_id})" for h in r.harm[:5]
+        f"{rupees(h.value) if r.field == 'amount' and h.value is not None else h.value} (run {h.run_id})"
+        for h in r.harm[:5]
     )
     return format_html(
-        '<span data-testid="rule-effect">The last 30 days with {} instead of {}: {} call{} of {} replayed; '
-        "approvals asked {} → {}; {} declined call{} it would now let through{}; {} call{} that ran "
-        'unreviewed it would now gate.{}{} <a href="{}">Try other values</a>.</span>',
-        effect.after,
-        effect.before,
+        '<span data-testid="rule-effect">The last 30 days with {}: {} call{} of {} replayed; '
+        "approvals asked {} → {}; {} declined call{} it would now let through{}; {} call{} the live "
+        'rules let run it would now ask about.{}{} <a href="{}">Try other values</a>.</span>',
+        effect.said,
         r.calls,
         "" if r.calls == 1 else "s",
-        effect.tool,
-        r.asked_now,
-        r.asked_with_change,
+        "every tool" if effect.tool == "*" else effect.tool,
+        r.asked_before,
+        r.asked_after,
         r.harm_missed,
         "" if r.harm_missed == 1 else "s",
         f" ({harm})" if harm else "",
-        r.extra,
-        "" if r.extra == 1 else "s",
-        format_html(
-            " Not replayed: {} (running totals: they may still gate some of these).",
-            ", ".join(r.aggregate_rules),
-        )
-        if r.aggregate_rules
+        r.newly_asked,
+        "" if r.newly_asked == 1 else "s",
+        format_html(" Running totals taken as recorded: {}.", ", ".join(r.totals_as_recorded))
+        if r.totals_as_recorded
         else "",
-        format_html(" Also changed, not replayed: {}.", "; ".join(effect.not_replayed))
-        if effect.not_replayed
+        format_html(
+            " Who decides: {} ({} call{}).",
+            effect.who,
+            effect.asked_by_this_rule,
+            "" if effect.asked_by_this_rule == 1 else "s",
+        )
+        if effect.who
         else "",
         effect.analytics_url,
+    )
+
+
+def _changed_since_shown(shown: str, effect) -> str:
+    """The save's figures differ from those the form showed: calls were recorded, or
+    rules changed, between the preview and the save."""
+    before = shown.split(":")
+    was = f"{before[1]} → {before[2]}" if len(before) > 2 else "none"
+    return format_html(
+        '<span data-testid="effect-changed">The figures changed between the preview and the save '
+        "(calls were recorded or rules changed meanwhile): shown approvals asked {}, at the save {} → {}. "
+        "The message above is what the saved change does.</span>",
+        was,
+        effect.result.asked_before if effect.result else "—",
+        effect.result.asked_after if effect.result else "—",
     )
 
 

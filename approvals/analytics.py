@@ -17,13 +17,14 @@ Definitions, also stated on the page:
 - Seconds per decision (reviewers): from when the item could first have had the
   reviewer's attention (it was opened, or their previous decision, whichever is
   later) to their decision: the time a reviewer working a queue spent on it.
-- Harm (what-if): a call that was gated and declined was judged harmful; gated and
-  approved, fine; a call that was never gated was never judged (harm unknown).
+- What-if: every recorded call is decided by the live rules and by the rules with
+  the change, by the gate's own walk (``approvals.policy.replay``): approvals asked
+  before -> after are both replays. Harm: a call that was gated and declined was
+  judged harmful; gated and approved, fine; never gated, never judged (harm unknown).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from collections import Counter
@@ -36,12 +37,20 @@ from django.db.models.functions import Concat
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ApprovalStatus, ApprovalVote, GateRule, RuleMode
-from approvals.policy.rules import RULE_COLUMNS, RuleTerms
+from approvals.policy.replay import (
+    LISTED,
+    PlacedRule,
+    Replay,
+    changed_rules,
+    live_rules,
+    replay_change,
+    with_terms,
+)
+from approvals.policy.rules import RuleTerms
 from approvals.policy.shadow import NO_MATCH
-from runs.gate import ALLOW, DENY, NEEDS_APPROVAL
+from runs.gate import DENY, NEEDS_APPROVAL
 from runs.models import GuardKind, ToolCall
 from runs.reasons import money_reason
-from tools.registry import find_tool
 
 # A reviewer "rubber-stamps" who approves at least this share of at least this many
 # decisions, spending a median of less than this many seconds on each.
@@ -49,7 +58,7 @@ RUBBER_STAMP_MIN_DECISIONS = 20
 RUBBER_STAMP_APPROVE_SHARE = 0.95
 RUBBER_STAMP_MEDIAN_SECONDS = 10
 # At most this many calls listed as "harm missed" (the count is always whole).
-HARM_LISTED = 50
+HARM_LISTED = LISTED
 
 CLOSED = (
     ApprovalStatus.APPROVED,
@@ -340,79 +349,26 @@ class WhatIf:
 
 
 @dataclass
-class HarmMissed:
-    call_id: int
-    run_id: int
-    approval_id: int | None
-    tool: str
-    field: str
-    value: object
-    created_at: datetime
-
-
-@dataclass
 class WhatIfResult:
     change: WhatIf
     description: str
-    calls: int = 0  # calls of the tool(s) in the period, replayed
-    asked_now: int = 0  # approvals recorded for them
-    saved: int = 0  # recorded approvals the change would not have asked for
-    saved_approved: int = 0
-    saved_other: int = 0  # expired, answered, cancelled or still pending
-    extra: int = 0  # calls that ran unreviewed and the change would have gated
-    denied_instead: int = 0  # gated calls the change would deny outright
-    declined_total: int = 0
-    harm_missed: int = 0
-    still_caught: int = 0
-    harm: list[HarmMissed] = field(default_factory=list)
-    aggregate_rules: list[str] = field(default_factory=list)
-
-    @property
-    def asked_with_change(self) -> int:
-        return self.asked_now - self.saved - self.denied_instead + self.extra
-
-
-def live_rule_terms() -> list[tuple[int, RuleTerms, str]]:
-    """Enabled live rules as the gate reads them: (priority, terms, tool)."""
-    rows = GateRule.objects.filter(enabled=True, mode=RuleMode.LIVE).values_list(
-        "priority", "tool", *RULE_COLUMNS
-    )
-    return [(priority, RuleTerms(*rest), tool) for priority, tool, *rest in rows]
-
-
-def _replay(rules: list[RuleTerms], facts: dict, *, is_read: bool) -> str:
-    """What per-call rules decide, first match by priority, as ``RuleGate`` does;
-    the gate's default when none matches. Aggregate rules are not replayed."""
-    for rule in rules:
-        if rule.aggregate:
-            continue
-        hit, _why = rule.matches(facts)
-        if hit:
-            return rule.effect
-    return ALLOW if is_read else NEEDS_APPROVAL
+    replay: Replay
 
 
 def what_if(change: WhatIf, period: Period) -> WhatIfResult:
-    """Replay ``change`` over the recorded calls of the period (in three queries).
-
-    Each call is replayed twice with the same comparison the gate uses
-    (``RuleTerms.matches``): under the live rules as they are, and with the change.
-    Where both agree, what happened stands. Where they differ: a call that was
-    gated and declined (judged harmful) and would not have been gated is harm
-    missed; gated and approved, an approval saved at no cost; a call that ran
-    without review and would now be gated is an extra approval, of unknown harm.
-    """
-    terms = live_rule_terms()
+    """Replay ``change`` over the recorded calls of the period (in two queries): the
+    live rules against the rules with the change (``approvals.policy.replay``, the
+    replay the admin's preview and save message use too)."""
+    live = live_rules()
+    symbols = dict(GateRule.Operator.choices)
     if change.rule_id is not None:
-        description = ""
-        changed = []
-        for priority, rule, tool in terms:
-            if rule.id == change.rule_id:
-                before = f"{rule.field} {rule.operator_symbol} {rule.value}"
-                after = f"{rule.field} {dict(GateRule.Operator.choices)[change.operator]} {change.value}"
-                description = f"{rule.label}: {money_reason(before)} → {money_reason(after)}"
-                rule = dataclasses.replace(rule, operator=change.operator, value=change.value)
-            changed.append((priority, rule, tool))
+        placed = next(p for p in live if p.terms.id == change.rule_id)
+        rule = placed.terms
+        before = f"{rule.field} {rule.operator_symbol} {rule.value}"
+        after = f"{rule.field} {symbols[change.operator]} {change.value}"
+        description = f"{rule.label}: {money_reason(before)} → {money_reason(after)}"
+        terms = with_terms(rule, operator=change.operator, value=change.value)
+        changed = changed_rules(live, rule.id, terms=terms, priority=placed.priority, tool=placed.tool)
     else:
         draft = RuleTerms(
             id=0,
@@ -432,73 +388,12 @@ def what_if(change: WhatIf, period: Period) -> WhatIfResult:
             condition = money_reason(f"{change.field} {draft.operator_symbol} {change.value}")
         effect = dict(GateRule.Effect.choices)[change.effect]
         description = f"Draft rule on {change.tool}: {condition} → {effect}"
-        top = max((p for p, _, _ in terms), default=0) + 1
-        changed = [(top, draft, change.tool), *terms]
-    result = WhatIfResult(change=change, description=description)
-
-    def ordered(rules, tool):
-        mine = [(p, r) for p, r, t in rules if t in (tool, "*")]
-        mine.sort(key=lambda pr: (-pr[0], pr[1].id))
-        return [r for _, r in mine]
-
-    calls = ToolCall.objects.filter(_in(period), run__dry_run=False).exclude(verdict="")
-    if change.tool != "*":
-        calls = calls.filter(tool_name=change.tool)
-    rows = list(
-        calls.values_list(
-            "pk", "run_id", "tool_name", "input", "created_at", "approval__id", "approval__status"
-        ).order_by("created_at", "pk")
+        top = max((p.priority for p in live), default=0) + 1
+        changed = [PlacedRule(top, draft, change.tool), *live]
+    replay = replay_change(
+        live, changed, tools={change.tool}, since=period.start, until=period.end, field_name=change.field
     )
-    cache: dict[str, tuple[list, list, bool]] = {}
-    specs = {}
-    for pk, run_id, tool, call_input, created, approval_id, approval_status in rows:
-        if tool not in cache:
-            spec = specs[tool] = find_tool(tool)
-            cache[tool] = (ordered(terms, tool), ordered(changed, tool), bool(spec and spec.is_read))
-            result.aggregate_rules += [
-                r.label for r in cache[tool][0] if r.aggregate and r.label not in result.aggregate_rules
-            ]
-        now_rules, new_rules, is_read = cache[tool]
-        spec = specs[tool]
-        facts = spec.gate_facts(call_input) if spec else (call_input if isinstance(call_input, dict) else {})
-        result.calls += 1
-        gated = approval_id is not None
-        declined = approval_status == ApprovalStatus.DECLINED
-        result.asked_now += gated
-        result.declined_total += declined
-        before = _replay(now_rules, facts, is_read=is_read)
-        after = _replay(new_rules, facts, is_read=is_read)
-        if before == after:
-            result.still_caught += declined
-            continue
-        if gated and before == NEEDS_APPROVAL and after == ALLOW:
-            result.saved += 1
-            if declined:
-                result.harm_missed += 1
-                if len(result.harm) < HARM_LISTED:
-                    result.harm.append(
-                        HarmMissed(
-                            call_id=pk,
-                            run_id=run_id,
-                            approval_id=approval_id,
-                            tool=tool,
-                            field=change.field,
-                            value=facts.get(change.field) if change.field else None,
-                            created_at=created,
-                        )
-                    )
-            elif approval_status == ApprovalStatus.APPROVED:
-                result.saved_approved += 1
-            else:
-                result.saved_other += 1
-        elif gated and before == NEEDS_APPROVAL and after == DENY:
-            result.denied_instead += 1
-            result.still_caught += declined
-        elif not gated and after == NEEDS_APPROVAL and before != NEEDS_APPROVAL:
-            result.extra += 1
-        else:
-            result.still_caught += declined
-    return result
+    return WhatIfResult(change=change, description=description, replay=replay)
 
 
 # --- shadow rules --------------------------------------------------------------------

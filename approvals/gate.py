@@ -15,13 +15,16 @@ from approvals.policy.rules import (
     _matched_for,
     _who_decides,
     aggregate_matches,
+    asks_a_person,
+    default_effect,
     enabled_rules_by_mode,
+    first_match,
     matched_below,
     matched_entry,
 )
 from approvals.policy.shadow import shadow_verdicts
 from approvals.policy.standing import standing_allows
-from runs.gate import ALLOW, DENY, NEEDS_APPROVAL, Verdict
+from runs.gate import ALLOW, NEEDS_APPROVAL, Verdict
 from runs.models import GuardKind, Run
 
 
@@ -38,36 +41,37 @@ class RuleGate:
         return dataclasses.replace(verdict, shadow=shadow) if shadow else verdict
 
     def _live(self, rules: list[RuleTerms], *, run, call, spec, facts: dict) -> Verdict:
-        """What the live ``rules`` decide, first match by priority."""
-        for index, rule in enumerate(rules):
-            if rule.aggregate:
-                hit, why, detail = aggregate_matches(rule, run=run, call=call, facts=facts, money=spec.money)
-            else:
-                (hit, why), detail = rule.matches(facts, money=spec.money), None
-            if hit:
-                needs = _who_decides(rule.id) if run.dry_run and rule.effect == NEEDS_APPROVAL else ""
-                asks = rule.effect == NEEDS_APPROVAL or (spec.is_irreversible and rule.effect != DENY)
-                matched: tuple = ()
-                if asks and not run.dry_run:
-                    # A person will be asked: note every other rule that holds too, for
-                    # the record of the request ``hold`` opens (nothing else pays for it).
-                    others = matched_below(
-                        rules[index + 1 :], run=run, call=call, facts=facts, money=spec.money
-                    )
-                    matched = (matched_entry(rule, why, detail, decided=True), *others)
-                return Verdict(
-                    rule.effect,
-                    rule=rule.label,
-                    reason=why,
-                    rule_id=rule.id,
-                    detail=detail,
-                    needs=needs,
-                    matched=matched,
-                )
-        if spec.is_read:
-            return Verdict(ALLOW, reason="read-only tool; no rule")
-        # A new tool is gated by default: the dispatcher decides, not each tool.
-        return Verdict(NEEDS_APPROVAL, reason="write tool with no rule (default)", needs="a reviewer (1)")
+        """What the live ``rules`` decide: the one first-match walk (``first_match``),
+        with running totals added up, and their scope locked, as they are reached."""
+
+        def totals(rule: RuleTerms):
+            return aggregate_matches(rule, run=run, call=call, facts=facts, money=spec.money)
+
+        found = first_match(rules, facts, money=spec.money, totals=totals)
+        if found is None:
+            effect = default_effect(is_read=spec.is_read)
+            if effect == ALLOW:
+                return Verdict(ALLOW, reason="read-only tool; no rule")
+            return Verdict(effect, reason="write tool with no rule (default)", needs="a reviewer (1)")
+        rule = found.rule
+        needs = _who_decides(rule.id) if run.dry_run and rule.effect == NEEDS_APPROVAL else ""
+        matched: tuple = ()
+        if asks_a_person(rule.effect, irreversible=spec.is_irreversible) and not run.dry_run:
+            # A person will be asked: note every other rule that holds too, for
+            # the record of the request ``hold`` opens (nothing else pays for it).
+            others = matched_below(
+                rules[found.index + 1 :], run=run, call=call, facts=facts, money=spec.money
+            )
+            matched = (matched_entry(rule, found.why, found.detail, decided=True), *others)
+        return Verdict(
+            rule.effect,
+            rule=rule.label,
+            reason=found.why,
+            rule_id=rule.id,
+            detail=found.detail,
+            needs=needs,
+            matched=matched,
+        )
 
     def hold(self, *, run, call, verdict: Verdict) -> None:
         approval_open(run=run, call=call, verdict=verdict, matched=_matched_for(verdict))

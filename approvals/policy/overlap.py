@@ -10,9 +10,10 @@
   "NaN", "1e400", a negative amount), or "" when it can; ``plain_threshold`` normalises
   "3,000" to "3000", the form the gate compares as a number.
 
-The samples walk the live rules as ``RuleGate._live`` does: the first rule whose
-condition holds decides. A rule on another argument depends on the call and is passed
-over (said so in the notes); an aggregate rule is judged as a single call with nothing
+The samples walk the live rules with the gate's own walk (``rules.holding``, which
+``RuleGate._live`` uses too): the first rule whose condition holds decides. A rule on
+another argument depends on the call and is passed over (said so in the notes); an
+aggregate rule is judged as a single call with nothing
 before it in its scope (its total is the call's own amount, or 1 call), which the
 sample says: with earlier calls in the scope it may decide smaller ones too.
 """
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from approvals.models import GateRule, RuleEffect, as_comparable, finite_number, plain_number
-from approvals.policy.rules import RuleTerms, enabled_rules_by_mode
+from approvals.policy.rules import RuleTerms, default_effect, enabled_rules_by_mode, holding
 from runs.reasons import is_amount, money_reason
 from tools.money import rupees
 from tools.registry import find_tool
@@ -211,37 +212,33 @@ def _holding_ids(sample: Sample, labels: dict[int, str]) -> set[int]:
     return held
 
 
-def _holds(term: RuleTerms, arg: str, value: Decimal) -> tuple[bool | None, bool]:
-    """(whether ``term`` holds on a call of ``value`` with nothing before it, by a
-    running total); None: it depends on the rest of the call."""
-    if term.aggregate == GateRule.Aggregate.COUNT:
-        return term.compare(Decimal(1)), True
-    if term.aggregate:
-        return (term.compare(value), True) if term.field == arg else (None, True)
-    if not term.field:
-        return True, False
-    if term.field != arg:
-        return None, False
-    return term.matches({arg: value})[0], False
+def _single_call(arg: str, value: Decimal):
+    """How the samples judge a running total: a single call of ``value`` with nothing
+    before it in its scope (its total is the call's amount, or 1 call); a total of
+    another argument depends on the call, and is passed over."""
+
+    def totals(term: RuleTerms):
+        if term.aggregate == GateRule.Aggregate.COUNT:
+            return term.compare(Decimal(1)), "", None
+        return (term.field == arg and term.compare(value)), "", None
+
+    return totals
 
 
 def _decide(live, arg, value, labels, models, spec, irreversible, money) -> Sample:
+    """Who decides a call of ``value``: the gate's own walk (``holding``, first match
+    by priority) over the call's one known argument; rules on another argument do not
+    hold on it (they depend on the rest of the call)."""
     text = rupees(value) if money else plain_number(value)
-    decided = None
-    by_total = False
-    also = []
-    for term in live:
-        hit, total = _holds(term, arg, value)
-        if not hit:
-            continue
-        if decided is None:
-            decided, by_total = term, total
-        elif term.field or term.aggregate:  # a catch-all below "holds" on every call: not news
-            also.append(labels[term.id])
-    if decided is None:
-        if spec is not None and spec.is_read:
+    found = list(holding(live, {arg: value}, totals=_single_call(arg, value)))
+    if not found:
+        if default_effect(is_read=bool(spec is not None and spec.is_read)) == RuleEffect.ALLOW:
             return Sample(value, text, None, "no rule (a read runs)", "runs", False)
         return Sample(value, text, None, "no rule (a write waits by default)", "waits for a reviewer", False)
+    decided = found[0].rule
+    by_total = bool(decided.aggregate)
+    # A catch-all below "holds" on every call: not news.
+    also = tuple(labels[m.rule.id] for m in found[1:] if m.rule.field or m.rule.aggregate)
     note = ""
     if by_total:
         what = "1 call" if decided.aggregate == GateRule.Aggregate.COUNT else text
@@ -250,7 +247,7 @@ def _decide(live, arg, value, labels, models, spec, irreversible, money) -> Samp
             "in its scope the total is higher"
         )
     outcome = rule_outcome(models[decided.id], irreversible=irreversible)
-    return Sample(value, text, decided.id, labels[decided.id], outcome, by_total, note, tuple(also))
+    return Sample(value, text, decided.id, labels[decided.id], outcome, by_total, note, also)
 
 
 # --- the name against the condition --------------------------------------------------

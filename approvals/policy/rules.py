@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
@@ -13,7 +14,7 @@ from django.utils import timezone
 
 from approvals.models import GateRule, RuleMode, as_comparable, finite_number, plain_number, rule_label
 from runs.failpoints import pausepoint
-from runs.gate import Verdict
+from runs.gate import ALLOW, DENY, NEEDS_APPROVAL, Verdict
 from runs.models import Run, ToolCall
 from runs.reasons import aggregate_reason, single_reason
 from tools.locks import lock_scope
@@ -124,6 +125,64 @@ def enabled_rules_by_mode(tool_name: str) -> tuple[list[RuleTerms], list[RuleTer
     return live, shadow
 
 
+# --- first match by priority ---------------------------------------------------------
+# Written once: the gate (``RuleGate._live``, with running totals and locks), the
+# what-if and the admin's replay (``approvals.policy.replay``) and the overlap panel's
+# samples (``approvals.policy.overlap``) all walk the rules through ``holding``.
+
+# How a caller judges an aggregate rule: (holds, why, figures). The gate adds up the
+# running total (locking its scope); a replay takes what the gate recorded; the
+# overlap panel judges a single call with nothing before it. None: passed over.
+Totals = Callable[[RuleTerms], tuple[bool, str, dict | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """A rule whose condition holds on a call: its place in the order tried, why."""
+
+    index: int
+    rule: RuleTerms
+    why: str
+    detail: dict | None = None
+
+
+def holding(
+    rules: list[RuleTerms], facts: dict, *, money: tuple[str, ...] = (), totals: Totals | None = None
+) -> Iterator[Match]:
+    """The rules whose condition holds on a call of ``facts``, in the order given (the
+    gate's: priority, highest first, then id), lazily: the first is the one that
+    decides, and an aggregate rule is added up (``totals``) only when it is reached."""
+    for index, rule in enumerate(rules):
+        if rule.aggregate:
+            if totals is None:
+                continue
+            hit, why, detail = totals(rule)
+        else:
+            (hit, why), detail = rule.matches(facts, money=money), None
+        if hit:
+            yield Match(index, rule, why, detail)
+
+
+def first_match(
+    rules: list[RuleTerms], facts: dict, *, money: tuple[str, ...] = (), totals: Totals | None = None
+) -> Match | None:
+    """The rule that decides a call of ``facts``: the first that holds; None: no rule
+    holds and the gate's default decides (``default_effect``)."""
+    return next(holding(rules, facts, money=money, totals=totals), None)
+
+
+def default_effect(*, is_read: bool) -> str:
+    """What the gate does with a call no rule matches: a read runs; a new write tool
+    is gated by default (the dispatcher decides, not each tool)."""
+    return ALLOW if is_read else NEEDS_APPROVAL
+
+
+def asks_a_person(effect: str, *, irreversible: bool) -> bool:
+    """Whether a call decided ``effect`` waits for a person: needs approval, or any
+    effect but a refusal on an irreversible tool (always asked)."""
+    return effect == NEEDS_APPROVAL or (irreversible and effect != DENY)
+
+
 def _who_decides(rule_id: int) -> str:
     """Who a rule's approval would wait for, for a dry run's report: "reviewers (1)".
     Read only for dry runs: a real hold reads the rule itself."""
@@ -161,17 +220,14 @@ def matched_below(
     """The rules below the one that decided whose condition also holds on the call,
     read from the rules already loaded (an aggregate rule adds up its total, without
     locking it: it decides nothing). Only for a call a person will be asked about."""
-    found = []
-    for rule in rules:
-        if rule.aggregate:
-            hit, why, detail = aggregate_matches(
-                rule, run=run, call=call, facts=facts, lock=False, money=money
-            )
-        else:
-            (hit, why), detail = rule.matches(facts, money=money), None
-        if hit:
-            found.append(matched_entry(rule, why, detail, decided=False))
-    return found
+
+    def totals(rule: RuleTerms):
+        return aggregate_matches(rule, run=run, call=call, facts=facts, lock=False, money=money)
+
+    return [
+        matched_entry(m.rule, m.why, m.detail, decided=False)
+        for m in holding(rules, facts, money=money, totals=totals)
+    ]
 
 
 def _matched_for(verdict: Verdict) -> list[dict] | None:

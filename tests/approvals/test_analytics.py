@@ -265,17 +265,18 @@ def test_raising_the_threshold_from_500_to_3000_reports_approvals_saved_and_harm
     rule = GateRule.objects.get(name=OVER_500)
     result = what_if(
         WhatIf(tool="refund_item", field="amount", operator="gt", value="3000", rule_id=rule.pk), last_week()
-    )
+    ).replay
     recent = [r for r in history if r.in_period]
     slipped = [r for r in recent if r.rule == OVER_500 and r.amount <= 3000]
     declined = [r for r in recent if r.outcome == "declined"]
     assert result.calls == len(recent)
-    assert result.asked_now == sum(1 for r in recent if r.rule)
-    assert result.saved == len(slipped) > 0
+    # The history was gated by the live rules: the replay asks what was asked.
+    assert result.asked_before == result.recorded_asked == sum(1 for r in recent if r.rule)
+    assert result.let_through == len(slipped) > 0
     assert result.harm_missed == sum(r.outcome == "declined" for r in slipped) > 0
     assert result.still_caught == len(declined) - result.harm_missed
-    assert result.extra == 0
-    assert result.asked_with_change == result.asked_now - len(slipped)
+    assert result.newly_asked == 0
+    assert result.asked_after == result.asked_before - len(slipped)
     assert sorted(float(h.value) for h in result.harm) == sorted(
         float(r.amount) for r in slipped if r.outcome == "declined"
     )
@@ -288,24 +289,25 @@ def test_raising_the_threshold_from_500_to_3000_reports_approvals_saved_and_harm
     assert f'data-testid="approvals-saved">{len(slipped)}<' in page
     assert f'data-testid="harm-missed">{result.harm_missed}<' in page
     assert "₹2,500.00" in page  # a declined refund it would have let through, formatted
-    assert "Not replayed: Refunds per order over ₹5,000 in total" in page
+    assert "Running totals taken as recorded: Refunds per order over ₹5,000 in total" in page
 
 
 def test_a_draft_rule_tried_first_reports_what_it_would_let_through(history, users):
     result = what_if(
         WhatIf(tool="refund_item", field="amount", operator="gt", value="2000", effect="allow"), last_week()
-    )
+    ).replay
     recent = [r for r in history if r.in_period]
     let_through = [r for r in recent if r.rule and r.amount > 2000]
-    assert result.saved == len(let_through)
+    assert result.let_through == len(let_through)
     assert result.harm_missed == sum(r.outcome == "declined" for r in let_through)
 
 
 def test_a_draft_rule_that_gates_more_counts_new_approvals_of_unknown_harm(history, users):
-    result = what_if(WhatIf(tool="refund_item", field="amount", operator="gt", value="300"), last_week())
+    change = WhatIf(tool="refund_item", field="amount", operator="gt", value="300")
+    result = what_if(change, last_week()).replay
     recent = [r for r in history if r.in_period]
-    assert result.extra == sum(1 for r in recent if r.rule is None and r.amount > 300)
-    assert result.saved == result.harm_missed == 0
+    assert result.newly_asked == sum(1 for r in recent if r.rule is None and r.amount > 300)
+    assert result.let_through == result.harm_missed == 0
 
 
 # --- constant queries ---------------------------------------------------------------

@@ -254,10 +254,14 @@ def test_after_a_change_the_page_says_what_the_last_30_days_would_have_looked_li
     assert "1 declined call it would now let through" in effect and "₹900.00" in effect
 
 
-def test_a_change_other_than_a_threshold_says_the_replay_does_not_cover_it(users):
-    response = post_rule(client_for(users["admin"]), rule(OVER_500), priority="11")
-    page = response.content.decode()
-    assert "replays threshold changes" in page
+def test_a_change_of_priority_is_replayed_too(users):
+    start(script(turn(refund(900, "A-1001")), {"text": "Done."}), requester=users["requester"])
+    # "Other refunds" (allow, every call) tried before "Refunds over ₹500": nothing over ₹500 waits.
+    response = post_rule(client_for(users["admin"]), rule("Other refunds"), priority="12")
+    effect = response.content.decode()
+    effect = effect[effect.index('data-testid="rule-effect"') :]
+    assert "priority: 0 → 12" in effect
+    assert "approvals asked 1 → 0" in effect
 
 
 def test_the_admin_refuses_a_threshold_that_is_not_a_number_for_an_amount(users):
@@ -401,3 +405,44 @@ def test_seeddemo_disables_its_earlier_shadowing_rule_only_if_nobody_edited_it(u
     assert (as_seeded.enabled, as_seeded.version) == (False, 2)
     assert (edited.enabled, edited.version) == (True, 2)
     assert "Disabled" not in run_command("seeddemo")  # once
+
+
+# --- the effect before the save (issue 33) ----------------------------------------------
+def test_the_form_shows_the_effect_of_an_edit_before_saving_and_the_save_says_if_it_changed(users):
+    declined = start(script(turn(refund(900, "A-1001")), {"text": "Done."}), requester=users["requester"])
+    decide(the_approval(declined), users["reviewer"], Decision.decline("Not this one"))
+    start(script(turn(refund(4000, "A-1003")), {"text": "Done."}), requester=users["requester"])
+    client = client_for(users["admin"])
+    over_500 = rule(OVER_500)
+    url = f"/admin/approvals/gaterule/{over_500.pk}/effect/"
+    fields = {
+        "name": over_500.name,
+        "tool": "refund_item",
+        "aggregate": "",
+        "field": "amount",
+        "scope": over_500.scope,
+        "scope_fact": "",
+        "window_minutes": "",
+        "operator": "gt",
+        "value": "3000",
+        "effect": over_500.effect,
+        "priority": over_500.priority,
+        "enabled": "on",
+        "mode": "live",
+        "required_group": over_500.required_group_id or "",
+        "approvers_required": 1,
+        "sla_minutes": over_500.sla_minutes or "",
+        "ttl_minutes": "",
+        "timeout_effect": over_500.timeout_effect,
+    }
+    shown = client.post(url, fields).content.decode()
+    assert 'data-testid="asked-before">2<' in shown and 'data-testid="asked-after">1<' in shown
+    assert 'data-testid="harm-row"' in shown and "₹900.00" in shown
+    assert rule(OVER_500).value == "500" and rule(OVER_500).version == 1  # nothing saved
+    assert client.get(url).status_code == 405
+    # Another call is recorded between the preview and the save: the save says so.
+    start(script(turn(refund(1200, "A-1003")), {"text": "Done."}), requester=users["requester"])
+    figures = shown.split('name="shown_effect" value="')[1].split('"')[0]
+    page = post_rule(client, over_500, value="3000", shown_effect=figures).content.decode()
+    assert 'data-testid="effect-changed"' in page and "at the save 3 → 1" in page
+    assert rule(OVER_500).value == "3000"

@@ -66,3 +66,25 @@ def test_raising_a_threshold_shows_the_overlap_the_samples_and_the_30_day_effect
     expect(samples.get_by_test_id("sample").filter(has_text="₹3,000.00")).to_contain_text("Other refunds")
     assert page.evaluate("document.documentElement.scrollWidth") <= 1366
     screenshot(page, "admin-rule-change", tmp_path)
+
+
+@pytest.mark.usefixtures("plain_refund_desk")
+def test_editing_a_value_shows_its_effect_before_the_save(page, users):
+    declined = start(refund(900, "A-1001"), requester=users["requester"])
+    decide(the_approval(declined), users["reviewer"], Decision.decline("Not this one"))
+    start(refund(4000, "A-1003"), requester=users["requester"])
+    rule = GateRule.objects.get(name="Refunds over ₹500")
+
+    sign_in(page, "admin")
+    page.goto(f"/admin/approvals/gaterule/{rule.pk}/change/")
+    preview = page.get_by_test_id("effect-preview")
+    expect(preview.get_by_test_id("effect-none")).to_be_visible()
+    page.fill("input[name=value]", "3000")
+    expect(preview.get_by_test_id("asked-before")).to_have_text("2")
+    expect(preview.get_by_test_id("asked-after")).to_have_text("1")
+    expect(preview.get_by_test_id("harm-row")).to_contain_text("₹900.00")
+    page.fill("input[name=value]", "5000")
+    expect(preview.get_by_test_id("effect-change")).to_contain_text("amount > ₹5,000.00")
+    expect(preview.get_by_test_id("asked-after")).to_have_text("0")
+    rule.refresh_from_db()
+    assert (rule.value, rule.version) == ("500", 1)  # nothing saved

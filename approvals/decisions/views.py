@@ -122,6 +122,8 @@ REGIONS = {
     "status": "approvals/approval_detail.html#status",
     "age": "approvals/approval_detail.html#age",
     "facts": "approvals/_call_facts.html",
+    # The label "Why it waits" becomes "Why it waited" (a call's page only, like the facts).
+    "why": "approvals/approval_detail.html#why_label",
     "next": "approvals/_next_offer.html",
 }
 
@@ -135,8 +137,8 @@ def _decided_fragments(
     in the main region only."""
     html = render_to_string(REGIONS[main], context, request=request)
     oob = {**context, "oob": True, "inline_messages": False}
-    for region in (*others, "facts"):
-        if region != main and (region != "facts" or not context["approval"].is_guard):
+    for region in (*others, "facts", "why"):
+        if region != main and (region not in ("facts", "why") or not context["approval"].is_guard):
             html += render_to_string(REGIONS[region], oob, request=request)
     return HttpResponse(html)
 

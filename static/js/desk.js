@@ -91,6 +91,18 @@
     }
   });
 
+  // A request whose element left the page meanwhile (the status poll in flight as a
+  // decision's answer replaced the status region) is not swapped: its out-of-band
+  // fragments would look for their targets in the detached element, find none and
+  // log htmx:oobErrorNoTarget. The page already shows what the decision brought.
+  // (beforeSwap fires on the element itself, which no longer reaches the document.)
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var elt = event.detail.elt;
+    elt.addEventListener("htmx:beforeSwap", function (swap) {
+      if (!document.body.contains(elt)) { swap.detail.shouldSwap = false; }
+    }, { once: true });
+  });
+
   // A click anywhere on a queue row opens it (the first cell keeps a real link).
   document.addEventListener("click", function (event) {
     var row = event.target.closest && event.target.closest("tr[data-href]");

@@ -127,7 +127,7 @@ def test_the_approval_page_fits_a_400_px_screen(page, desk, users, tmp_path):
     page.goto(f"/desk/approvals/{item.pk}/")
     assert page.evaluate("document.documentElement.scrollWidth") <= 400
     assert page.get_by_role("button", name="Approve").is_visible()
-    screenshot(page, "approval-narrow", tmp_path)
+    # docs/screenshots/approval-narrow.png: tests/e2e/test_decision_narrow.py (the first screen).
     page.get_by_role("button", name="Approve").click()
     page.get_by_test_id("next-decidable").wait_for()
     assert page.evaluate("document.documentElement.scrollWidth") <= 400

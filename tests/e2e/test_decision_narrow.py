@@ -1,0 +1,111 @@
+"""The decision on the first screen at 400x800 (issue 33 part 3): on the demo refund
+and on a refund with two warnings, Approve is in the first 800 px without scrolling,
+after the call, what the world says and the warnings; 1366x768 still shows it too; no
+console error through a decision, even when the status poll is in flight as the
+reviewer approves; and once decided, "Why it waits" says "Why it waited"."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import pending, start
+
+from .conftest import screenshot, sign_in
+from .test_first_screen import TASK, long_run_with_warnings
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(databases=["default", "world"], transaction=True)]
+
+WIDE = {"width": 1366, "height": 768}
+NARROW = {"width": 400, "height": 800}
+# Every console error, and every htmx out-of-band fragment that found no target.
+RECORD_OOB_ERRORS = """
+document.addEventListener("htmx:oobErrorNoTarget", (event) => {
+  console.error(`oobErrorNoTarget ${event.detail.target}`);
+});
+"""
+
+
+def console_errors(page) -> list[str]:
+    errors = []
+    page.context.add_init_script(RECORD_OOB_ERRORS)
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    return errors
+
+
+def assert_approve_on_the_first_screen(page):
+    approve = page.get_by_role("button", name="Approve")
+    for viewport in (NARROW, WIDE):
+        page.set_viewport_size(viewport)
+        page.evaluate("window.scrollTo(0, 0)")
+        box = approve.bounding_box()
+        assert box["y"] >= 0 and box["y"] + box["height"] <= viewport["height"], (viewport, box)
+    page.set_viewport_size(NARROW)
+    page.evaluate("window.scrollTo(0, 0)")
+    assert page.evaluate("document.documentElement.scrollWidth") <= NARROW["width"]
+    top = approve.bounding_box()["y"]
+    # The call and what the world says come before it; the task and the rules after.
+    for testid in ("call-args", "call-facts"):
+        assert page.get_by_test_id(testid).bounding_box()["y"] < top, testid
+    for testid in ("task", "decided-rule", "transcript"):
+        assert page.get_by_test_id(testid).bounding_box()["y"] > top, testid
+
+
+def approve_while_a_poll_is_in_flight(page, item):
+    """Approve with the status poll held in flight, then let it answer: an answer for a
+    status region the decision replaced would bring fragments with nowhere to land."""
+    held = []
+    page.on("request", lambda r: print("REQ", r.method, r.url))
+    page.on("response", lambda r: print("RESP", r.status, r.url))
+    page.on("console", lambda m: print("CON", m.type, m.text))
+
+    def poll(url: str) -> bool:
+        return url.endswith(f"/desk/approvals/{item.pk}/?shown=pending")
+
+    page.route(poll, lambda route: held.append(route))
+    for _ in range(100):  # a poll comes every second: held within ten
+        if held:
+            break
+        page.wait_for_timeout(100)
+    assert held, "no status poll came"
+    page.get_by_role("button", name="Approve").click()
+    page.get_by_test_id("decided").wait_for()
+    for route in held:
+        route.continue_()
+    page.unroute(poll)
+    page.get_by_test_id("decided").wait_for()
+    page.get_by_text("Why it waited").wait_for()
+
+
+def test_the_demo_refund_is_decided_from_the_first_screen(page, desk, users, tmp_path):
+    errors = console_errors(page)
+    item = pending(start(task=TASK, requester=users["requester"]))
+    sign_in(page, "reviewer")
+    page.goto(f"/desk/approvals/{item.pk}/")
+    assert_approve_on_the_first_screen(page)
+    screenshot(page, "approval-narrow", tmp_path, full_page=False)
+    approve_while_a_poll_is_in_flight(page, item)
+    assert page.get_by_test_id("approval-status").inner_text() == "Approved"
+    assert page.get_by_text("Why it waits").count() == 0
+    screenshot(page, "approval-narrow-decided", tmp_path, full_page=False)
+    assert not errors, errors
+    # A fresh page of the decided item says so too.
+    page.reload()
+    assert page.get_by_text("Why it waited").count() == 1
+
+
+@pytest.mark.usefixtures("plain_refund_desk")
+def test_a_refund_with_two_warnings_is_decided_from_the_first_screen(page, desk, users, monkeypatch):
+    errors = console_errors(page)
+    item = long_run_with_warnings(users, monkeypatch)
+    sign_in(page, "senior")
+    page.goto(f"/desk/approvals/{item.pk}/")
+    assert page.get_by_test_id("call-warnings").locator("li").count() == 2
+    assert_approve_on_the_first_screen(page)
+    warnings = page.get_by_test_id("call-warnings").bounding_box()
+    assert (
+        warnings["y"] + warnings["height"] <= page.get_by_role("button", name="Approve").bounding_box()["y"]
+    )
+    page.get_by_role("button", name="Approve").click()
+    page.get_by_test_id("decided").wait_for()
+    page.get_by_text("Why it waited").wait_for()
+    assert not errors, errors

@@ -131,6 +131,7 @@ def _decision(body: DecideIn, approval) -> Decision:
         edit=body.input,
         confirm_irreversible=body.confirm_irreversible,
         amount=body.amount,
+        note=body.note,
     )
 
 

@@ -323,10 +323,18 @@ class ApprovalSummary(Schema):
     claimed_until: datetime | None
 
 
+# What a note is, where an approval is read.
+NOTE_OUT = (
+    "The note for the record: kept with the decision for the desk's people, never shown to the model; "
+    "None unless you may see every run."
+)
+
+
 class Vote(Schema):
     reviewer: str
     proposal: int
-    comment: str
+    comment: str = Field(description="The message to the model that came with the approval.")
+    note: str | None = Field(description=NOTE_OUT)
     created_at: datetime
 
 
@@ -363,7 +371,11 @@ class ApprovalOut(ApprovalSummary):
     decided_by: str | None
     decided_at: datetime | None
     action: str
-    comment: str
+    comment: str = Field(
+        description="The message to the model: a decline's reason, a response, a guard action's text. "
+        "The model reads it and may repeat it to anyone, the customer included."
+    )
+    note: str | None = Field(description=NOTE_OUT)
 
 
 class ApprovalPage(Schema):
@@ -397,7 +409,14 @@ class DecideIn(Schema):
         "a decision on others is refused as stale (409).",
     )
     comment: Annotated[PlainText, StringConstraints(max_length=MAX_COMMENT)] = Field(
-        "", description="A decline's reason (required), a note, a guard action's text."
+        "",
+        description="The message to the model: a decline's reason (required), a guard action's text. The "
+        "model reads it and may repeat it to anyone, the customer included.",
+    )
+    note: Annotated[PlainText, StringConstraints(max_length=MAX_COMMENT)] = Field(
+        "",
+        description="A note for the record: kept with the decision for the desk's people, never shown to "
+        "the model.",
     )
     input: dict[str, Any] | None = Field(None, description="edit: the whole arguments to approve instead.")
     response: Annotated[PlainText, StringConstraints(max_length=MAX_COMMENT)] | None = Field(

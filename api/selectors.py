@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from django.contrib.auth import get_user_model
 
+from approvals.decisions.quoting import note_quotes
 from approvals.decisions.selectors import (
     APPROVAL_PAGE_RELATIONS,
     approvals_decidable_by,
@@ -27,8 +28,9 @@ from approvals.models import ApprovalRequest
 from approvals.policy.decided import rule_api_fields
 from runs.history import transcript_messages
 from runs.models import Run, Step, ToolCall
+from runs.outcome import run_outcome, run_outcome_lines
 from runs.reasons import aggregate_figures
-from runs.selectors import run_get, run_search, run_step_checkpoint
+from runs.selectors import VIEW_ALL_PERMISSION, run_get, run_search, run_step_checkpoint
 
 
 def _name(user) -> str | None:
@@ -205,6 +207,10 @@ def approval_document(approval: ApprovalRequest, *, user) -> dict:
     if refusal is None and has_approved_current(user, approval):
         refusal = "You approved these arguments; they need another reviewer's approval."
     facts, warnings = call_notes(approval) if pending and approval.tool_call_id else ([], [])
+    if pending:
+        warnings = [*warnings, *note_quotes(approval)]
+    # Notes are for the desk's people: an external agent's token is its requester's.
+    reads_notes = user.has_perm(VIEW_ALL_PERMISSION)
     votes = approval.votes.select_related("reviewer", "proposal").order_by("created_at", "id")
     return {
         **approval_summary(approval),
@@ -230,6 +236,7 @@ def approval_document(approval: ApprovalRequest, *, user) -> dict:
                 "reviewer": vote.reviewer.get_username(),
                 "proposal": vote.proposal.number,
                 "comment": vote.comment,
+                "note": vote.note if reads_notes else None,
                 "created_at": vote.created_at,
             }
             for vote in votes
@@ -244,4 +251,5 @@ def approval_document(approval: ApprovalRequest, *, user) -> dict:
         "decided_at": approval.decided_at,
         "action": approval.action,
         "comment": approval.comment,
+        "note": approval.note if reads_notes else None,
     }

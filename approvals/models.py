@@ -378,7 +378,11 @@ class ApprovalRequest(SealedRow):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     decided_at = models.DateTimeField(null=True, blank=True)
-    comment = SealedTextField(blank=True)
+    # Two kinds of words: the message to the model (a decline's reason, a response, a
+    # guard action's text; the model reads it and may repeat it to anyone) and a note
+    # for the record, which the desk shows to its people and never to the model.
+    comment = SealedTextField("message to the model", blank=True)
+    note = SealedTextField("note for the record", blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     reminded_at = models.DateTimeField(null=True, blank=True)
     escalated_at = models.DateTimeField(null=True, blank=True)
@@ -521,7 +525,8 @@ class ApprovalVote(SealedRow):
     approval = models.ForeignKey(ApprovalRequest, on_delete=models.CASCADE, related_name="votes")
     proposal = models.ForeignKey(Proposal, on_delete=models.CASCADE, related_name="votes")
     reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
-    comment = SealedTextField(blank=True)
+    comment = SealedTextField("message to the model", blank=True)  # as the request's
+    note = SealedTextField("note for the record", blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -1,4 +1,5 @@
-"""Bulk decisions: decline or approve several queue items with one comment.
+"""Bulk decisions: decline or approve several queue items with one message to the
+model and one note for the record.
 
 Each item is decided on its own through the one service, ``approval_decide``, with
 the hash of the arguments its row showed: a bulk decision is a shortcut for deciding
@@ -11,7 +12,8 @@ Bulk approve is for the plain cases only. It leaves out, and says why, what a pe
 should look at on its own page: an edited proposal, a call that cannot be undone, an
 item that needs more than one approver, an item that shows a warning (the ones its
 queue row and its page show; among them a call that repeats one in flight, so of two
-identical refunds ticked together the oldest is approved), and a guard (which takes its
+identical refunds ticked together the oldest is approved, and an email that quotes a
+reviewer's note for the record, ``decisions.quoting``), and a guard (which takes its
 own actions). These are checked here, when each item is decided, whatever the form
 posted: the confirm step (``approvals_bulk_preview``, what will be approved and what
 will be left out) is for the person, not the guard.
@@ -26,6 +28,7 @@ from django.db import transaction
 from approvals.decisions.decision import Decision, DecisionKind
 from approvals.decisions.duplicates import duplicate_scope, repeats_of, stored_warnings
 from approvals.decisions.errors import AlreadyDecided, StaleDecision
+from approvals.decisions.quoting import note_quotes
 from approvals.decisions.selectors import approvals_visible_to, call_notes, decide_refusal
 from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest
@@ -75,11 +78,13 @@ def bulk_approve_refusal(approval: ApprovalRequest) -> str | None:
 def shown_warnings(approval: ApprovalRequest) -> list[str]:
     """Every warning a person deciding ``approval`` is shown: those stored with its
     current proposal (its queue row), those its tool reads from the world now (its
-    page) and the calls in flight it repeats, read now (both), each once."""
+    page), the calls in flight it repeats and the notes for the record of its run it
+    quotes, read now (both), each once."""
     warnings = stored_warnings(approval.proposal if approval.proposal_id else None)
     if approval.tool_call_id:
         warnings += [str(w) for w in call_notes(approval)[1] if w]
         warnings += [repeat.text for repeat in repeats_of(approval)]
+        warnings += note_quotes(approval)
     return list(dict.fromkeys(warnings))
 
 
@@ -89,10 +94,17 @@ def _decided(approval: ApprovalRequest) -> str:
 
 
 def approvals_bulk_decide(
-    *, reviewer, decision: str, comment: str, items: list[tuple[int, str]], enqueue: bool = True
+    *,
+    reviewer,
+    decision: str,
+    comment: str,
+    items: list[tuple[int, str]],
+    note: str = "",
+    enqueue: bool = True,
 ) -> list[BulkOutcome]:
     """``reviewer`` approves or declines (``decision``) each of ``items`` (approval id,
-    the args hash its row showed) with ``comment``; what became of each, in order.
+    the args hash its row showed) with ``comment`` (the message to the model) and
+    ``note`` (for the record); what became of each, in order.
 
     An id ``reviewer`` may not see is reported exactly like one that does not exist.
     """
@@ -112,7 +124,7 @@ def approvals_bulk_decide(
             )
             continue
         outcomes[position] = _decide_one(
-            approval, reviewer, decision, comment, args_hash, verb, enqueue=enqueue
+            approval, reviewer, decision, (comment, note), args_hash, verb, enqueue=enqueue
         )
     return [outcomes[position] for position in range(len(items))]
 
@@ -176,7 +188,8 @@ def _what(approval: ApprovalRequest) -> str:
     )
 
 
-def _decide_one(approval, reviewer, decision, comment, args_hash, verb, *, enqueue) -> BulkOutcome:
+def _decide_one(approval, reviewer, decision, words, args_hash, verb, *, enqueue) -> BulkOutcome:
+    comment, note = words  # the message to the model, the note for the record
     what = _what(approval)
 
     def outcome(done: bool, text: str) -> BulkOutcome:
@@ -193,9 +206,9 @@ def _decide_one(approval, reviewer, decision, comment, args_hash, verb, *, enque
     if decision == APPROVE and (why := bulk_approve_refusal(approval)):
         return refused(f"{why}, {ON_ITS_PAGE}")
     if decision == APPROVE:
-        made = Decision.approve(comment=comment, args_hash=args_hash)
+        made = Decision.approve(comment=comment, args_hash=args_hash, note=note)
     else:
-        made = Decision.decline(comment, args_hash=args_hash)
+        made = Decision.decline(comment, args_hash=args_hash, note=note)
     try:
         result = _decide_unrepeated(approval, reviewer, made, enqueue=enqueue)
     except Repeated as exc:

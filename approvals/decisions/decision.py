@@ -57,8 +57,11 @@ class Decision:
     ``DecisionInvalid`` (``field``, ``code``) their own way; nothing else says what a
     valid decision is.
 
-    ``comment``: the reason of a decline, the text of a response (both required),
-    an optional note on an approval. ``args_hash``: the hash of the arguments the
+    Two kinds of words: ``comment`` is the message to the model, the reason of a
+    decline, the text of a response (both required), optional with an approval (an
+    external caller is told it); the model reads it and may repeat it to anyone.
+    ``note`` is for the record: kept with the decision, shown to the desk's people,
+    never given to the model (nor to an external caller). ``args_hash``: the hash of the arguments the
     decider was shown; a decision on any others is refused as stale (None: the
     decider pins none; the CLI without ``--args-hash``, which refuses that once
     the arguments were edited). ``edit``: approve these whole arguments instead (a
@@ -79,7 +82,7 @@ class Decision:
     Kind = DecisionKind
 
     kind: DecisionKind
-    comment: str = ""
+    comment: str = ""  # the message to the model
     args_hash: str | None = None
     edit: dict | None = None
     confirm_irreversible: bool = False
@@ -88,6 +91,7 @@ class Decision:
     # Approve only: also allow further calls of the same tool in the same run within
     # these limits (a standing approval, ``approvals.policy.standing``).
     standing: StandingTerms | None = None
+    note: str = ""  # for the record: never given to the model
 
     def __post_init__(self) -> None:
         try:
@@ -98,6 +102,7 @@ class Decision:
             ) from None
         object.__setattr__(self, "kind", kind)
         object.__setattr__(self, "comment", self.comment.strip())
+        object.__setattr__(self, "note", self.note.strip())
         if kind == DecisionKind.ACT:
             self._check_action()
         else:
@@ -186,13 +191,14 @@ class Decision:
         confirm_irreversible: bool = False,
         amount=None,
         standing: StandingTerms | None = None,
+        note: str = "",
     ) -> Decision:
         """``choice`` (approve, decline, respond, or an action's name) with all that came
         with it: whatever does not go with the choice is refused here, not dropped."""
         parts = {"args_hash": args_hash, "edit": edit, "confirm_irreversible": confirm_irreversible}
         if choice in (DecisionKind.APPROVE, DecisionKind.DECLINE, DecisionKind.RESPOND):
-            return cls(DecisionKind(choice), comment, amount=amount, standing=standing, **parts)
-        return cls.act(choice, comment, amount, standing=standing, **parts)
+            return cls(DecisionKind(choice), comment, amount=amount, standing=standing, note=note, **parts)
+        return cls.act(choice, comment, amount, standing=standing, note=note, **parts)
 
     @classmethod
     def act(
@@ -205,6 +211,7 @@ class Decision:
         edit: dict | None = None,
         confirm_irreversible: bool = False,
         standing: StandingTerms | None = None,
+        note: str = "",
     ) -> Decision:
         return cls(
             DecisionKind.ACT,
@@ -215,6 +222,7 @@ class Decision:
             action=action,
             amount=amount,
             standing=standing,
+            note=note,
         )
 
     @classmethod
@@ -226,16 +234,19 @@ class Decision:
         edit: dict | None = None,
         confirm_irreversible: bool = False,
         standing: StandingTerms | None = None,
+        note: str = "",
     ) -> Decision:
-        return cls(DecisionKind.APPROVE, comment, args_hash, edit, confirm_irreversible, standing=standing)
+        return cls(
+            DecisionKind.APPROVE, comment, args_hash, edit, confirm_irreversible, standing=standing, note=note
+        )
 
     @classmethod
-    def decline(cls, reason: str, *, args_hash: str | None = None) -> Decision:
-        return cls(DecisionKind.DECLINE, reason, args_hash)
+    def decline(cls, reason: str, *, args_hash: str | None = None, note: str = "") -> Decision:
+        return cls(DecisionKind.DECLINE, reason, args_hash, note=note)
 
     @classmethod
-    def respond(cls, text: str, *, args_hash: str | None = None) -> Decision:
-        return cls(DecisionKind.RESPOND, text, args_hash)
+    def respond(cls, text: str, *, args_hash: str | None = None, note: str = "") -> Decision:
+        return cls(DecisionKind.RESPOND, text, args_hash, note=note)
 
 
 # --- what approving takes -----------------------------------------------------------

@@ -141,8 +141,9 @@ BULK_ITEM = re.compile(r"(\d{1,18}):([0-9a-f]{0,64})")
 
 
 class BulkDecisionForm(forms.Form):
-    """A bulk decision as the queue posts it: the button pressed, one comment, and the
-    rows ticked ("id:args_hash" each)."""
+    """A bulk decision as the queue posts it: the button pressed, one message to the
+    model (``comment``: a decline's reason), one note for the record, and the rows
+    ticked ("id:args_hash" each)."""
 
     decision = forms.ChoiceField(
         choices=[("approve", "Approve selected"), ("decline", "Decline selected")],
@@ -152,6 +153,7 @@ class BulkDecisionForm(forms.Form):
         },
     )
     comment = forms.CharField(required=False, max_length=5000, strip=True)
+    note = forms.CharField(required=False, max_length=5000, strip=True)
     # Approve: the person saw the confirmation (what will be approved, what is left
     # out) and pressed its button; without it an approve only shows that confirmation.
     confirmed = forms.BooleanField(required=False)

@@ -15,6 +15,7 @@ from django.utils import timezone
 from approvals.decisions.announce import announcer
 from approvals.decisions.decision import Requirement
 from approvals.decisions.duplicates import proposal_repeats
+from approvals.decisions.quoting import note_quotes
 from approvals.models import ApprovalRequest, AuditEvent, GateRule, Proposal
 from approvals.policy.decided import decided_rule_snapshot
 from approvals.record.audit import approval_with_facts
@@ -157,6 +158,8 @@ def proposal_record(
         warnings = spec.reviewer_notes(review, tool_input)[1]
         # And what it repeats that is not made yet (waiting, approved and not yet run).
         warnings += proposal_repeats(approval, tool_input)
+        # And the reviewers' notes for the record of this run that it quotes.
+        warnings += note_quotes(approval, tool_input)
     return Proposal.objects.create(
         approval=approval,
         number=number,

@@ -18,6 +18,7 @@ from django.db.models import Exists, OuterRef, Prefetch, Q
 from django.utils import timezone
 
 from approvals.decisions.duplicates import Repeat, repeats_of
+from approvals.decisions.quoting import note_quotes
 from approvals.models import ApprovalRequest, ApprovalVote, Proposal
 from approvals.policy.decided import RULE_NONE, RULE_RECORDED, DecidedRule, rule_as_decided
 from runs.history import transcript_messages
@@ -437,6 +438,7 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
         warnings, repeats = [], []
     else:
         repeats = repeats_of(approval)
+        warnings = [*warnings, *note_quotes(approval, decided=earlier)]
     rule = rule_as_decided(approval)
     return ApprovalContext(
         approval=approval,

@@ -138,11 +138,11 @@ def _decide(approval_id: int, reviewer, decision: Decision, *, enqueue: bool) ->
             DecisionKind.DECLINE: ApprovalRequest.Status.DECLINED,
             DecisionKind.RESPOND: ApprovalRequest.Status.RESPONDED,
         }[decision.kind]
-        woken = _close(approval, reviewer, status, decision.comment, now)
+        woken = _close(approval, reviewer, status, decision.comment, now, note=decision.note)
         return _result(approval, woken, enqueue)
     proposal = approval.proposal
     if decision.edit is not None and input_hash(decision.edit) != approval.args_hash:
-        proposal = _propose(approval, reviewer, decision.edit, decision.comment)
+        proposal = _propose(approval, reviewer, decision.edit, decision.comment, decision.note)
         refusal = decide_refusal(user=reviewer, approval=approval)
         if refusal:
             # The edit stands as a proposal for those who may approve it.
@@ -153,12 +153,14 @@ def _decide(approval_id: int, reviewer, decision: Decision, *, enqueue: bool) ->
                 waits_for=group_names(approval),
                 approvals_missing=approval.approvers_required,
             )
-    missing = _vote(approval, proposal, reviewer, decision.comment)
+    missing = _vote(approval, proposal, reviewer, decision.comment, decision.note)
     if missing:
         return DecisionResult(
             approval=approval, run_woken=False, approvals_missing=missing, proposal=proposal
         )
-    woken = _close(approval, reviewer, ApprovalRequest.Status.APPROVED, decision.comment, now)
+    woken = _close(
+        approval, reviewer, ApprovalRequest.Status.APPROVED, decision.comment, now, note=decision.note
+    )
     granted = None
     if decision.standing is not None:
         # Only now that it closed approved, in the same transaction.
@@ -220,7 +222,10 @@ def _act(approval: ApprovalRequest, actor, decision: Decision, now, *, enqueue: 
     status = (
         ApprovalRequest.Status.DECLINED if action in STOPPING_ACTIONS else ApprovalRequest.Status.APPROVED
     )
-    _close_row(approval, status=status, actor=actor, now=now, comment=comment, detail=comment, action=action)
+    _close_row(
+        approval, status=status, actor=actor, now=now, comment=comment, detail=comment, action=action,
+        note=decision.note,
+    )  # fmt: skip
     try:
         outcome = _apply_action(approval, actor, decision)
     except GuardConflict as exc:
@@ -316,7 +321,7 @@ def _result(approval: ApprovalRequest, woken: bool, enqueue: bool, **extra) -> D
     return DecisionResult(approval=approval, run_woken=woken, **extra)
 
 
-def _propose(approval: ApprovalRequest, editor, edited_input: dict, comment: str) -> Proposal:
+def _propose(approval: ApprovalRequest, editor, edited_input: dict, comment: str, note: str = "") -> Proposal:
     """Make ``edited_input`` the approval's current proposal, reviewed by the gate
     like a model's call. Refuses (DecisionError, nothing changed) what the gate
     denies, what is not valid input, and what would repeat an effect already made."""
@@ -415,6 +420,7 @@ def _propose(approval: ApprovalRequest, editor, edited_input: dict, comment: str
         detail=f"{changes}; gate: {verdict.effect} ({verdict.rule or 'no rule'}: {verdict.reason}); needs "
         f"{needed.approvers} approver(s) from {group_names(approval)}"
         + (f"; comment: {comment}" if comment else "")
+        + (f"; note for the record: “{note}”" if note else "")
         + f"; args {proposal.input_hash}"
         + approval_with_facts("", approval),
     )
@@ -422,12 +428,12 @@ def _propose(approval: ApprovalRequest, editor, edited_input: dict, comment: str
     return proposal
 
 
-def _vote(approval: ApprovalRequest, proposal: Proposal, reviewer, comment: str) -> int:
+def _vote(approval: ApprovalRequest, proposal: Proposal, reviewer, comment: str, note: str) -> int:
     """Record ``reviewer``'s approval of ``proposal``; how many more are needed."""
     try:
         with transaction.atomic():
             ApprovalVote.objects.create(
-                approval=approval, proposal=proposal, reviewer=reviewer, comment=comment
+                approval=approval, proposal=proposal, reviewer=reviewer, comment=comment, note=note
             )
     except IntegrityError:
         raise NotAllowed("You already approved this proposal; it needs another reviewer.") from None
@@ -449,17 +455,27 @@ def _vote(approval: ApprovalRequest, proposal: Proposal, reviewer, comment: str)
             before="pending",
             after="pending",
             detail=approval_with_facts(
-                f"approved proposal {proposal.number}; {missing} more approval(s) needed", approval
+                with_note(f"approved proposal {proposal.number}; {missing} more approval(s) needed", note),
+                approval,
             ),
         )
     return missing
 
 
 def _close(
-    approval: ApprovalRequest, actor, status: str, comment: str, now, *, by_policy: bool = False
+    approval: ApprovalRequest,
+    actor,
+    status: str,
+    comment: str,
+    now,
+    *,
+    by_policy: bool = False,
+    note: str = "",
 ) -> bool:
     """Move a pending approval to its final status, apply it to the call and record
-    who hears about it; True if the run was woken (nothing else pending)."""
+    who hears about it; True if the run was woken (nothing else pending). ``comment``
+    is what the model is told instead of a result (a decline, a response); ``note``
+    stays in the record and is never part of the call's result."""
     _close_row(
         approval,
         status=status,
@@ -467,6 +483,7 @@ def _close(
         now=now,
         comment=comment,
         detail=("by policy (timeout): " if by_policy else "") + comment,
+        note=note,
     )
     call = approval.tool_call
     if status == ApprovalRequest.Status.APPROVED:
@@ -526,6 +543,11 @@ def approvals_cancel(approvals, *, comment: str, actor=None) -> int:
             )
             cancelled += 1
     return cancelled
+
+
+def with_note(detail: str, note: str) -> str:
+    """An audit event's ``detail`` with the reviewer's note for the record before it."""
+    return f"(note for the record: “{note}”) {detail}".rstrip() if note else detail
 
 
 def _display_name(user) -> str:
@@ -588,20 +610,30 @@ def approval_expire(*, approval_id: int, enqueue: bool = True) -> bool:
 
 
 def _close_row(
-    approval: ApprovalRequest, *, status, actor, now, comment: str, detail: str, action: str = ""
+    approval: ApprovalRequest,
+    *,
+    status,
+    actor,
+    now,
+    comment: str,
+    detail: str,
+    action: str = "",
+    note: str = "",
 ) -> None:
     """The approval's row leaves pending, naming who and when, its claim ended; a decision
-    that came second is told who came first (``AlreadyDecided``)."""
+    that came second is told who came first (``AlreadyDecided``). The event's detail
+    ends with the message (``verify`` holds it to ``comment``); the note is before it."""
     try:
         approval_transition(
             approval=approval,
             new=status,
             actor=actor,
-            detail=detail,
+            detail=with_note(detail, note),
             action=action,
             decided_by=actor,
             decided_at=now,
             comment=comment,
+            note=note,
             claimed_by=None,
             claimed_until=None,
         )

@@ -197,7 +197,9 @@ def _decision(request, approval: ApprovalRequest) -> Decision:
     action = post.get("action")
     if action:
         # Which kind takes which action is the service's to say (WrongAction).
-        return Decision.act(action, post.get("comment", ""), post.get("amount", "").strip() or None)
+        return Decision.act(
+            action, post.get("comment", ""), post.get("amount", "").strip() or None, note=post.get("note", "")
+        )
     button = post.get("decision")
     if button not in ("approve", "approve_edited", "decline", "respond"):
         raise DecisionError("Choose approve, decline or respond.")
@@ -205,7 +207,8 @@ def _decision(request, approval: ApprovalRequest) -> Decision:
     call = approval.tool_call
     return Decision.of(
         "approve" if approving else button,
-        comment=post.get("comment", ""),
+        comment=post.get("comment", ""),  # the message to the model
+        note=post.get("note", ""),  # for the record, never given to the model
         # Always checked: a form that does not say what it showed decides nothing.
         args_hash=post.get("args_hash") or "",
         # Only "Approve these arguments" reads the argument fields: a plain Approve
@@ -242,8 +245,9 @@ def approval_decide_view(request, approval_id: int):
     approval = _approval(request, approval.pk)
     context = _page_context(request, approval)
     if status != 200:
-        # What was typed is not lost to an error: the comment comes back in the form.
+        # What was typed is not lost to an error: the message and the note come back.
         context["posted_comment"] = request.POST.get("comment", "")
+        context["posted_note"] = request.POST.get("note", "")
     if request.htmx:
         # htmx swaps only 2xx responses: the outcome, error or not, is in the fragment.
         response = _decided_fragments(request, context)

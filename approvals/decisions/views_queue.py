@@ -241,6 +241,7 @@ def bulk_decide(request):
         reviewer=request.user,
         decision=decision,
         comment=form.cleaned_data["comment"],
+        note=form.cleaned_data["note"],
         items=form.cleaned_data["items"],
     )
     summary = _summary(decision, outcomes)
@@ -268,6 +269,7 @@ def _bulk_confirm(request, form: BulkDecisionForm):
         "items": [f"{approval.pk}:{args_hash}" for approval, args_hash in preview.approve],
         "left_out": [{"id": o.approval_id, "text": o.text, "what": o.what} for o in preview.left_out],
         "comment": form.cleaned_data["comment"],
+        "note": form.cleaned_data["note"],
         "url": reverse("approvals-bulk") + (f"?{query}" if query else ""),
         "cancel_url": reverse("queue") + (f"?{query}" if query else ""),
     }

@@ -88,13 +88,17 @@ def approval_facts(approval) -> dict:
     """Everything a decision on ``approval`` depends on: who may decide it and under
     which rule, the model's call, which proposal is current and its argument hash,
     each proposal's terms (its review, what approving it requires, its warnings) and
-    every vote (by whom, on which proposal, with what comment). Proposals and votes
-    are named by their number and hash, people by username: nothing an import
-    renumbers. Reads the approval's groups, proposals and votes (prefetched by
-    ``cross_check``; ``approval_with_facts`` reads them afresh)."""
+    every vote (by whom, on which proposal, with what comment), and the reviewers'
+    notes for the record. Proposals and votes are named by their number and hash,
+    people by username: nothing an import renumbers. Reads the approval's groups,
+    proposals and votes (prefetched by ``cross_check``; ``approval_with_facts`` reads
+    them afresh). A note is digested only where there is one, so a record written
+    before notes existed (issue 33) digests as it did."""
     proposals = sorted(approval.proposals.all(), key=lambda p: p.number)
     number = {p.pk: p.number for p in proposals}
+    note = {"note": approval.note} if approval.note else {}
     return {
+        **note,
         **_approval_facts_v1(approval, proposals),
         "v": 2,
         "expires_at": _when(approval.expires_at),
@@ -104,6 +108,7 @@ def approval_facts(approval) -> dict:
         "proposals": [proposal_facts(p) for p in proposals],
         "votes": sorted(
             [vote.reviewer.get_username(), number.get(vote.proposal_id, "elsewhere"), vote.comment]
+            + ([vote.note] if vote.note else [])
             for vote in approval.votes.all()
         ),
     }

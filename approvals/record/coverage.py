@@ -178,7 +178,8 @@ COVERAGE: dict[str, dict[str, tuple[str, str]]] = {
         "claimed_until": ("not mattering", "a soft lock while someone looks; deciding checks who may"),
         "decided_by": ("checked", "the decision event's actor"),
         "decided_at": ("not mattering", TIMES),
-        "comment": ("checked", "the decision event's detail ends with it"),
+        "comment": ("checked", "the decision event's detail ends with it (the message to the model)"),
+        "note": ("facts", APPROVAL_EVENTS + " (the reviewer's note for the record)"),
         "created_at": ("not mattering", TIMES),
         "reminded_at": ("not mattering", "when the SLA reminder went out"),
         "escalated_at": ("facts", APPROVAL_EVENTS + " (escalated or not)"),
@@ -209,6 +210,7 @@ COVERAGE: dict[str, dict[str, tuple[str, str]]] = {
         "proposal": ("facts", APPROVAL_EVENTS + ", by number"),
         "reviewer": ("facts", APPROVAL_EVENTS + ", by username"),
         "comment": ("facts", APPROVAL_EVENTS),
+        "note": ("facts", APPROVAL_EVENTS),
         "created_at": ("not mattering", TIMES),
     },
     "StandingApproval": {

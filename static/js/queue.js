@@ -74,8 +74,10 @@
       // Decided: start afresh (the rows refresh themselves on approvalDecided).
       if (target.querySelector("[data-done]")) {
         picked.clear();
-        var comment = document.getElementById("bulk-comment");
-        if (comment) { comment.value = ""; }
+        ["bulk-comment", "bulk-note"].forEach(function (id) {
+          var field = document.getElementById(id);
+          if (field) { field.value = ""; }
+        });
       }
     }
     apply();

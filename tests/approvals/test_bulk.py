@@ -225,7 +225,7 @@ def test_approve_selected_first_shows_what_it_will_approve_and_leaves_out_a_warn
     assert shown.status_code == 200 and shown["HX-Retarget"] == "#bulk-confirm"
     assert "HX-Trigger" not in shown.headers
     page = html.unescape(shown.content.decode())
-    assert "Approve 1 item?" in page and "₹600.00" in page and "with the comment “Fine”" in page
+    assert "Approve 1 item?" in page and "₹600.00" in page and "with the message to the model “Fine”" in page
     left_out = outcomes_of(shown, "bulk-left-out")
     assert left_out[0].startswith(f"#{warned.pk} not approved: it shows 2 warnings: “{WRONG_CUSTOMER}")
     assert NO_SUCH_REFUND in left_out[0]

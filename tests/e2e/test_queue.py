@@ -168,6 +168,7 @@ def test_a_reviewer_declines_three_items_at_once(page, desk, users, tmp_path):
     for item in items:
         expect(row(page, item).get_by_test_id("row-pick")).to_be_checked()
     page.fill("#bulk-comment", "Duplicate of ticket T-9: already handled")
+    page.fill("#bulk-note", "Checked with finance")  # for the record only
     page.get_by_role("button", name="Decline selected").click()
     summary = page.get_by_test_id("bulk-summary")
     summary.get_by_text("3 declined.").wait_for()
@@ -177,12 +178,13 @@ def test_a_reviewer_declines_three_items_at_once(page, desk, users, tmp_path):
     expect(page.get_by_test_id("queue-row")).to_have_count(1)
     assert row(page, keep).count() == 1
     page.get_by_test_id("nav-pending").get_by_text("1", exact=True).wait_for()
-    assert page.input_value("#bulk-comment") == ""
+    assert page.input_value("#bulk-comment") == "" and page.input_value("#bulk-note") == ""
     screenshot(page, "queue-bulk", tmp_path)
 
     for item in items:
         item.refresh_from_db()
         assert item.status == "declined" and item.decided_by == users["reviewer"]
+        assert item.note == "Checked with finance"
         run_advance_until_settled(item.run_id)
         told = tool_results(Run.objects.get(pk=item.run_id))[-1]["content"]
         assert told == "Declined by Reviewer: Duplicate of ticket T-9: already handled. Do not retry."

@@ -42,8 +42,15 @@ class Command(BaseCommand):
         parser.add_argument(
             "--comment",
             default="",
-            help="the reason of a decline; with --act: the note (continue), the reason "
-            "(accept), the findings (send_back), what you found (happened)",
+            help="the message to the model: the reason of a decline (the model reads it and may repeat "
+            "it to the customer); with --act: the note for the model (continue), the reason (accept), "
+            "the findings (send_back), what you found (happened)",
+        )
+        parser.add_argument(
+            "--note",
+            default="",
+            help="a note for the record: kept with the decision for the desk's people, never shown "
+            "to the model",
         )
         parser.add_argument("--amount", help="with --act grant: how many more steps, tokens or USD")
         parser.add_argument(
@@ -105,6 +112,7 @@ class Command(BaseCommand):
         command line does: an --edit merged over the arguments shown, an approval's
         hash required once they were edited."""
         comment = text_argument(options["comment"], "The comment")
+        note = text_argument(options["note"], "The note")
         act, approve = options["act"], options["approve"]
         try:
             parts = {
@@ -112,6 +120,7 @@ class Command(BaseCommand):
                 "edit": _edit_changes(options["edit"]),
                 "confirm_irreversible": options["confirm_irreversible"],
                 "standing": _standing(options),
+                "note": note,
             }
             amount = None if options["amount"] is None else text_argument(options["amount"], "--amount")
             if act is not None:
@@ -182,6 +191,7 @@ class Command(BaseCommand):
                     f"{grant.label}: further {grant.tool} calls in run {approval.run_id} "
                     f"until {grant.expires_at:%Y-%m-%d %H:%M} UTC"
                 )
+            self._words(approval)
         if not result.run_woken:
             self.stdout.write(f"run {approval.run_id}: still waiting for other decisions")
         elif sync:
@@ -191,6 +201,13 @@ class Command(BaseCommand):
         else:
             self.stdout.write(f"run {approval.run_id}: queued for a worker")
 
+    def _words(self, approval: ApprovalRequest) -> None:
+        """The two kinds of words the decision carried, each named."""
+        if approval.comment:
+            self.stdout.write(f"message to the model: {approval.comment}")
+        if approval.note:
+            self.stdout.write(f"note for the record: {approval.note}")
+
     def _report_action(self, result: DecisionResult, reviewer, sync: bool) -> None:
         """A guard's action, or a hand-over of any request."""
         approval = result.approval
@@ -198,6 +215,7 @@ class Command(BaseCommand):
             f"approval {approval.pk}: {approval.status} ({approval.action}) by {reviewer.get_username()}"
         )
         self.stdout.write(result.summary)
+        self._words(approval)
         run = approval.run
         run.refresh_from_db()
         if result.run_woken and sync:

@@ -123,6 +123,34 @@ class RunSummary(Schema):
     finished_at: datetime | None
 
 
+class NotDoneCall(Schema):
+    call: int
+    step: int
+    tool: str
+    status: str
+    what: str = Field(description="What became of it: failed, declined, answered instead of run, ...")
+    by: str = Field(description="Who or what stopped it ('' if nobody).")
+    reason: str
+    input: Any = Field(description="The model's arguments: untrusted text.")
+
+
+class AcceptedOut(Schema):
+    by: str = Field(description="Who accepted the run as done though its verification failed.")
+    reason: str = Field(description="Their reason.")
+    failed: list[str] = Field(description="What the checks found: 'T-1 is open'.")
+
+
+class RunOutcomeOut(Schema):
+    label: str = Field(
+        description="As the badge reads: 'Done', 'Done, 1 declined', 'Done, nothing changed', "
+        "'Accepted by senior: not verified (T-1 is open)'."
+    )
+    clean: bool = Field(description="Every call took effect and nobody accepted it unverified.")
+    changed: bool | None = Field(description="Whether a write took effect; null unless it ended done.")
+    accepted: AcceptedOut | None
+    not_done: list[NotDoneCall]
+
+
 class RunOut(RunSummary):
     stage: str
     guard: str = Field(description="What a waiting run waits on besides its calls ('' for nothing).")
@@ -135,6 +163,7 @@ class RunOut(RunSummary):
     generation: int
     updated_at: datetime
     pending: list[PendingRequest]
+    outcome: RunOutcomeOut = Field(description="What the run did, as its page and runstatus say.")
 
 
 class RunPage(Schema):

@@ -124,6 +124,7 @@ def run_document(run: Run) -> dict:
         "generation": run.generation,
         "updated_at": run.updated_at,
         "pending": pending_requests(run),
+        "outcome": run_outcome(run).as_dict(run_outcome_lines(run)),
     }
 
 

@@ -5,15 +5,22 @@ run-ended webhooks and /metrics admit, besides the run's status, every live call
 not take effect as the model asked (its final reply may still claim it did). Each call
 status has its word here, once (``WORD_BY_STATUS``); ``not_done_what`` is the rule for one
 call and ``not_done_filter`` / ``_not_done_expression`` the same rule in SQL.
+
+"Done" is said only of a run that did what it was asked: one whose failed verification
+a person accepted reads "Accepted by senior: not verified (T-1 is open)" (``Accepted``,
+from the acceptance recorded on the run by ``runs.services.run_guard_accept``), and a
+done run none of whose writes took effect says "Done, nothing changed".
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.db.models import Case, CharField, Count, Q, Value, When
+
+from tools.registry import get_tool
 
 from .models import (
     FINISHED_RUN_STATUSES,
@@ -22,6 +29,7 @@ from .models import (
     CallStatus,
     ReasonKind,
     Run,
+    RunStatus,
     ToolCall,
 )
 from .reasons import is_amount, money_reason
@@ -124,16 +132,109 @@ def _not_done_expression() -> Case:
 
 
 @dataclass(frozen=True)
+class Accepted:
+    """A failed verification a person accepted as done anyway, with their reason."""
+
+    by: str  # their username, as the run recorded it
+    reason: str
+    # What the failed checks found ("T-1 is open"), in the checks' order.
+    failed: tuple[str, ...] = ()
+
+    @property
+    def text(self) -> str:
+        """What the badge leads with: "Accepted by senior: not verified (T-1 is open)":
+        the first finding's first clause (cut short), and how many more the page lists."""
+        found = ""
+        if self.failed:
+            first = self.failed[0].split(";")[0].strip()
+            first = first if len(first) <= 80 else first[:79] + "…"
+            more = len(self.failed) - 1
+            found = f" ({first}{f', and {more} more' if more else ''})"
+        return f"Accepted by {self.by}: not verified{found}"
+
+    def as_dict(self) -> dict:
+        return {"by": self.by, "reason": self.reason, "failed": list(self.failed)}
+
+
+def accepted_of(run: Run) -> Accepted | None:
+    """The acceptance recorded on a done run (``verification["accepted"]``), with the
+    checks it failed; None if nobody accepted it. A record that is not one (sealed and
+    not opened here, malformed) is no acceptance: the run reads by its status."""
+    data = run.verification if isinstance(run.verification, dict) else {}
+    accepted = data.get("accepted")
+    if run.status != RunStatus.DONE or not isinstance(accepted, dict):
+        return None
+    checks = data.get("checks") if isinstance(data.get("checks"), list) else []
+    failed: list[str] = []
+    for check in checks:
+        if not isinstance(check, dict) or check.get("ok") is True:
+            continue
+        said = " ".join(str(check.get("detail") or check.get("name") or "").split())
+        if said and said not in failed:
+            failed.append(said)
+    return Accepted(
+        by=str(accepted.get("by") or "someone"),
+        reason=str(accepted.get("reason") or ""),
+        failed=tuple(failed),
+    )
+
+
+NOTHING_CHANGED = "nothing changed"
+
+
+@dataclass(frozen=True)
 class RunOutcome:
     status: str  # the run's status
-    label: str  # "Done", "Done, 1 declined", "Cancelled, 1 never decided"
+    label: str  # "Done", "Done, 1 declined", "Cancelled, 1 never decided", "Done, nothing changed"
     notes: tuple[tuple[str, int], ...]  # (what, how many), in NOT_DONE order; none if clean
     # Which calls: (what, tool, how many), e.g. ("declined", "refund_item", 1), for a tooltip.
     calls: tuple[tuple[str, str, int], ...] = ()
+    # A person accepted it as done though its verification failed.
+    accepted: Accepted | None = None
+    # Whether any of its writes took effect; None where it is not said (a run that did
+    # not end done, a dry run: it changes nothing by design).
+    changed: bool | None = None
+    # What the badge leads with: the status as its column reads it ("Handed Over"), or
+    # the acceptance ("Accepted by senior: not verified (T-1 is open)").
+    head: str = ""
 
     @property
     def clean(self) -> bool:
-        return not self.notes
+        """Every call it asked for took effect and nobody accepted it unverified."""
+        return not self.notes and self.accepted is None
+
+    @property
+    def nothing_changed(self) -> bool:
+        return self.changed is False
+
+    @property
+    def plain(self) -> bool:
+        """The label is the status alone ("Done"): nothing to add."""
+        return self.clean and not self.nothing_changed
+
+    @property
+    def tail(self) -> str:
+        """The label after its head: ", nothing changed, 1 declined" ("" if plain)."""
+        parts = ([NOTHING_CHANGED] if self.nothing_changed else []) + [self.notes_text] * bool(self.notes)
+        return "".join(f", {part}" for part in parts)
+
+    @property
+    def badge_class(self) -> str:
+        """How the badge looks besides its status: "with-notes" (not everything
+        happened, or it was accepted unverified), "nothing-changed", or ""."""
+        if not self.clean:
+            return "with-notes"
+        return "nothing-changed" if self.nothing_changed else ""
+
+    @property
+    def tooltip(self) -> str:
+        """The badge's title: the person's reason, and which calls did not happen."""
+        parts = [f"{self.accepted.by}'s reason: {self.accepted.reason}"] if self.accepted else []
+        if self.calls:
+            parts.append(self.calls_text)
+        if self.nothing_changed and not self.calls:
+            parts.append("no write of this run took effect")
+        return "; ".join(parts)
 
     @property
     def notes_text(self) -> str:
@@ -154,17 +255,25 @@ class RunOutcome:
         return "; ".join(f"{what}: {', '.join(tools)}" for what, tools in by_what.items())
 
     def as_dict(self, lines: list[OutcomeLine]) -> dict:
-        """For runstatus --json and the run-ended webhooks, with ``run_outcome_lines``."""
-        return {"label": self.label, "clean": self.clean, "not_done": [line.as_dict() for line in lines]}
+        """For runstatus --json, the API and the run-ended webhooks, with
+        ``run_outcome_lines``: ``changed`` null where not said (see the field)."""
+        return {
+            "label": self.label,
+            "clean": self.clean,
+            "changed": self.changed,
+            "accepted": self.accepted.as_dict() if self.accepted else None,
+            "not_done": [line.as_dict() for line in lines],
+        }
 
 
 def run_outcomes(runs) -> dict[int, RunOutcome]:
     """Each run's honest outcome, by id, in one query for any number of runs. Only the
-    live branch counts: a call a rewind superseded (or withdrew) is history."""
+    live branch counts: a call a rewind superseded (or withdrew) is history. The
+    committed calls come with the others (as what ""): whether a write took effect."""
     runs = list(runs)
     rows = (
         ToolCall.objects.live()
-        .filter(not_done_filter(), run_id__in=[r.pk for r in runs])
+        .filter(not_done_filter() | Q(status=CallStatus.COMMITTED), run_id__in=[r.pk for r in runs])
         .annotate(what=_not_done_expression())
         .values_list("run_id", "what", "tool_name")
         .annotate(n=Count("id"))
@@ -186,12 +295,27 @@ def outcome_of_calls(run: Run, calls) -> RunOutcome:
     tools: dict[tuple[str, str], int] = defaultdict(int)
     for call in calls:
         what = not_done_what(call)
-        if what:
+        if what or call.status == CallStatus.COMMITTED:
             tools[(what, call.tool_name)] += 1
     return _outcome(run, [(what, tool, n) for (what, tool), n in tools.items()])
 
 
+def _writes(tool_name: str) -> bool:
+    """Whether a call of ``tool_name`` changes the world: every tool but a read (one
+    this process does not have is taken to write: "nothing changed" is never guessed)."""
+    try:
+        return not get_tool(tool_name).is_read
+    except LookupError:
+        return True
+
+
 def _outcome(run: Run, calls) -> RunOutcome:
+    """``calls``: (what, tool, how many) of the run's live calls that did not take
+    effect, and of its committed ones as what ""."""
+    calls = list(calls)
+    changed = None
+    if run.status == RunStatus.DONE and not run.dry_run:
+        changed = any(what == "" and _writes(tool) for what, tool, _ in calls)
     order = {word: i for i, word in enumerate(NOT_DONE)}
     calls = sorted(
         (c for c in calls if c[0] in order and (run.is_finished or c[0] not in UNDER_WAY)),
@@ -201,10 +325,20 @@ def _outcome(run: Run, calls) -> RunOutcome:
     for what, _, n in calls:
         counts[what] += n
     notes = tuple((word, counts[word]) for word in NOT_DONE if counts.get(word))
-    label = run.get_status_display().capitalize()
-    if notes:
-        label += ", " + ", ".join(f"{n} {word}" for word, n in notes)
-    return RunOutcome(status=run.status, label=label, notes=notes, calls=tuple(calls))
+    accepted = accepted_of(run)
+    # A session the desk closed, not its caller: "Ended: client idle 15 min".
+    ended = f"Ended: {run.closed_because}" if run.closed_because else ""
+    outcome = RunOutcome(
+        status=run.status,
+        label="",
+        notes=notes,
+        calls=tuple(calls),
+        accepted=accepted,
+        changed=changed,
+        head=ended or (accepted.text if accepted else run.get_status_display()),
+    )
+    head = ended or (accepted.text if accepted else run.get_status_display().capitalize())
+    return replace(outcome, label=head + outcome.tail)
 
 
 # How a line says what became of the call, around who did it: "was answered by" bob

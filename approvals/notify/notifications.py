@@ -250,8 +250,9 @@ def notify_run_finished(*, run: Run) -> list[Notification]:
     else:
         outcome = "finished" if run.status == Run.Status.DONE else "failed"
     honest = run_outcome(run)
-    if not honest.clean:
-        # "Run 7 finished (Done, 1 declined)": the model's last reply may claim otherwise.
+    if not honest.plain:
+        # "Run 7 finished (Done, 1 declined)", "(Done, nothing changed)", "(Accepted by
+        # senior: not verified (T-1 is open))": the model's last reply may claim otherwise.
         outcome += f" ({honest.label})"
     # Receivers hear it in the same transaction (approvals.notify.webhooks).
     webhook_run_ended(run=run)

@@ -33,8 +33,11 @@ Events (``data`` has ``run`` and, for approval events, ``approval``; each with i
 - ``approval.expired``: it timed out with no decision: ``approval.status`` expired
   (declined by the timeout) or approved (by policy, ``approval.by_policy`` true);
 - ``run.finished``: a run ended done; ``run.failed``: it failed. Both, and a hand-over
-  below, carry ``data.outcome``: its label ("Done, 1 answered instead of run"), whether
-  it is clean, and ``not_done``: every call that did not take effect, with its status,
+  below, carry ``data.outcome``: its label ("Done, 1 answered instead of run", "Done,
+  nothing changed", "Accepted by senior: not verified (T-1 is open)"), whether it is
+  clean, whether a write took effect (``changed``; null unless it ended done), who
+  accepted a failed verification and why (``accepted``: by, reason, failed; else null),
+  and ``not_done``: every call that did not take effect, with its status,
   what became of it (``runs.outcome.NOT_DONE``: failed, refused, denied, declined, timed
   out, answered instead of run, never decided, never run, compensated, outcome unknown,
   previewed (dry run)), who and why;

@@ -434,9 +434,10 @@ def test_the_requester_is_told_what_was_declined_not_only_what_the_model_claims(
     assert run.status == "done"
     deliver()
     [email] = [m for m in inbox("requester@countersign.local") if "finished" in m.subject]
-    assert email.subject == f"[Countersign] Run {run.pk} finished (Done, 1 declined): {run.task[:120]}"
+    said = "Done, nothing changed, 1 declined"
+    assert email.subject == f"[Countersign] Run {run.pk} finished ({said}): {run.task[:120]}"
     for part in (email.body, html_of(email)):
-        assert "Outcome: Done, 1 declined" in part
+        assert "Outcome: Done, nothing changed, 1 declined" in part
         assert "refund_item" in part and "(order_id: A-1001, amount: ₹2,900.00, reason: Broken)" in part
         assert "declined by Reviewer: Already refunded last week" in part
         assert "The agent's final message (it may claim more than happened)" in part
@@ -445,12 +446,24 @@ def test_the_requester_is_told_what_was_declined_not_only_what_the_model_claims(
 
 
 def test_a_clean_run_says_plainly_that_it_finished(users):
-    run = start(READS_ONLY, requester=users["requester"])
+    small = script(
+        turn(("refund_item", {"order_id": "A-1001", "amount": 100, "reason": "Late"})),
+        {"text": "Refunded ₹100."},
+    )
+    run = start(small, requester=users["requester"])
     deliver()
     [email] = inbox("requester@countersign.local")
     assert email.subject == f"[Countersign] Run {run.pk} finished: {run.task[:120]}"
-    assert "The agent's last words:\nOrder A-1001 is fine." in email.body
+    assert "The agent's last words:\nRefunded ₹100." in email.body
     assert "Outcome:" not in email.body and "may claim more" not in html_of(email)
+
+
+def test_a_run_that_only_read_says_it_changed_nothing(users):
+    run = start(READS_ONLY, requester=users["requester"])
+    deliver()
+    [email] = inbox("requester@countersign.local")
+    assert email.subject == f"[Countersign] Run {run.pk} finished (Done, nothing changed): {run.task[:120]}"
+    assert "Outcome: Done, nothing changed" in email.body
 
 
 class RefusingLLM:

@@ -37,7 +37,11 @@ def test_a_second_refund_run_reads_as_failed_and_refused_not_as_verified(page, u
     run_advance_until_settled(again.pk)
     sign_in(page, "requester")
     page.goto(f"/runs/{again.pk}/")
-    expect(page.get_by_test_id("run-outcome")).to_have_text("Done, 1 failed, 2 refused")
+    # Accepted by a person, not verified, and nothing of it took effect: never "Done".
+    expect(page.get_by_test_id("run-outcome")).to_have_text(
+        "Accepted by reviewer: not verified (no email from this run to ada@example.com, and 1 more), "
+        "nothing changed, 1 failed, 2 refused"
+    )
     note = page.get_by_test_id("not-happened")
     expect(note).to_contain_text("refund_item ₹2,900.00 failed")
     expect(note).to_contain_text("send_email was refused by its stage")

@@ -81,5 +81,6 @@ def test_the_approval_page_says_the_caller_is_told_not_a_model(users, plain_refu
     run = external_session_open(user=users["requester"], agent_name="refund-desk", session="s-2")
     call = external_call_submit(run=run, tool_name="refund_item", tool_input=REFUND, key="r1")
     html = get_html(client_for(users["reviewer"]), f"/desk/approvals/{call.approval.pk}/")
-    assert "What the caller had been told and sent" in html and "the caller is told" in html
+    assert "What the caller had been told and sent" in html and "Message to the caller" in html
+    assert "never shown to the caller" in html
     assert "What the model saw" not in html

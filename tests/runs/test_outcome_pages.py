@@ -75,7 +75,8 @@ def test_a_declined_call_is_on_the_label_with_which_call(users):
 
 
 def test_a_denied_call_is_on_the_label(users):
-    assert run_outcome(refund_denied(users)).label == "Done, 1 denied"
+    # Its one write was denied: nothing changed, and the label says so.
+    assert run_outcome(refund_denied(users)).label == "Done, nothing changed, 1 denied"
 
 
 def test_compensated_calls_are_on_the_label_of_a_rolled_back_run(users):
@@ -91,7 +92,7 @@ def test_several_kinds_are_listed_in_one_label(users):
     run = refund_declined(users)
     ToolCall.objects.filter(run=run, tool_name="send_email").update(status="denied")
     ToolCall.objects.filter(run=run, tool_name="close_ticket").update(status="compensated")
-    assert run_outcome(run).label == "Done, 1 denied, 1 declined, 1 compensated"
+    assert run_outcome(run).label == "Done, nothing changed, 1 denied, 1 declined, 1 compensated"
     # The run page counts the calls its timeline loaded: the same outcome, no query.
     assert outcome_of_calls(run, list(ToolCall.objects.live().filter(run=run))) == run_outcome(run)
 
@@ -109,7 +110,11 @@ def test_outcomes_of_many_runs_take_one_query(users):
     with CaptureQueriesContext(connection) as queries:
         outcomes = run_outcomes(runs)
     assert len(queries) == 1
-    assert [outcomes[r.pk].label for r in runs] == ["Done, 1 declined", "Done", "Done, 1 denied"]
+    assert [outcomes[r.pk].label for r in runs] == [
+        "Done, 1 declined",
+        "Done",
+        "Done, nothing changed, 1 denied",
+    ]
 
 
 # --- what did not happen, said plainly ----------------------------------------------

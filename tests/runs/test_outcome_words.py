@@ -133,12 +133,13 @@ def test_every_call_status_has_its_outcome_word_and_every_surface_says_it(users,
     with transaction.atomic():
         notify_run_finished(run=run)
 
-    label = f"Done, 1 {word}" if word else "Done"
+    # Its one write did not take effect: nothing changed, and that is said too.
+    label = f"Done, nothing changed, 1 {word}" if word else "Done"
     assert run_outcome(run).label == label
     assert badge(get_html(client_for(users["requester"]), f"/runs/{run.pk}/")) == label
     assert f">{label}</span>" in get_html(client_for(users["admin"]), "/runs/")
     shown = runstatus(run)
-    assert (shown["label"], shown["clean"]) == (label, not word)
+    assert (shown["label"], shown["clean"], shown["changed"]) == (label, not word, not word)
     assert [(c["tool"], c["status"], c["what"]) for c in shown["not_done"]] == (
         [("refund_item", status, word)] if word else []
     )
@@ -161,7 +162,7 @@ def test_every_call_status_has_its_outcome_word_and_every_surface_says_it(users,
 def test_an_answered_refund_is_named_as_not_run_everywhere(users):
     run = answered(users)
     assert not Payment.objects.exists()
-    label = "Done, 1 answered instead of run"
+    label = "Done, nothing changed, 1 answered instead of run"
     assert run_outcome(run).label == label
 
     page = get_html(client_for(users["requester"]), f"/runs/{run.pk}/")
@@ -269,7 +270,7 @@ def test_a_call_that_timed_out_is_not_called_declined(users):
     run_advance_until_settled(run.pk)
     run.refresh_from_db()
     assert run.status == Run.Status.DONE
-    label = "Done, 1 timed out"
+    label = "Done, nothing changed, 1 timed out"
     assert run_outcome(run).label == label
     page = get_html(client_for(users["requester"]), f"/runs/{run.pk}/")
     assert badge(page) == label
@@ -292,7 +293,13 @@ def test_a_rewind_past_the_answer_leaves_it_as_history(users):
     assert run_outcome(run).label == "Done" and run_outcome_lines(run) == []
     page = get_html(client_for(users["requester"]), f"/runs/{run.pk}/")
     assert badge(page) == "Done" and 'data-testid="not-happened"' not in page
-    assert run_ended_payload(run)["outcome"] == {"label": "Done", "clean": True, "not_done": []}
+    assert run_ended_payload(run)["outcome"] == {
+        "label": "Done",
+        "clean": True,
+        "changed": True,
+        "accepted": None,
+        "not_done": [],
+    }
 
 
 def start_again(run: Run) -> Run:
@@ -311,7 +318,7 @@ def test_a_purged_run_still_names_its_answered_refund(users):
     run_command("purgeruns", "--older-than", "90d")
     run.refresh_from_db()
     assert run.purged_at is not None
-    label = "Done, 1 answered instead of run"
+    label = "Done, nothing changed, 1 answered instead of run"
     assert run_outcome(run).label == label
     page = get_html(client_for(users["requester"]), f"/runs/{run.pk}/")
     assert badge(page) == label

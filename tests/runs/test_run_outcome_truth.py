@@ -108,13 +108,21 @@ def test_it_does_not_verify_a_second_refund_run_with_the_first_runs_effects(user
     assert not refund["ok"] and "this run's refund did not happen" in refund["detail"]
 
 
+# The bullet of issue 33: accepted by a person though unverified, and nothing it did
+# took effect: never the plain "Done".
+ACCEPTED = (
+    "Accepted by reviewer: not verified (no email from this run to ada@example.com, and 1 more), "
+    "nothing changed, 1 failed, 2 refused"
+)
+
+
 def test_it_names_the_failed_refund_and_the_refused_calls_everywhere(users):
     run = accepted(second_refund_run(users), users["reviewer"])
     assert run.status == Run.Status.DONE
-    assert run_outcome(run).label == "Done, 1 failed, 2 refused"
+    assert run_outcome(run).label == ACCEPTED
 
     page = get_html(client_for(users["requester"]), f"/runs/{run.pk}/")
-    assert badge(page) == "Done, 1 failed, 2 refused"
+    assert badge(page) == ACCEPTED
     lines = [text_of(li) for li in re.findall(r'data-testid="not-happened-line">(.*?)</li>', page, re.S)]
     assert lines[0].startswith("refund_item ₹2,900.00 failed: “refund_item failed:")
     assert "exceeds the refundable 0.00" in lines[0]
@@ -123,11 +131,13 @@ def test_it_names_the_failed_refund_and_the_refused_calls_everywhere(users):
         f"close_ticket was refused by its stage : “{REFUSED_BY_STAGE}”.",
     ]
     listing = get_html(client_for(users["admin"]), "/runs/")
-    row = rf'href="/runs/{run.pk}/">{run.pk}</a></td>.*?>Done, 1 failed, 2 refused</span>'
+    row = rf'href="/runs/{run.pk}/">{run.pk}</a></td>.*?>{re.escape(ACCEPTED)}</span>'
     assert re.search(row, listing, re.S)
 
     outcome = json.loads(run_command("runstatus", str(run.pk), "--json"))["outcome"]
-    assert (outcome["label"], outcome["clean"]) == ("Done, 1 failed, 2 refused", False)
+    assert (outcome["label"], outcome["clean"], outcome["changed"]) == (ACCEPTED, False, False)
+    assert outcome["accepted"]["by"] == "reviewer"
+    assert outcome["accepted"]["reason"] == "Refunded by the earlier run."
     assert [(c["step"], c["tool"], c["status"], c["what"]) for c in outcome["not_done"]] == [
         (2, "refund_item", "failed", "failed"),
         (3, "send_email", "failed", "refused"),
@@ -137,19 +147,21 @@ def test_it_names_the_failed_refund_and_the_refused_calls_everywhere(users):
     assert outcome["not_done"][1]["reason"] == REFUSED_BY_STAGE
     assert outcome["not_done"][0]["input"]["amount"] == 2900
     text = run_command("runstatus", str(run.pk))
-    assert "outcome: Done, 1 failed, 2 refused" in text
+    assert f"outcome: {ACCEPTED}" in text
+    assert "reviewer's reason: Refunded by the earlier run." in text
     assert f"step 3: send_email refused (by its stage): {REFUSED_BY_STAGE}" in text
 
     email, html = finished_email(run)
     claim = "Refunded ₹2,900.00 for order A-1001"
     for part in (email.body, text_of(html)):
         assert "finished." not in part and "1 failed, 2 refused" in part
+        assert "reviewer's reason: Refunded by the earlier run." in part
         assert "refund_item" in part and "exceeds the refundable 0.00" in part
         assert "send_email" in part and REFUSED_BY_STAGE in part
         assert part.index("exceeds the refundable") < part.index(claim)
 
     hook = run_finished_payload(run)
-    assert (hook["outcome"]["label"], hook["outcome"]["clean"]) == ("Done, 1 failed, 2 refused", False)
+    assert hook["outcome"] == outcome
     assert [c["tool"] for c in hook["outcome"]["not_done"]] == ["refund_item", "send_email", "close_ticket"]
 
 
@@ -189,8 +201,9 @@ def test_a_clean_demo_run_still_verifies_green_with_checks_it_earned(users):
     ]  # the requirement and close_ticket's own check both found T-1 closed: said once
     assert shown.earned[0]["detail"] == "T-1 is closed (closed by this run)"
     outcome = json.loads(run_command("runstatus", str(run.pk), "--json"))["outcome"]
-    assert outcome == {"label": "Done", "clean": True, "not_done": []}
-    assert run_finished_payload(run)["outcome"] == {"label": "Done", "clean": True, "not_done": []}
+    clean = {"label": "Done", "clean": True, "changed": True, "accepted": None, "not_done": []}
+    assert outcome == clean
+    assert run_finished_payload(run)["outcome"] == clean
     email, _ = finished_email(run)
     assert f"Your run {run.pk} (refund-desk) finished." in email.body and "Outcome:" not in email.body
 
@@ -215,9 +228,16 @@ def test_a_declined_refund_is_settled_and_counted_as_declined_only(users):
 def test_calls_a_rewind_superseded_are_not_counted(users):
     run = accepted(second_refund_run(users), users["reviewer"])
     ToolCall.objects.filter(run=run, status="failed").update(superseded_at=timezone.now())
-    assert run_outcome(run).label == "Done" and run_outcome_lines(run) == []
+    # Still accepted unverified, and still nothing changed: only the calls are history.
+    label = "Accepted by reviewer: not verified (no email from this run to ada@example.com, and 1 more), "
+    assert run_outcome(run).label == label + "nothing changed" and run_outcome_lines(run) == []
     outcome = json.loads(run_command("runstatus", str(run.pk), "--json"))["outcome"]
-    assert outcome == {"label": "Done", "clean": True, "not_done": []}
+    assert (outcome["label"], outcome["clean"], outcome["changed"], outcome["not_done"]) == (
+        label + "nothing changed",
+        False,
+        False,
+        [],
+    )
 
 
 @pytest.mark.usefixtures("plain_refund_desk")

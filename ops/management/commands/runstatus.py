@@ -84,8 +84,10 @@ class Command(BaseCommand):
             self.stdout.write(f"  {run.get_kind_display()}, session {run.session}")
         if data["retention"]:
             self.stdout.write(f"  {data['retention']}")
-        if not outcome.clean:
+        if not outcome.plain:
             self.stdout.write(f"  outcome: {outcome.label}")
+            if outcome.accepted:
+                self.stdout.write(f"    {outcome.accepted.by}'s reason: {outcome.accepted.reason}")
             for line in not_done:
                 self.stdout.write(f"    step {line.call.step}: {line.sentence}")
         self.stdout.write(f"  usage: {run.input_tokens} in / {run.output_tokens} out tokens, ${run.cost}")

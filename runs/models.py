@@ -238,6 +238,14 @@ class Run(SealedRow):
         """An external or gateway session: its "model" is a caller somewhere else."""
         return self.kind != RunKind.AGENT
 
+    @property
+    def model_shown(self) -> str:
+        """The model as people name it: "demo model" (the agent's offline one),
+        "scripted scenario" (a scenario file replayed), "Anthropic claude-..."."""
+        if self.llm == self.LLMKind.ANTHROPIC:
+            return f"Anthropic {self.model}" if self.model else "Anthropic (model not recorded)"
+        return "scripted scenario" if self.script else "demo model"
+
 
 FINISHED_RUN_STATUSES = frozenset(
     {

@@ -107,7 +107,7 @@ QUEUE_RELATIONS = (
     "outcome_call",
     "run",
     "run__requester",
-    "rule",
+    "rule__required_group",
     "claimed_by",
     "proposal__proposed_by",
 )

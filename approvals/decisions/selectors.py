@@ -45,7 +45,7 @@ APPROVAL_PAGE_RELATIONS = (
     "outcome_call",
     "run",
     "run__requester",
-    "rule",
+    "rule__required_group",
     "decided_by",
     "claimed_by",
     "proposal__proposed_by",

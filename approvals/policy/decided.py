@@ -172,24 +172,69 @@ def _first_rule_label(approval: ApprovalRequest) -> str:
     return first.rule_label if first is not None else ""
 
 
+# What decides an approval: a change of any of these is "rule since changed". The
+# rest of a rule (its SLA, expiry, timeout effect, name) changes how it is handled,
+# not what was asked: said as such ("rule since v2: SLA now 60 min (was none);
+# terms unchanged"), never as a changed rule.
+DECIDING_TERMS = (
+    "tool",
+    "condition",
+    "effect",
+    "required_group",
+    "approvers_required",
+    "allow_self_approval",
+    "aggregate",
+    "scope",
+    "scope_fact",
+    "window_minutes",
+)
+
+
+def _minutes(value) -> str:
+    return f"{value} min" if value else "none"
+
+
+def _handling_changes(live, snapshot: dict) -> list[str]:
+    """What changed besides the deciding terms, in words: "SLA now 60 min (was none)"."""
+    said = []
+    for key, what in (("sla_minutes", "SLA"), ("ttl_minutes", "expiry")):
+        if key in snapshot and getattr(live, key) != snapshot[key]:
+            said.append(f"{what} now {_minutes(getattr(live, key))} (was {_minutes(snapshot[key])})")
+    if "timeout_effect" in snapshot and live.timeout_effect != snapshot["timeout_effect"]:
+        said.append(
+            f"on timeout now {live.timeout_effect or 'nothing'}"
+            f" (was {snapshot['timeout_effect'] or 'nothing'})"
+        )
+    if "name" in snapshot and live.name != snapshot["name"]:
+        said.append(f"renamed “{live.name}”")
+    return said
+
+
 def _changed_since(approval: ApprovalRequest, *, version, snapshot: dict | None) -> str:
-    """One line when the live rule is not the one recorded (its version, or its terms
-    changed without a new version), disabled, shadow-only or deleted; else ""."""
+    """One line when the live rule is not the one recorded: its deciding terms changed
+    ("rule since changed"), only its handling did (SLA, expiry: "rule since v2: ...;
+    terms unchanged"), or it was disabled, made shadow-only or deleted; else ""."""
     if approval.rule_id is None:
         return "rule since deleted"
     live = approval.rule
-    differs = live.version != version
-    if snapshot is not None:
-        differs |= live.condition != snapshot.get("condition") or live.effect != snapshot.get("effect")
+    condition = money_reason(live.condition)
     if not live.enabled:
-        what = "rule since disabled"
-    elif live.mode != RuleMode.LIVE:
-        what = "rule since made shadow-only"
-    elif differs:
-        what = "rule since changed"
-    else:
-        return ""
-    return f"{what}: v{live.version}, {money_reason(live.condition)}"
+        return f"rule since disabled: v{live.version}, {condition}"
+    if live.mode != RuleMode.LIVE:
+        return f"rule since made shadow-only: v{live.version}, {condition}"
+    if snapshot is None:  # an old row: its version is all there is to compare
+        return f"rule since changed: v{live.version}, {condition}" if live.version != version else ""
+    now = live.snapshot()
+    if any(key in snapshot and now[key] != snapshot[key] for key in DECIDING_TERMS) or (
+        now["condition"] != snapshot.get("condition") or now["effect"] != snapshot.get("effect")
+    ):
+        return f"rule since changed: v{live.version}, {condition}"
+    handling = _handling_changes(live, snapshot)
+    if handling:
+        return f"rule since v{live.version}: {'; '.join(handling)}; terms unchanged"
+    if live.version != version:
+        return f"rule since v{live.version}: terms unchanged"
+    return ""
 
 
 def rule_as_decided(approval: ApprovalRequest) -> DecidedRule | None:

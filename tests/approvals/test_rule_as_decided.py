@@ -348,3 +348,41 @@ def test_an_irreversible_call_allowed_by_a_rule_still_records_the_rules_that_mat
         ("Scratch deletes (v1)", 3, True),
         ("Every delete (v1)", 1, False),
     ]
+
+
+# --- what changed: the terms, or only how the approval is handled (issue 33, item 9) -----
+def test_an_sla_given_since_is_said_as_such_not_as_a_changed_rule(users):
+    approval = refund_2900(users)
+    rule = GateRule.objects.get(name=OVER_500)
+    rule.sla_minutes = 60
+    rule.save()  # a new version (v2), its condition, effect and group as they were
+    decided = rule_as_decided(ApprovalRequest.objects.get(pk=approval.pk))
+    assert decided.changed_since == "rule since v2: SLA now 60 min (was none); terms unchanged"
+    assert "rule since changed" not in page_of(users, approval)
+
+
+def test_a_group_or_quorum_changed_since_is_a_changed_rule(users):
+    from django.contrib.auth.models import Group
+
+    approval = refund_2900(users)
+    rule = GateRule.objects.get(name=OVER_500)
+    rule.required_group = Group.objects.get_or_create(name="senior-reviewers")[0]
+    rule.save()
+    decided = rule_as_decided(ApprovalRequest.objects.get(pk=approval.pk))
+    assert decided.changed_since == "rule since changed: v2, amount > ₹500.00"
+    rule.required_group = None
+    rule.approvers_required = 2
+    rule.save()
+    decided = rule_as_decided(ApprovalRequest.objects.get(pk=approval.pk))
+    assert decided.changed_since == "rule since changed: v3, amount > ₹500.00"
+
+
+def test_a_change_and_back_again_reads_as_unchanged_terms(users):
+    approval = refund_2900(users)
+    rule = GateRule.objects.get(name=OVER_500)
+    rule.value = "3000"
+    rule.save()
+    rule.value = "500"
+    rule.save()
+    decided = rule_as_decided(ApprovalRequest.objects.get(pk=approval.pk))
+    assert decided.changed_since == "rule since v3: terms unchanged"

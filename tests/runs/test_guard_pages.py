@@ -154,7 +154,7 @@ def test_the_run_page_shows_the_version_model_budget_and_stages(users, ceiling):
     run.refresh_from_db()
     page = get_html(client_for(users["requester"]), f"/runs/{run.pk}/")
     assert 'data-testid="agent-version" ' in page and f">{run.agent_version}</code>" in page
-    assert f'<code data-testid="run-model">{run.model}</code>' in page
+    assert '<dd data-testid="run-model">demo model</dd>' in page
     assert 'data-testid="run-stage">paying-out<' in page
     steps_text = re.sub(r"\s+", " ", page)
     assert 'data-testid="budget-steps"' in page and f"{run.step} / 20" in steps_text
@@ -438,3 +438,26 @@ def test_the_hand_over_note_is_escaped_and_bounded(users):
     response = client.post(f"/runs/{run.pk}/hand-over", {"note": EVIL}, follow=True)
     page = response.content.decode()
     assert ESCAPED in page and EVIL not in page
+
+
+def test_the_run_page_names_the_model_as_people_would(users, settings):
+    """ "demo model", "scripted scenario", "Anthropic claude-...": never "scripted Scripted"."""
+    demo = start(None, requester=users["requester"])
+    scenario = start(script(turn(text="Nothing to do.")), requester=users["requester"])
+    anthropic = Run.objects.create(
+        agent=demo.agent,
+        agent_version=demo.agent_version,
+        task="t",
+        requester=users["requester"],
+        llm=Run.LLMKind.ANTHROPIC,
+        model="claude-sonnet-4-5",
+        status=Run.Status.CANCELLED,
+    )
+    shown = {
+        run.pk: get_html(client_for(users["requester"]), f"/runs/{run.pk}/")
+        for run in (demo, scenario, anthropic)
+    }
+    assert '<dd data-testid="run-model">demo model</dd>' in shown[demo.pk]
+    assert '<dd data-testid="run-model">scripted scenario</dd>' in shown[scenario.pk]
+    assert '<dd data-testid="run-model">Anthropic claude-sonnet-4-5</dd>' in shown[anthropic.pk]
+    assert all("Scripted" not in page for page in shown.values())

@@ -67,9 +67,11 @@ class RunRecord:
 @dataclass(frozen=True)
 class ReviewContext:
     """What a tool's ``context`` and ``warnings`` know of the call a person reviews:
-    its run, the run's task parameters (``Run.params``: the task's order id) and the
-    call, if it is saved yet."""
+    its run, the run's task parameters (``Run.params``: the task's order id), the
+    call, if it is saved yet, and the run's task as its requester wrote it (so a
+    warning can hold a call to what the person asked, whatever model proposed it)."""
 
     run_id: int
     params: dict
     call_id: int | None = None
+    task: str = ""

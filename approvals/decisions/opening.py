@@ -153,7 +153,10 @@ def proposal_record(
     warnings = []
     if spec is not None:
         review = ReviewContext(
-            run_id=approval.run_id, params=approval.run.params or {}, call_id=approval.tool_call_id
+            run_id=approval.run_id,
+            params=approval.run.params or {},
+            call_id=approval.tool_call_id,
+            task=str(approval.run.task or ""),
         )
         warnings = spec.reviewer_notes(review, tool_input)[1]
         # And what it repeats that is not made yet (waiting, approved and not yet run).

@@ -470,7 +470,12 @@ def call_notes(approval: ApprovalRequest) -> tuple[list[tuple[str, str]], list[s
     if spec is None:
         return [], []
     shown = approval.proposal.input if approval.proposal_id else call.input
-    review = ReviewContext(run_id=approval.run_id, params=approval.run.params or {}, call_id=call.pk)
+    review = ReviewContext(
+        run_id=approval.run_id,
+        params=approval.run.params or {},
+        call_id=call.pk,
+        task=str(approval.run.task or ""),
+    )
     return spec.reviewer_notes(review, shown)
 
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 
 from approvals.decisions.decision import Decision
+from approvals.models import ApprovalRequest
 from runs.engine.loop import llm_for_run
 from runs.llm import DemoLLM
 from runs.models import Run, ToolCall
-from tests.helpers import approve_all, decide_and_advance, pending, start
+from tests.helpers import approve_all, decide_and_advance, pending, script, start, turn
 from tools.models import OutboxEmail, Payment
 from tools.refund_desk.agent import DEMO_TASK
 
@@ -128,3 +129,21 @@ def test_the_same_task_makes_the_same_calls(users):
     assert list(first.messages.order_by("seq").values_list("content", flat=True)) == list(
         second.messages.order_by("seq").values_list("content", flat=True)
     )
+
+
+def test_a_task_that_says_not_to_refund_ends_with_no_refund_proposed(users):
+    run = start(task="Do NOT refund anything on A-1003", requester=users["requester"])
+    assert [name for name, _ in calls(run)] == ["get_order", "get_policy"]
+    assert not Payment.objects.exists() and not ApprovalRequest.objects.filter(kind="call").exists()
+    assert 'the task says not to refund ("Do NOT refund anything on A-1003")' in final_text(run)
+
+
+def test_a_model_that_refunds_against_its_task_is_flagged_to_the_reviewer(users):
+    # Any model may ignore the task's "do not": the reviewer is told, from the task itself.
+    scenario = script(
+        turn(("get_order", {"order_id": "A-1003"}), ("get_policy", {})),
+        turn(("refund_item", {"order_id": "A-1003", "amount": 11600, "reason": "Keyboard faulty"})),
+    )
+    run = start(scenario, task="Do NOT refund anything on A-1003", requester=users["requester"])
+    approval = ApprovalRequest.objects.get(run=run, kind="call", status="pending")
+    assert 'The task says not to refund: "Do NOT refund anything on A-1003"' in approval.proposal.warnings

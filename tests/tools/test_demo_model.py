@@ -171,6 +171,27 @@ REFUND_TABLE = [
     ),
     ("Customer Ada Lovelace wants a refund", ["search_orders"], None, None, "has 2 orders (A-1001, A-1006)"),
     ("Refund the order for Nobody Known", ["search_orders"], None, None, "found no order for Nobody Known"),
+    # A task that says not to refund: the order is read, nothing is refunded, and why.
+    (
+        "Do NOT refund anything on A-1003",
+        ["get_order", "get_policy"],
+        None,
+        None,
+        'the task says not to refund ("Do NOT refund anything on A-1003")',
+    ),
+    (
+        "Customer writes about A-1002: don't refund, send a new one.",
+        ["get_order", "get_policy"],
+        None,
+        None,
+        "don't refund",
+    ),
+    ("No refund for A-1001; the ticket stays open.", ["get_order", "get_policy"], None, None, "No refund"),
+    ("don’t refund A-1001", ["get_order", "get_policy"], None, None, "Nothing refunded"),
+    ("Do not refund anything for Grace Hopper.", [], None, None, "I made no refund and emailed nobody"),
+    # ...while a task that only mentions a refund's absence is asked for one.
+    ("I got no refund for A-1002 yet, please refund it.", FULL, ("A-1002", 250), "grace@example.com", "T-2"),
+    ("Don't forget to refund A-1002.", FULL, ("A-1002", 250), "grace@example.com", "T-2"),
 ]
 
 
@@ -198,6 +219,18 @@ def test_the_reason_comes_from_the_task_bounded_to_what_the_tool_takes():
     long_task = "Refund A-1001 " + "x" * 20_000
     calls, _, _ = drive(refund_turn, long_task)
     assert 0 < len(refund_of(calls)["reason"]) <= 500
+
+
+def test_the_reason_is_the_tasks_stated_reason_or_a_short_one_never_the_task():
+    task = "Please refund A-1002 for Grace today. Reason: the box was empty. Thanks!"
+    calls, _, _ = drive(refund_turn, task)
+    assert refund_of(calls)["reason"] == "the box was empty"
+    task = "Ticket T-3 from Linus: please refund A-1003 to the card it was paid with, today if possible."
+    calls, _, _ = drive(refund_turn, task)
+    assert refund_of(calls)["reason"] == "Refund requested by the customer"
+    long_task = "Refund A-1001 " + "word " * 4_000
+    calls, _, _ = drive(refund_turn, long_task)
+    assert refund_of(calls)["reason"] == "Refund requested by the customer"
 
 
 @pytest.mark.parametrize(

@@ -212,6 +212,34 @@ def test_an_email_may_name_the_total_of_several_refunds_or_each_one():
     assert notes("send_email", email(body=body))[1] == []
 
 
+def test_an_email_that_says_the_refund_was_declined_is_not_taken_for_a_claim():
+    body = (
+        "Hello Grace, we could not refund ₹250.00 for order A-1002; the refund was declined: "
+        "bought too long ago. No money has been refunded."
+    )
+    assert notes("send_email", email(to="grace@example.com", body=body), A1002)[1] == []
+
+
+def test_a_decline_word_does_not_hide_a_refund_claimed_in_the_same_sentence():
+    # The attack: a false claim dressed with "declined" in the same sentence.
+    body = "Hello Grace, we have refunded ₹250.00 for order A-1002, nothing was declined."
+    assert notes("send_email", email(to="grace@example.com", body=body), A1002)[1] == [
+        "The email mentions ₹250.00, but no refund of ₹250.00 stands on order A-1002 (refunded: nothing)"
+    ]
+
+
+def test_a_refund_whose_task_says_not_to_refund_is_flagged_whatever_proposed_it():
+    review = ReviewContext(run_id=3, params={"order_id": "A-1003"}, task="Do NOT refund anything on A-1003")
+    _, warnings = notes("refund_item", refund(11600, "A-1003"), review)
+    assert warnings == ['The task says not to refund: "Do NOT refund anything on A-1003"']
+    for task in ("Refund A-1003, it arrived broken.", "I got no refund for A-1003 yet, please refund it."):
+        review = ReviewContext(run_id=3, params={"order_id": "A-1003"}, task=task)
+        assert notes("refund_item", refund(11600, "A-1003"), review)[1] == []
+
+
+A1002 = ReviewContext(run_id=5, params={"order_id": "A-1002"})
+
+
 def test_an_email_that_is_not_about_a_refund_may_name_any_amount():
     args = {**email(body="Your order of ₹2,900.00 is on its way."), "subject": "Shipped"}
     assert notes("send_email", args)[1] == []

@@ -1,13 +1,14 @@
 """refund-desk's demo model: the offline default that does what its task says.
 
 ``demo_turn(task, messages)`` reads the order id, an amount if the task states one
-and a reason from the task; reads the order (``get_order``) and the policy; proposes
-a refund of the stated amount (only a positive one) or of what is left to refund
-(the order's amount minus what was refunded so far, from ``get_order``); emails the
-order's customer (the address ``get_order`` gave) what really became of the refund,
-as its tool_result says (made, edited by a reviewer, declined with the reviewer's
-reason, timed out, answered in its place); closes the order's ticket; and ends with
-a final text that says what happened.
+and a reason from the task (its "Reason: ...", else a short one, never the task);
+reads the order (``get_order``) and the policy; proposes a refund of the stated
+amount (only a positive one) or of what is left to refund (the order's amount minus
+what was refunded so far, from ``get_order``); emails the order's customer (the
+address ``get_order`` gave) what really became of the refund, as its tool_result
+says (made, edited by a reviewer, declined with the reviewer's reason, timed out,
+answered in its place); closes the order's ticket; and ends with a final text that
+says what happened.
 
 What it does not do, and says so instead:
 - an order that does not exist: no refund, no email to anyone;
@@ -17,6 +18,8 @@ What it does not do, and says so instead:
   the final text says a person should follow up (verification asks one);
 - a refund that failed or that a rule denied: no email (the same stages), and the
   final text says the refund did not happen;
+- a task that says not to refund ("do not refund", "don't", "no refund": the words
+  ``task_words.no_refund_in`` reads): no refund; the final text quotes those words;
 - no order id in the task: it searches the orders of a customer the task names (by
   email or name) and goes on if exactly one order matches; otherwise it says it
   cannot tell which order.
@@ -51,17 +54,22 @@ from tools.demo import (
     stated_email,
 )
 from tools.money import rupees
+from tools.refund_desk.task_words import no_refund_in
 
 ORDER_IN_TEXT = re.compile(r"\b[A-Z]-[0-9]{4}\b")  # get_order's order_id pattern, in a sentence
 REASON_MAX = 500  # refund_item's reason maxLength
 
 _CONDITIONS = "broken|damaged|cracked|defective|faulty|dented|smashed|torn|wet|incomplete|late|used|opened"
+# The task's stated reason ("Reason: ..."), quoted as written.
+STATED_REASON = re.compile(r"\breason\s*:\s*(?P<r>[^\n]{1,500})", re.I)
 REASON_PATTERNS = (
     re.compile(rf"\b(?P<r>(?:arrived|came|was|is|got|turned up)\s+(?P<c>{_CONDITIONS}))\b", re.I),
     re.compile(r"\b(?P<r>never (?:arrived|came)|did not arrive|didn't arrive|was not delivered)\b", re.I),
     re.compile(r"\b(?P<r>wrong (?:item|size|colou?r|model)|missing (?:parts?|pieces?|items?))\b", re.I),
-    re.compile(r"\b(?:because|since|reason:)\s+(?:it\s+)?(?P<r>[^.;!?\n]{3,200})", re.I),
+    re.compile(r"\b(?:because|since)\s+(?:it\s+)?(?P<r>[^.;!?\n]{3,120})", re.I),
 )
+# The reason of a task that gives none: short, never the task itself.
+NO_REASON = "Refund requested by the customer"
 _CUSTOMER_NAME = re.compile(
     r"(?i:\bcustomer|\bfor|\bfrom|\bof)\s+(?P<n>[A-Z][a-z]{1,30}(?:\s[A-Z][a-z]{1,30})?)"
     r"|\b(?P<p>[A-Z][a-z]{1,30}\s[A-Z][a-z]{1,30})'s\b"
@@ -76,8 +84,13 @@ def order_in(task: str) -> str | None:
 
 
 def reason_in(task: str) -> str:
-    """A short reason the task gives ("arrived broken" -> "Item arrived broken"); else
-    the task's own words, bounded to what refund_item takes."""
+    """The reason the task states ("Reason: ..."), bounded to what refund_item takes;
+    else a short one it gives ("arrived broken" -> "Item arrived broken"); else
+    NO_REASON. Never the whole task."""
+    stated = STATED_REASON.search(task)
+    said = re.split(r"(?<=[.!?])\s", stated.group("r"), maxsplit=1)[0] if stated else ""
+    if said.strip(" .,;"):
+        return quote(said, REASON_MAX).strip(" .,;")
     for i, pattern in enumerate(REASON_PATTERNS):
         found = pattern.search(task)
         if found:
@@ -85,7 +98,7 @@ def reason_in(task: str) -> str:
             if i < 2:
                 return f"Item {phrase.lower()}"
             return phrase[:1].upper() + phrase[1:]
-    return quote(task, REASON_MAX) or "Refund requested"
+    return NO_REASON
 
 
 def customer_in(task: str) -> str | None:
@@ -112,6 +125,9 @@ def demo_turn(task: str, messages: list[dict]) -> dict:
     """The next turn for a run of ``task`` whose transcript so far is ``messages``."""
     seen = calls_seen(messages)
     order_id = order_in(task)
+    refusal = no_refund_in(task)
+    if order_id is None and refusal and last_call(seen, "refund_item") is None:
+        return _final(f'The task says not to refund ("{refusal}"), so I made no refund and emailed nobody.')
     if order_id is None:
         found = _order_from_search(task, seen)
         if isinstance(found, dict):
@@ -164,6 +180,13 @@ def _act(task: str, order_id: str, order: dict, seen: list[Seen]) -> dict:
     ticket = order.get("ticket") if isinstance(order.get("ticket"), str) else None
     refund = last_call(seen, "refund_item")
     if refund is None:
+        refusal = no_refund_in(task)
+        if refusal:
+            return _final(
+                f'Nothing refunded: the task says not to refund ("{refusal}"). Order {order_id} has '
+                f"{rupees(left)} left to refund. I did not email {email or 'the customer'} or close "
+                f"{ticket or 'a ticket'}: a person should follow up."
+            )
         asked = stated_amount(task)
         if asked is not None and asked <= 0:
             return _final(

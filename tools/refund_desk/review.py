@@ -15,6 +15,7 @@ from tools.keyed import (
 )
 from tools.models import Customer, Order, Payment, WorldUser
 from tools.money import rupees
+from tools.refund_desk.task_words import no_refund_in
 from tools.registry import (
     ReviewContext,
     ToolError,
@@ -26,6 +27,20 @@ from tools.registry import (
 # made it. Not counted: they are the desk's reads, not the agent's.
 AMOUNT_IN_TEXT = re.compile(r"(?:₹|\bRs\.?|\bINR)\s*([0-9][0-9,]*(?:\.[0-9]{1,2})?)", re.IGNORECASE)
 MENTIONS_REFUND = re.compile(r"refund", re.IGNORECASE)
+# A sentence that says a refund did not happen: its amount is no claim of a refund.
+NOT_REFUNDED = re.compile(
+    r"\b(?:declined|refused|rejected|denied|not (?:been )?(?:refunded|made|approved|processed|issued)|"
+    r"(?:could|can|did|will|would)\s*(?:not|n't|n’t) (?:be )?(?:refund|issue|make|process|approve)|cannot|"
+    r"unable to|no money|nothing (?:was|has been) refunded|did not go through)\b",
+    re.IGNORECASE,
+)
+# ...unless it also says a refund was made ("we refunded ₹2,900.00, nothing declined").
+CLAIMS_REFUND = re.compile(
+    r"\b(?:we|we've|i|i've)\s+(?:have\s+|has\s+)?(?:now\s+|just\s+|already\s+)?refunded\b|"
+    r"\brefunded\s+(?:you\s+)?(?:₹|rs\b|inr\b)",
+    re.IGNORECASE,
+)
+SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|\n+")
 
 
 def _order_for_review(order_id) -> Order | None:
@@ -90,9 +105,13 @@ def refund_context(review: ReviewContext, args: dict) -> list[tuple[str, str]]:
 
 
 def refund_warnings(review: ReviewContext, args: dict) -> list[str]:
-    """Another order than the task's; no such order; a repeat of a refund that stands (in
-    any run); more than the order in all (a refund split in pieces)."""
+    """A task that says not to refund; another order than the task's; no such order; a
+    repeat of a refund that stands (in any run); more than the order in all (a refund
+    split in pieces)."""
     warnings = []
+    refusal = no_refund_in(review.task)
+    if refusal:
+        warnings.append(f'The task says not to refund: "{refusal}"')
     order_id = args.get("order_id")
     task_order = _task_order_id(review)
     if task_order and order_id != task_order:
@@ -132,6 +151,16 @@ def _amounts_in(text: str) -> list[Decimal]:
     return list(dict.fromkeys(found))
 
 
+def _amounts_claimed(text: str) -> list[Decimal]:
+    """The amounts a text says were refunded: those of its sentences that do not say
+    the refund was declined or not made ("we could not refund ₹250.00")."""
+    found = []
+    for sentence in SENTENCE_END.split(text):
+        if CLAIMS_REFUND.search(sentence) or not NOT_REFUNDED.search(sentence):
+            found += _amounts_in(sentence)
+    return list(dict.fromkeys(found))
+
+
 def email_context(review: ReviewContext, args: dict) -> list[tuple[str, str]]:
     """Who the task's customer is and what was refunded on the task's order."""
     order = _order_for_review(_task_order_id(review))
@@ -164,7 +193,7 @@ def email_warnings(review: ReviewContext, args: dict) -> list[str]:
             f"the customer of the task's order {order.order_id}"
         )
     text = f"{args.get('subject', '')}\n{args.get('body', '')}"
-    mentioned = _amounts_in(text) if MENTIONS_REFUND.search(text) else []
+    mentioned = _amounts_claimed(text) if MENTIONS_REFUND.search(text) else []
     if mentioned:
         refunds = _standing_refunds(order=order)
         made = {r["amount"] for r in refunds} | {_total(refunds)}

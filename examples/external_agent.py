@@ -1,7 +1,7 @@
 """An agent that runs elsewhere and puts its tool calls behind Countersign.
 
 Plain HTTP with the standard library only (urllib): copy it into any project. It plays
-refund-desk's customer-support session for order A-1001 against the desk's JSON API:
+refund-desk's customer-support session for order A-1003 against the desk's JSON API:
 
     python examples/external_agent.py --base-url http://127.0.0.1:8000 --token cs_... [--session NAME]
 
@@ -34,18 +34,18 @@ PATIENCE_SECONDS = 15 * 60
 # The session, in the order refund-desk's stages allow: read the order and the
 # policy, refund, tell the customer, close the ticket.
 CALLS = [
-    ("get_order", {"order_id": "A-1001"}),
+    ("get_order", {"order_id": "A-1003"}),
     ("get_policy", {}),
-    ("refund_item", {"order_id": "A-1001", "amount": 2900, "reason": "The teapot arrived broken."}),
+    ("refund_item", {"order_id": "A-1003", "amount": 1500, "reason": "Three keys stopped working."}),
     (
         "send_email",
         {
-            "to": "ada@example.com",
-            "subject": "Your refund for order A-1001",
-            "body": "We have refunded ₹2,900.00 for the broken teapot. Sorry for the trouble.",
+            "to": "linus@example.com",
+            "subject": "Your refund for order A-1003",
+            "body": "We have refunded ₹1,500.00 for the keys that stopped working. Sorry for the trouble.",
         },
     ),
-    ("close_ticket", {"ticket_id": "T-1"}),
+    ("close_ticket", {"ticket_id": "T-3"}),
 ]
 
 

@@ -10,7 +10,7 @@ calls them; every call goes through the desk as a call of a ``gateway`` session
   earlier call is resolved gets a new key (a counter suffix): reading again later
   reads the world again. A write never does: sending it again collects the first
   call's result.
-- An allowed call has run by the time ``external_call_submit`` returns (the loop ran
+- An allowed call has run by the time ``external_session_take`` returns (the loop ran
   it in this process); its result is the tool's content, as the model of an agent
   run would have seen it (``runs.history.tool_result_block``).
 - A call that needs a person waits here, polling the database, while the client is
@@ -51,9 +51,9 @@ from approvals.models import ApprovalRequest
 from runs.external import (
     ExternalCallError,
     SessionWaiting,
-    external_call_submit,
     external_call_wait,
     external_session_open,
+    external_session_take,
     tool_use_id_for,
 )
 from runs.history import tool_result_block
@@ -218,12 +218,18 @@ def gateway_call(
             f"User {gateway.user.get_username()} is inactive: the desk takes no calls for them."
         )
     try:
-        run = gateway.open()
-        agent = get_agent(run.agent)
+        agent = get_agent(gateway.open().agent)
         name = exposed_names(agent).get(tool_name, tool_name)
-        call = external_call_submit(
-            run=run, tool_name=name, tool_input=tool_input, key=call_key(run, name, tool_input)
-        )
+        # (A session the desk closed for idleness: this call opens a new one.)
+        call = external_session_take(
+            user=gateway.user,
+            agent_name=agent.name,
+            session=gateway.session,
+            kind=Run.Kind.GATEWAY,
+            tool_name=name,
+            tool_input=tool_input,
+            key=lambda run: call_key(run, name, tool_input),
+        ).call
     except SessionWaiting as exc:
         return waiting_error(exc, get_agent(gateway.agent_name))
     except ExternalCallError as exc:

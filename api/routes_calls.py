@@ -22,10 +22,9 @@ from runs.external import (
     SESSION_PATTERN,
     SessionWaiting,
     external_call_check,
-    external_call_take,
     external_call_wait,
     external_session_end,
-    external_session_open,
+    external_session_take,
 )
 from runs.models import CallStatus, Run, ToolCall
 from runs.selectors import runs_visible_to
@@ -185,7 +184,8 @@ def _call_for(user, call_id: int) -> ToolCall:
     summary="Ask whether a tool call may run",
 )
 def call_submit(request, payload: CallIn):
-    """Opens the session on its first call. 201 for a new call; 200 with the first
+    """Opens the session on its first call (and again after the desk closed it for
+    idleness, DESK_SESSION_IDLE_SECONDS). 201 for a new call; 200 with the first
     answer when the key was sent before. A pending call: long-poll ``GET /calls/{id}``.
     Refusals: 400 bad_call (a malformed session name or key), 404 unknown_agent,
     422 unknown_tool / invalid_input, 409 key_reused (the key named other arguments),
@@ -193,12 +193,16 @@ def call_submit(request, payload: CallIn):
     503 session_busy (send it again)."""
     # Checked first: a refused first call leaves no empty session behind.
     external_call_check(agent_name=payload.agent, tool_name=payload.tool, tool_input=payload.input)
-    run = external_session_open(
-        user=request.auth, agent_name=payload.agent, session=payload.session, kind=Run.Kind.EXTERNAL
-    )
     try:
-        submitted = external_call_take(
-            run=run, tool_name=payload.tool, tool_input=payload.input, key=payload.idempotency_key
+        # A session the desk closed for idleness: this call opens a new one.
+        submitted = external_session_take(
+            user=request.auth,
+            agent_name=payload.agent,
+            session=payload.session,
+            kind=Run.Kind.EXTERNAL,
+            tool_name=payload.tool,
+            tool_input=payload.input,
+            key=payload.idempotency_key,
         )
     except SessionWaiting as exc:
         raise _waiting(exc) from None

@@ -416,6 +416,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "approvals.tasks.sweep_webhooks",
         "schedule": float(env_int("DESK_WEBHOOK_SWEEP_SECONDS", 30)),
     },
+    # External and MCP sessions no call reached for DESK_SESSION_IDLE_SECONDS.
+    "close-idle-sessions": {
+        "task": "runs.tasks.close_idle_sessions",
+        "schedule": 60.0,
+    },
 }
 # The audit chains' heads, signed, written outside the database (approvals.record.audit):
 # appended to DESK_ANCHOR_DIR/anchors.jsonl (empty: no file) and sent as the
@@ -523,6 +528,10 @@ try:
     DESK_MCP_UPSTREAMS = json.loads(env_str("DESK_MCP_UPSTREAMS", "{}") or "{}")
 except json.JSONDecodeError as exc:
     raise ImproperlyConfigured(f"DESK_MCP_UPSTREAMS is not valid JSON: {exc}") from None
+# An external or MCP session no call reached for this long (its client disconnected or
+# went away) is closed by beat ("Ended: client idle 15 min"); 0: never. A later call
+# under its name opens a new session (runs.external).
+DESK_SESSION_IDLE_SECONDS = env_int("DESK_SESSION_IDLE_SECONDS", 900)
 # The longest a GET /api/v1/calls/{id}?wait=N long poll may hold a request.
 DESK_API_MAX_WAIT_SECONDS = env_int("DESK_API_MAX_WAIT_SECONDS", 60)
 # A request body: at most DATA_UPLOAD_MAX_MEMORY_SIZE bytes (Django's 2.5 MB default;

@@ -17,6 +17,15 @@ is nothing to do until the caller sends its next call or a person decides.
 A call is named by the caller's idempotency key (its ``tool_use_id`` is
 ``ext_<key>``): sending it again returns the first call, whatever state it is in,
 and never runs anything twice; the same key with other arguments is refused.
+
+A session ends when its caller says so (``external_session_end``: done, and its name
+stays taken: a later call is ``session_closed``), or when no call reached it for
+``DESK_SESSION_IDLE_SECONDS`` (a client that disconnected or went away): beat's
+``runs.tasks.close_idle_sessions`` closes it done, ``Run.closed_because`` "client idle
+15 min", the run's outcome "Ended: client idle 15 min". Such a session's name is free
+again: the caller's next call opens a new session (a new run), and a write sent again
+with a key the closed session had returns that first call, never a second one. A
+session waiting for a person's decision is not idle: it waits for the desk.
 """
 
 from __future__ import annotations
@@ -24,11 +33,15 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Max, Q
+from django.utils import timezone
 
 from tools.inputs import UnsafeJSON, check_json
-from tools.registry import get_agent, input_hash
+from tools.registry import find_tool, get_agent, input_hash
 
 from .engine import Outcome, lease_claim, new_lease_owner, run_advance
 from .llm import CallerTurns, Reply
@@ -99,7 +112,10 @@ def external_session_open(*, user, agent_name: str, session: str, kind: str = Ru
         agent = get_agent(agent_name)
     except LookupError as exc:
         raise UnknownAgent(str(exc)) from None
-    found = Run.objects.filter(requester=user, agent=agent.name, kind=kind, session=session).first()
+    # The session of that name the desk did not close for idleness (its caller's own
+    # end keeps the name: a later call is refused as session_closed).
+    mine = Run.objects.filter(requester=user, agent=agent.name, kind=kind, session=session, closed_because="")
+    found = mine.first()
     if found is not None:
         return found
     task = (
@@ -129,7 +145,7 @@ def external_session_open(*, user, agent_name: str, session: str, kind: str = Ru
             )
     except IntegrityError:
         # Two first calls of one session at once: the other one opened it.
-        return Run.objects.get(requester=user, agent=agent.name, kind=kind, session=session)
+        return mine.get()
     return run
 
 
@@ -158,6 +174,8 @@ def external_call_check(*, agent_name: str, tool_name: str, tool_input) -> None:
 def _check_open(run: Run, *, then: str) -> None:
     """Refuse a session that ended, or one that waits for a person's decision."""
     if run.is_finished:
+        if run.closed_because:
+            raise SessionClosed(f"session {run.session} (run {run.pk}) was closed: {run.closed_because}")
         raise SessionClosed(f"session {run.session} (run {run.pk}) is {run.get_status_display()}")
     if run.status == RunStatus.WAITING_APPROVAL:
         waiting = (
@@ -175,6 +193,29 @@ def _check_open(run: Run, *, then: str) -> None:
 
 def call_for_key(run: Run, key: str) -> ToolCall | None:
     return ToolCall.objects.live().filter(run=run, tool_use_id=tool_use_id_for(key)).first()
+
+
+def _write_of_closed_session(run: Run, tool_name: str, key: str) -> ToolCall | None:
+    """The write this key named in an earlier session of the same name that the desk
+    closed for idleness: sent again, it is that call, never a second effect. (A read
+    is read again: nothing to keep once.)"""
+    spec = find_tool(tool_name)
+    if spec is not None and spec.is_read:
+        return None
+    return (
+        ToolCall.objects.live()
+        .filter(
+            run__requester_id=run.requester_id,
+            run__agent=run.agent,
+            run__kind=run.kind,
+            run__session=run.session,
+            run__pk__lt=run.pk,
+            tool_use_id=tool_use_id_for(key),
+        )
+        .exclude(run__closed_because="")
+        .order_by("-pk")
+        .first()
+    )
 
 
 @dataclass(frozen=True)
@@ -210,7 +251,7 @@ def external_call_take(*, run: Run, tool_name: str, tool_input, key: str) -> Sub
             raise KeyReused(f"key {key!r} was used for another call ({call.tool_name}, call {call.pk})")
         return Submitted(call, created)
 
-    earlier = call_for_key(run, key)
+    earlier = call_for_key(run, key) or _write_of_closed_session(run, tool_name, key)
     if earlier is not None:
         return first_answer(earlier, created=False)
     external_call_check(agent_name=run.agent, tool_name=tool_name, tool_input=tool_input)
@@ -248,6 +289,24 @@ def external_call_take(*, run: Run, tool_name: str, tool_input, key: str) -> Sub
         time.sleep(0.05)
 
 
+def external_session_take(
+    *, user, agent_name: str, session: str, kind: str, tool_name: str, tool_input, key
+) -> Submitted:
+    """Open (or find) ``user``'s session and hand it the call (``key``: the key, or a
+    function of the session's run that derives it). A session the desk closed for
+    idleness at this very moment is opened anew, once."""
+    for attempt in (1, 2):
+        run = external_session_open(user=user, agent_name=agent_name, session=session, kind=kind)
+        named = key(run) if callable(key) else key
+        try:
+            return external_call_take(run=run, tool_name=tool_name, tool_input=tool_input, key=named)
+        except SessionClosed:
+            run.refresh_from_db(fields=["closed_because"])
+            if attempt == 2 or not run.closed_because:
+                raise
+    raise AssertionError("unreachable")
+
+
 def external_call_wait(*, call: ToolCall, seconds: float, settled) -> ToolCall:
     """Re-read ``call`` until ``settled(call)`` or ``seconds`` pass (a long poll)."""
     deadline = time.monotonic() + max(0.0, seconds)
@@ -267,8 +326,82 @@ def external_session_end(*, run: Run, actor) -> Run:
     with the run's lease held, so it cannot slip between a worker's steps or a call
     sent at the same moment.
     """
+    return _session_close(run=run, actor=actor, reason="session ended by its caller")
+
+
+def idle_words(seconds: int) -> str:
+    """How an idle close is said: "client idle 15 min" (or "... 90 s")."""
+    amount = f"{seconds // 60} min" if seconds % 60 == 0 else f"{seconds} s"
+    return f"client idle {amount}"
+
+
+def external_sessions_close_idle(*, now=None, idle_seconds: int | None = None) -> list[int]:
+    """Close every session no call reached for ``idle_seconds`` (default
+    DESK_SESSION_IDLE_SECONDS; 0: never): its client disconnected or went away. Each
+    ends ``done`` with ``closed_because`` "client idle 15 min", as its caller's own end
+    would (what was decided is finished first). A session waiting for a decision, one
+    a call is being taken in (its lease) and one a call reached meanwhile are left
+    open. The ids of the runs closed."""
+    seconds = settings.DESK_SESSION_IDLE_SECONDS if idle_seconds is None else idle_seconds
+    if seconds <= 0:
+        return []
+    now = now or timezone.now()
+    since = now - timedelta(seconds=seconds)
+    idle = (
+        Run.objects.filter(
+            kind__in=[Run.Kind.EXTERNAL, Run.Kind.GATEWAY],
+            status=RunStatus.RUNNING,
+            closed_because="",
+            created_at__lt=since,
+        )
+        .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
+        .annotate(last_message=Max("messages__created_at"))
+        .filter(Q(last_message__isnull=True) | Q(last_message__lt=since))
+        .order_by("pk")
+    )
+    why = idle_words(seconds)
+    closed = []
+    for run in list(idle[:500]):
+        try:
+            _session_close(run=run, actor=None, reason=f"ended: {why}", closed_because=why, wait=0)
+        except ExternalCallError:
+            continue  # it took a call, waits for a person or is busy: not idle after all
+        closed.append(run.pk)
+    return closed
+
+
+def external_session_disconnected(*, user, agent_name: str, session: str, kind: str) -> Run | None:
+    """The client of a session went away (an MCP client closed the stdio gateway it
+    started): the session closes as an idle one would, "client disconnected", unless
+    it waits for a person's decision or took a call meanwhile (then the idle close
+    comes later). The closed run, or None."""
+    run = Run.objects.filter(
+        requester=user,
+        agent=agent_name,
+        kind=kind,
+        session=session,
+        closed_because="",
+        status=RunStatus.RUNNING,
+    ).first()
+    if run is None:
+        return None
+    try:
+        return _session_close(
+            run=run, actor=None, reason="ended: client disconnected", closed_because="client disconnected"
+        )
+    except ExternalCallError:
+        return None
+
+
+def _session_close(
+    *, run: Run, actor, reason: str, closed_because: str = "", wait: float = LEASE_WAIT_SECONDS
+) -> Run:
+    """End the session ``done``: ``external_session_end``, or the desk's own close of
+    an idle one (``closed_because``, and only if no call reached it since ``run`` was
+    read as idle)."""
     owner = new_lease_owner()
-    deadline = time.monotonic() + LEASE_WAIT_SECONDS
+    deadline = time.monotonic() + wait
+    seen_messages = run.message_count
     while True:
         run.refresh_from_db()
         _check_open(run, then="it can end once that call is decided")
@@ -276,8 +409,10 @@ def external_session_end(*, run: Run, actor) -> Run:
         result = run_advance(run.pk, owner=owner, llm=CallerTurns())
         if result.outcome == Outcome.IDLE and lease_claim(run.pk, owner):
             unresolved = ToolCall.objects.live().filter(run=run).exclude(status__in=RESOLVED_CALL_STATUSES)
+            # The desk's idle close gives way to a call that reached the session since.
+            busy = closed_because and Run.objects.filter(pk=run.pk, message_count__gt=seen_messages).exists()
             try:
-                if not unresolved.exists():  # a call sent meanwhile is taken first, then we end
+                if not unresolved.exists() and not busy:  # a call sent meanwhile is taken first
                     with transaction.atomic():
                         run_transition(
                             run_id=run.pk,
@@ -285,13 +420,16 @@ def external_session_end(*, run: Run, actor) -> Run:
                             new=RunStatus.DONE,
                             owner=owner,
                             actor=actor,
-                            reason="session ended by its caller",
+                            reason=reason,
+                            closed_because=closed_because,
                         )
                     run.refresh_from_db()
                     return run
             except TransitionConflict:
                 pass
             Run.objects.filter(pk=run.pk, lease_owner=owner).update(lease_owner="", lease_until=None)
+            if busy:
+                raise SessionBusy(f"session {run.session} (run {run.pk}) took a call: it is not idle")
         elif result.outcome in (Outcome.PAUSED, Outcome.FINISHED):
             continue  # refused above, on the next turn of the loop
         if time.monotonic() > deadline:

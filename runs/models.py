@@ -124,6 +124,10 @@ class Run(SealedRow):
     kind = models.CharField(max_length=20, choices=RunKind.choices, default=RunKind.AGENT)
     # External and gateway runs: the caller's name for its session (one run each).
     session = models.CharField(max_length=100, blank=True)
+    # Why the desk closed a session its caller did not end ("client idle 15 min":
+    # runs.external.external_sessions_close_idle); "" for every other run. Such a
+    # session's name is free again: the caller's next call opens a new session.
+    closed_because = models.CharField(max_length=100, blank=True)
     # Set by importrun: where the run happened ("https://desk.example.com run 7"). Its
     # effects are in that desk's world, not this one's: nothing here may undo them.
     imported_from = models.CharField(max_length=300, blank=True)
@@ -204,11 +208,12 @@ class Run(SealedRow):
             models.CheckConstraint(condition=Q(status__in=RunStatus.values), name="run_status_valid"),
             models.CheckConstraint(condition=Q(guard__in=RunGuard.values), name="run_guard_valid"),
             models.CheckConstraint(condition=Q(kind__in=RunKind.values), name="run_kind_valid"),
-            # One run per caller session: a repeated "open" finds it instead of forking it.
+            # One run per caller session: a repeated "open" finds it instead of forking it
+            # (a session the desk closed for idleness no longer holds its name).
             models.UniqueConstraint(
                 fields=["requester", "agent", "kind", "session"],
                 name="run_session_unique",
-                condition=~Q(session=""),
+                condition=~Q(session="") & Q(closed_because=""),
             ),
         ]
         permissions = [

@@ -17,6 +17,7 @@ from django.utils import timezone
 from desk.logs import log_context
 
 from .engine import Outcome, run_advance
+from .external import external_sessions_close_idle
 from .models import Run, ToolCall
 from .saga import RollbackBusy, SagaError, run_rewind, run_rollback
 from .services import ADVANCE_RUN_TASK, run_enqueue, run_wake_if_ready
@@ -108,6 +109,16 @@ def sweep_leases() -> int:
     if nudged:
         log.info("sweeper nudged %s runs", nudged)
     return nudged
+
+
+@shared_task(ignore_result=True)
+def close_idle_sessions() -> int:
+    """Beat, every minute: close the external and MCP sessions no call reached for
+    DESK_SESSION_IDLE_SECONDS (runs.external.external_sessions_close_idle)."""
+    closed = external_sessions_close_idle()
+    if closed:
+        log.info("closed %s idle sessions: runs %s", len(closed), closed)
+    return len(closed)
 
 
 # --- undo from the desk ---------------------------------------------------------

@@ -48,6 +48,10 @@ COVERAGE: dict[str, dict[str, tuple[str, str]]] = {
             "not mattering",
             "an external agent's name for its run, to find it again; decides nothing",
         ),
+        "closed_because": (
+            "not mattering",
+            "why the desk closed an idle session, shown; its closing event's reason says it too",
+        ),
         "imported_from": ("not mattering", "provenance shown; the import's own audit event says it too"),
         "requester": ("checked", "the actor of run.created"),
         "status": ("checked", "the last run event's status"),

@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import timedelta
 
 import pytest
 from django.db import connection
 from django.test import Client
+from django.utils import timezone
 
 from api import routes_calls
 from api.tokens import apitoken_create, apitoken_revoke
 from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest
 from runs.engine import CALLER_RUNS_IT
+from runs.external import external_sessions_close_idle
 from runs.models import Run, ToolCall
 from runs.services import run_cancel
 from tests.helpers import decide, decide_and_advance, pending
@@ -339,3 +342,18 @@ def test_an_external_agent_splitting_a_refund_meets_the_running_total(bot):
     assert first["decision"] == "allow"
     assert second["decision"] == "pending"
     assert "₹300.00 so far on order_id A-1001 + ₹300.00 = ₹600.00 > ₹500.00" in second["reason"]
+
+
+def test_a_session_the_desk_closed_for_idleness_gives_way_to_a_new_one(bot):
+    first = bot.ask("get_order", {"order_id": "A-1001"}, key="1").json()
+    closed = Run.objects.get(pk=first["run_id"])
+    later = timezone.now() + timedelta(seconds=901)
+    assert external_sessions_close_idle(now=later, idle_seconds=900) == [closed.pk]
+    # Ending it again says it was closed, and why.
+    refused = bot.end()
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "session_closed"
+    assert "client idle 15 min" in refused.json()["error"]["message"]
+    # The next call under its name opens a new session; the same key of a read reads again.
+    again = bot.ask("get_order", {"order_id": "A-1001"}, key="1")
+    assert again.status_code == 201 and again.json()["run_id"] != closed.pk
+    assert again.json()["decision"] == "allow" and again.json()["session"] == bot.session

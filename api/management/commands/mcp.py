@@ -15,8 +15,9 @@ from django.core.management.base import BaseCommand, CommandError
 from mcp.server.stdio import stdio_server
 
 from api.mcp_gateway import DEFAULT_SESSION, Gateway, gateway_server
-from runs.external import SESSION_PATTERN
+from runs.external import SESSION_PATTERN, external_session_disconnected
 from runs.management.commands._common import text_argument, user_by_name
+from runs.models import Run
 from tools.registry import get_agent
 
 # A call may wait this long at most: past it, the client is told to collect the call later.
@@ -86,3 +87,8 @@ class Command(BaseCommand):
                 await server.run(read_stream, write_stream, server.create_initialization_options())
 
         anyio.run(serve)
+        # The client closed its end: its session ends with it ("client disconnected"),
+        # unless a call of it waits for a person (beat's idle close comes later).
+        external_session_disconnected(
+            user=person, agent_name=spec.name, session=session, kind=Run.Kind.GATEWAY
+        )

@@ -321,7 +321,7 @@ def test_the_tools_facts_and_warnings_are_shown_above_the_buttons(users, monkeyp
     ]
     assert page.index('data-testid="call-warnings"') < page.index('data-key="a">Approve')
     facts_html = page[page.index('data-testid="call-facts"') :]
-    assert "<dt>Already refunded on A-1001</dt><dd>₹2,900.00</dd>" in facts_html
+    assert '<dt>Already refunded on <span class="id">A-1001</span></dt><dd>₹2,900.00</dd>' in facts_html
     assert "What the world says" in page
     assert seen and seen[-1] == (approval.run_id, 2900)
 

@@ -2,7 +2,8 @@
 and on a refund with two warnings, Approve is in the first 800 px without scrolling,
 after the call, what the world says and the warnings; 1366x768 still shows it too; no
 console error through a decision, even when the status poll is in flight as the
-reviewer approves; and once decided, "Why it waits" says "Why it waited"."""
+reviewer approves; an order id in a label is never broken at its hyphen; and once
+decided, "Why it waits" says "Why it waited"."""
 
 from __future__ import annotations
 
@@ -48,15 +49,17 @@ def assert_approve_on_the_first_screen(page):
         assert page.get_by_test_id(testid).bounding_box()["y"] < top, testid
     for testid in ("task", "decided-rule", "transcript"):
         assert page.get_by_test_id(testid).bounding_box()["y"] > top, testid
+    # "Amount of order A-1001" wraps between words, never as "A-" / "1001".
+    lines = page.get_by_test_id("call-facts").locator("span.id").evaluate_all(
+        "ids => ids.map(id => [id.textContent, id.getClientRects().length])"
+    )
+    assert lines and all(n == 1 for _, n in lines), lines
 
 
 def approve_while_a_poll_is_in_flight(page, item):
     """Approve with the status poll held in flight, then let it answer: an answer for a
     status region the decision replaced would bring fragments with nowhere to land."""
     held = []
-    page.on("request", lambda r: print("REQ", r.method, r.url))
-    page.on("response", lambda r: print("RESP", r.status, r.url))
-    page.on("console", lambda m: print("CON", m.type, m.text))
 
     def poll(url: str) -> bool:
         return url.endswith(f"/desk/approvals/{item.pk}/?shown=pending")

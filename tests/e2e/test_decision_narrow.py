@@ -50,8 +50,10 @@ def assert_approve_on_the_first_screen(page):
     for testid in ("task", "decided-rule", "transcript"):
         assert page.get_by_test_id(testid).bounding_box()["y"] > top, testid
     # "Amount of order A-1001" wraps between words, never as "A-" / "1001".
-    lines = page.get_by_test_id("call-facts").locator("span.id").evaluate_all(
-        "ids => ids.map(id => [id.textContent, id.getClientRects().length])"
+    lines = (
+        page.get_by_test_id("call-facts")
+        .locator("span.id")
+        .evaluate_all("ids => ids.map(id => [id.textContent, id.getClientRects().length])")
     )
     assert lines and all(n == 1 for _, n in lines), lines
 

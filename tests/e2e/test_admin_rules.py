@@ -69,7 +69,7 @@ def test_raising_a_threshold_shows_the_overlap_the_samples_and_the_30_day_effect
 
 
 @pytest.mark.usefixtures("plain_refund_desk")
-def test_editing_a_value_shows_its_effect_before_the_save(page, users):
+def test_editing_a_value_shows_its_effect_before_the_save(page, users, tmp_path):
     declined = start(refund(900, "A-1001"), requester=users["requester"])
     decide(the_approval(declined), users["reviewer"], Decision.decline("Not this one"))
     start(refund(4000, "A-1003"), requester=users["requester"])
@@ -83,6 +83,8 @@ def test_editing_a_value_shows_its_effect_before_the_save(page, users):
     expect(preview.get_by_test_id("asked-before")).to_have_text("2")
     expect(preview.get_by_test_id("asked-after")).to_have_text("1")
     expect(preview.get_by_test_id("harm-row")).to_contain_text("₹900.00")
+    preview.scroll_into_view_if_needed()
+    screenshot(page, "admin-rule-effect-preview", tmp_path, full_page=False)
     page.fill("input[name=value]", "5000")
     expect(preview.get_by_test_id("effect-change")).to_contain_text("amount > ₹5,000.00")
     expect(preview.get_by_test_id("asked-after")).to_have_text("0")

@@ -11,6 +11,7 @@ from approvals.models import ApprovalRequest
 from runs.engine.loop import llm_for_run
 from runs.llm import DemoLLM
 from runs.models import Run, ToolCall
+from runs.outcome import run_outcome
 from tests.helpers import approve_all, decide_and_advance, pending, script, start, turn
 from tools.models import OutboxEmail, Payment
 from tools.refund_desk.agent import DEMO_TASK
@@ -136,6 +137,27 @@ def test_a_task_that_says_not_to_refund_ends_with_no_refund_proposed(users):
     assert [name for name, _ in calls(run)] == ["get_order", "get_policy"]
     assert not Payment.objects.exists() and not ApprovalRequest.objects.filter(kind="call").exists()
     assert 'the task says not to refund ("Do NOT refund anything on A-1003")' in final_text(run)
+    # Verified against what the task asked (no refund), not a refund's email and close.
+    run.refresh_from_db()
+    assert run.status == "done" and run_outcome(run).label == "Done, nothing changed"
+    [check] = run.verification["checks"]
+    assert check["ok"] and check["name"] == "no refund on A-1003 from this run, as the task said"
+
+
+def test_a_refund_made_against_a_do_not_is_not_verified(users):
+    scenario = script(
+        turn(("get_order", {"order_id": "A-1003"}), ("get_policy", {})),
+        turn(("refund_item", {"order_id": "A-1003", "amount": 1500, "reason": "Keys"})),
+        {"text": "Refunded ₹1,500."},
+    )
+    run = start(scenario, task="Do NOT refund anything on A-1003", requester=users["requester"])
+    decide_and_advance(run, users["reviewer"])
+    run.refresh_from_db()
+    assert Payment.objects.count() == 1
+    verify = ApprovalRequest.objects.get(run=run, kind="verify", status="pending")
+    assert "this run refunded ₹1,500.00 on A-1003; the task said: “Do NOT refund anything on A-1003”" in (
+        verify.reason
+    )
 
 
 def test_a_model_that_refunds_against_its_task_is_flagged_to_the_reviewer(users):

@@ -47,6 +47,7 @@ from tools.refund_desk.actions import (
 )
 from tools.refund_desk.demo_model import ORDER_IN_TEXT, demo_turn
 from tools.refund_desk.review import email_context, email_warnings, refund_context, refund_warnings
+from tools.refund_desk.task_words import no_refund_in
 from tools.registry import (
     COMPENSABLE,
     READ,
@@ -250,9 +251,12 @@ DEMO_SCRIPT = {
 
 
 def refund_task_params(task: str) -> dict:
-    """The task's order: the first order id in its text."""
+    """The task's order: the first order id in its text; and, if the task says not to
+    refund, its words (``no_refund``): the run is then verified to have refunded nothing."""
     found = ORDER_IN_TEXT.search(task)
-    return {"order_id": found.group()} if found else {}
+    params = {"order_id": found.group()} if found else {}
+    refusal = no_refund_in(task) if found else None
+    return {**params, "no_refund": refusal} if refusal else params
 
 
 def refund_requirements(params: dict, run: RunRecord | None = None) -> list[Check]:
@@ -270,6 +274,10 @@ def refund_requirements(params: dict, run: RunRecord | None = None) -> list[Chec
     order = Order.objects.select_related("customer", "ticket").filter(order_id=order_id).first()
     if order is None:
         return [Check(f"order {order_id} exists", False, f"there is no order {order_id}")]
+    if params.get("no_refund") and run is not None:
+        # The task said not to refund: done is no refund from this run, and nobody told
+        # or closed for a refund that did not happen.
+        return [_no_refund_requirement(order_id, str(params["no_refund"]), run)]
     checks = []
     if order.ticket is None:
         checks.append(Check(f"order {order_id}'s ticket is closed", True, f"{order_id} has no ticket"))
@@ -383,6 +391,16 @@ def _refund_requirement(check: Check, order_id: str, run: RunRecord) -> Check:
         why = last.result if isinstance(last.result, str) else last.status
         return Check(check.name, False, f"{check.detail}; this run's refund did not happen: {why}")
     return Check(check.name, True, f"{check.detail}; this run made no refund", before=True)
+
+
+def _no_refund_requirement(order_id: str, said: str, run: RunRecord) -> Check:
+    """No refund on the order made by this run, as its task said ("do not refund")."""
+    name = f"no refund on {order_id} from this run, as the task said"
+    made = [c for c in run.of("refund_item") if _on(c, "order_id", order_id) and _made(c)]
+    if made:
+        amounts = " and ".join(rupees(c.input.get("amount")) for c in made)
+        return Check(name, False, f"this run refunded {amounts} on {order_id}; the task said: “{said}”")
+    return Check(name, True, f"this run made no refund on {order_id}; the task said: “{said}”")
 
 
 # A call is resolved when it ran, a reviewer declined it or answered in its place,

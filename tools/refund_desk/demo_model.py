@@ -185,7 +185,7 @@ def _act(task: str, order_id: str, order: dict, seen: list[Seen]) -> dict:
             return _final(
                 f'Nothing refunded: the task says not to refund ("{refusal}"). Order {order_id} has '
                 f"{rupees(left)} left to refund. I did not email {email or 'the customer'} or close "
-                f"{ticket or 'a ticket'}: a person should follow up."
+                f"{ticket or 'a ticket'}."
             )
         asked = stated_amount(task)
         if asked is not None and asked <= 0:

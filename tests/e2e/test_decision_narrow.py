@@ -1,5 +1,5 @@
-"""The decision on the first screen at 400x800 (issue 33 part 3): on the demo refund
-and on a refund with two warnings, Approve is in the first 800 px without scrolling,
+"""The decision on the first screen at 400x800 (issue 33 part 3): on the demo refund,
+the demo's customer email and a refund with two warnings, Approve is in the first 800 px without scrolling,
 after the call, what the world says and the warnings; 1366x768 still shows it too; no
 console error through a decision, even when the status poll is in flight as the
 reviewer approves; an order id in a label is never broken at its hyphen; and once
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import pending, start
+from tests.helpers import decide_and_advance, pending, start
 
 from .conftest import screenshot, sign_in
 from .test_first_screen import TASK, long_run_with_warnings
@@ -113,4 +113,19 @@ def test_a_refund_with_two_warnings_is_decided_from_the_first_screen(page, desk,
     page.get_by_role("button", name="Approve").click()
     page.get_by_test_id("decided").wait_for()
     page.get_by_text("Why it waited").wait_for()
+    assert not errors, errors
+
+
+def test_the_demo_s_customer_email_is_decided_from_the_first_screen(page, desk, users, tmp_path):
+    errors = console_errors(page)
+    run = start(task=TASK, requester=users["requester"])
+    decide_and_advance(run, users["reviewer"])  # the refund: the email to the customer waits next
+    item = pending(run)
+    assert item.tool_call.tool_name == "send_email"
+    sign_in(page, "reviewer")
+    page.goto(f"/desk/approvals/{item.pk}/")
+    assert_approve_on_the_first_screen(page)
+    screenshot(page, "approval-email-narrow", tmp_path, full_page=False)
+    page.get_by_role("button", name="Approve").click()
+    page.get_by_test_id("decided").wait_for()
     assert not errors, errors

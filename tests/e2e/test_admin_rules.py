@@ -53,6 +53,9 @@ def test_raising_a_threshold_shows_the_overlap_the_samples_and_the_30_day_effect
     assert panel.evaluate("el => el.getBoundingClientRect().top") < 768  # on the first screen
 
     page.fill("input[name=value]", "3000")
+    # The preview swaps in above the buttons 400 ms after typing: save once it has, as an
+    # admin does (a click while it lands can hit the moving page instead of the button).
+    expect(page.get_by_test_id("effect-preview").get_by_test_id("asked-after")).to_have_text("1")
     page.get_by_role("button", name="Save and continue editing").click()
     effect = page.get_by_test_id("rule-effect")
     expect(effect).to_contain_text("The last 30 days with amount > ₹3,000.00 instead of amount > ₹500.00")

@@ -371,7 +371,7 @@ CELERY_TASK_ROUTES = {
         "approvals.tasks.send_digests",
         "approvals.tasks.sweep_sla",
         "approvals.tasks.deliver_webhook",
-        "approvals.tasks.sweep_webhooks",
+        "approvals.tasks.sweep_outbox",
         "approvals.tasks.anchor_chains",
     )
 }
@@ -396,12 +396,13 @@ CELERY_TASK_TIME_LIMIT = env_int("DESK_TASK_TIME_LIMIT", 1800)
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # How often beat sweeps leases: see runs.tasks.sweep_leases.
 DESK_SWEEP_SECONDS = env_int("DESK_SWEEP_SECONDS", 5)
+DESK_OUTBOX_SWEEP_SECONDS = env_int("DESK_OUTBOX_SWEEP_SECONDS", 2)
 CELERY_BEAT_SCHEDULE = {
     "sweep-expired-leases": {
         "task": "runs.tasks.sweep_leases",
         "schedule": float(DESK_SWEEP_SECONDS),
     },
-    # Approval reminders, escalations and expiries per rule; re-sends lost email nudges.
+    # Approval reminders, escalations and expiries per rule.
     "sweep-approval-sla": {
         "task": "approvals.tasks.sweep_sla",
         "schedule": float(env_int("DESK_SLA_SWEEP_SECONDS", 60)),
@@ -411,10 +412,13 @@ CELERY_BEAT_SCHEDULE = {
         "task": "approvals.tasks.send_digests",
         "schedule": crontab(minute=env_int("DESK_DIGEST_MINUTE", 0)),
     },
-    # Webhook deliveries whose nudge was lost or whose worker died mid-send.
-    "sweep-webhooks": {
-        "task": "approvals.tasks.sweep_webhooks",
-        "schedule": float(env_int("DESK_WEBHOOK_SWEEP_SECONDS", 30)),
+    # Emails and webhook deliveries due for 2 s (their nudge was lost) or cut off
+    # mid-send, sent from the database (approvals.notify.outbox). A sweep's message
+    # expires after one period: a stopped notify worker finds one, not hundreds.
+    "sweep-outbox": {
+        "task": "approvals.tasks.sweep_outbox",
+        "schedule": float(DESK_OUTBOX_SWEEP_SECONDS),
+        "options": {"expires": float(DESK_OUTBOX_SWEEP_SECONDS)},
     },
     # External and MCP sessions no call reached for DESK_SESSION_IDLE_SECONDS.
     "close-idle-sessions": {

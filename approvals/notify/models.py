@@ -24,8 +24,8 @@ class NotificationStatus(models.TextChoices):
     # dead worker (past DESK_EMAIL_SENDING_SECONDS) is sent again, with the same
     # Message-ID: the desk's own people hear at least once (notification_send).
     SENDING = "sending"
-    # Written by earlier versions, which never resent an interrupted send; the SLA
-    # sweep now sends these again like an interrupted "sending" row. Nothing writes it.
+    # Written by earlier versions, which never resent an interrupted send; the
+    # outbox sweep now sends these again like an interrupted "sending" row. Nothing writes it.
     UNKNOWN = "unknown", "outcome unknown"
     SENT = "sent"
     FAILED = "failed"
@@ -78,7 +78,21 @@ class Notification(SealedRow):
 
     class Meta:
         ordering = ["id"]
-        indexes = [models.Index(fields=["recipient", "-id"], name="notification_inbox")]
+        indexes = [
+            models.Index(fields=["recipient", "-id"], name="notification_inbox"),
+            # The outbox sweep's every-2-seconds read: only the rows still to send.
+            models.Index(
+                fields=["id"],
+                condition=Q(
+                    status__in=[
+                        NotificationStatus.PENDING,
+                        NotificationStatus.SENDING,
+                        NotificationStatus.UNKNOWN,
+                    ]
+                ),
+                name="notification_unsent",
+            ),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["event", "recipient"], name="notification_once_per_event"),
             models.CheckConstraint(

@@ -5,9 +5,10 @@ transaction of the event it reports, so it exists if and only if the event does.
 The row is the outbox: after commit, ``approvals.tasks.send_notification(id)`` is
 enqueued; a worker renders the email from the database and sends it
 (``notification_send``). Nothing is sent by the process that made the event, so a
-``--sync`` command leaves its emails pending for a worker; the SLA sweep (beat)
-re-enqueues pending rows older than a minute, whose nudge was lost, and sends again
-a row whose worker died mid-send (at least once, same Message-ID: ``notification_send``).
+``--sync`` command leaves its emails pending for a worker; the outbox sweep (beat,
+every 2 s: ``approvals.notify.outbox``) sends from the database a row pending for 2 s
+whose nudge was lost, and again a row whose worker died mid-send (at least once, same
+Message-ID: ``notification_send``).
 The tasks run on the ``notify`` queue (CELERY_TASK_ROUTES), apart from the runs' nudges.
 
 Events, recipients, and the one place that records each, in the event's
@@ -343,7 +344,7 @@ def notification_send(*, notification_id: int) -> str:
     If the worker dies during the exchange (the server may or may not have the
     email), the row stays "sending". Once it has been "sending" longer than
     ``DESK_EMAIL_SENDING_SECONDS`` (no live send takes that long), a redelivered
-    nudge or the SLA sweep takes it back to pending and it is sent again, under the
+    nudge or the outbox sweep takes it back to pending and it is sent again, under the
     same Message-ID, so a mail client that got the first shows one email. These are
     the desk's own people (reviewers, requesters): a reviewer who never hears of an
     approval is worse than one email folded into another. What an agent's tool sends
@@ -454,6 +455,7 @@ def _attempt_failed(rows, *, note: Notification, attempt: int, exc: OSError) -> 
     final = attempt >= MAX_ATTEMPTS
     rows.update(
         attempts=attempt,
+        claimed_at=timezone.now(),  # the attempt's time: its retry is due after the backoff
         last_error=f"{type(exc).__name__}: {exc}"[:2000],
         status=Notification.Status.FAILED if final else Notification.Status.PENDING,
     )
@@ -464,25 +466,10 @@ def _attempt_failed(rows, *, note: Notification, attempt: int, exc: OSError) -> 
     return final
 
 
-def notifications_renudge(*, older_than) -> int:
-    """Enqueue pending notifications created before ``older_than`` (their nudge was
-    lost, or nobody ran a worker when they were made). Claims make repeats harmless."""
-    stale = (
-        Notification.objects.filter(status=Notification.Status.PENDING, created_at__lt=older_than)
-        .order_by("id")
-        .values_list("pk", flat=True)[:500]
-    )
-    count = 0
-    for notification_id in stale:
-        notification_enqueue(notification_id)
-        count += 1
-    return count
-
-
 def notifications_resume_interrupted(*, now) -> int:
     """Rows left "sending" past their deadline (their worker died mid-send) and rows
-    an earlier version marked "outcome unknown" are sent again (``notification_resume``):
-    how many were enqueued."""
+    an earlier version marked "outcome unknown" go back to pending
+    (``notification_resume``) for the outbox sweep to send: how many."""
     stale = Notification.objects.filter(
         Q(status=Notification.Status.SENDING, claimed_at__lt=now - sending_deadline())
         | Q(status=Notification.Status.UNKNOWN)
@@ -490,7 +477,6 @@ def notifications_resume_interrupted(*, now) -> int:
     count = 0
     for note in list(stale):
         if notification_resume(note) and note.attempts < MAX_ATTEMPTS:
-            notification_enqueue(note.pk)
             count += 1
     return count
 
@@ -519,7 +505,7 @@ def notifications_resend(*, notification_ids, by) -> int:
 
 
 # Enqueued on commit of the event that recorded the notification (and re-enqueued
-# by the SLA sweep if that nudge was lost). notification_send claims the row, so a
+# by the outbox sweep if that nudge was lost). notification_send claims the row, so a
 # repeated message sends nothing; an SMTP error is raised and retried with
 # exponential backoff (base DESK_EMAIL_RETRY_SECONDS, jittered), MAX_ATTEMPTS in all.
 @shared_task(

@@ -39,18 +39,12 @@ from approvals.decisions.selectors import ESCALATION_GROUP, approval_sla_minutes
 from approvals.decisions.services import approval_expire
 from approvals.models import ApprovalRequest, AuditEvent, GateRule
 from approvals.notify.kinds import Kind
-from approvals.notify.notifications import (
-    notifications_renudge,
-    notifications_resume_interrupted,
-    notify_reviewers,
-)
+from approvals.notify.notifications import notify_reviewers
 from approvals.record.audit import approval_with_facts
 from runs.models import GuardKind
 
 log = logging.getLogger(__name__)
 
-# A pending notification older than this lost its nudge (or nobody ran a worker).
-LOST_NUDGE_AGE = timedelta(minutes=1)
 # Per kind and sweep; the rest waits for the next sweep.
 BATCH = 200
 
@@ -60,8 +54,6 @@ class SweepCounts:
     expired: int = 0
     escalated: int = 0
     reminded: int = 0
-    renudged: int = 0
-    resumed: int = 0
 
 
 def approval_remind(*, approval_id: int, now: datetime) -> bool:
@@ -146,9 +138,7 @@ def approvals_sweep_sla(*, now: datetime | None = None) -> SweepCounts:
         guards = pending.exclude(kind=GuardKind.CALL)
         _escalate_and_remind(guards, settings.DESK_GUARD_SLA_MINUTES, now=now, group=group, counts=counts)
 
-    counts.renudged = notifications_renudge(older_than=now - LOST_NUDGE_AGE)
-    counts.resumed = notifications_resume_interrupted(now=now)
-    if counts.expired or counts.escalated or counts.reminded or counts.renudged or counts.resumed:
+    if counts.expired or counts.escalated or counts.reminded:
         log.info("SLA sweep: %s", counts)
     return counts
 

@@ -9,14 +9,15 @@ from django.conf import settings
 from django.db import transaction
 
 from approvals.notify.notifications import digests_record
+from approvals.notify.outbox import outbox_sweep
 from approvals.notify.sla import approvals_sweep_sla
-from approvals.notify.webhooks import webhooks_record, webhooks_sweep
+from approvals.notify.webhooks import webhooks_record
 from approvals.record.anchors import anchor_append
 
 
 @shared_task(name="approvals.tasks.sweep_sla", ignore_result=True)
 def sweep_sla() -> dict:
-    """Beat, every DESK_SLA_SWEEP_SECONDS: reminders, escalations, expiries, lost emails."""
+    """Beat, every DESK_SLA_SWEEP_SECONDS: reminders, escalations, expiries."""
     return asdict(approvals_sweep_sla())
 
 
@@ -26,10 +27,11 @@ def send_digests() -> int:
     return digests_record()
 
 
-@shared_task(name="approvals.tasks.sweep_webhooks", ignore_result=True)
-def sweep_webhooks() -> dict:
-    """Beat, every DESK_WEBHOOK_SWEEP_SECONDS: lost nudges and interrupted sends."""
-    return webhooks_sweep()
+@shared_task(name="approvals.tasks.sweep_outbox", ignore_result=True)
+def sweep_outbox() -> dict:
+    """Beat, every DESK_OUTBOX_SWEEP_SECONDS: due emails and webhooks whose nudge was
+    lost or whose send was cut off, attempted from the database."""
+    return outbox_sweep()
 
 
 @shared_task(name="approvals.tasks.anchor_chains", ignore_result=True)

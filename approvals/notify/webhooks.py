@@ -9,8 +9,9 @@ the attempt. A failed attempt (no answer, or not 2xx) puts the row back to pendi
 with ``next_attempt_at`` after an exponential, jittered backoff
 (``DESK_WEBHOOK_RETRY_SECONDS``, doubling, at most an hour), MAX_ATTEMPTS in all,
 then ``failed`` (given up; the admin's "retry now" grants one more attempt). The
-beat sweep (``webhooks_sweep``) re-nudges pending rows whose attempt is overdue (a
-lost nudge) and takes back rows left ``sending`` past their deadline.
+outbox sweep (``approvals.notify.outbox``, every 2 s) delivers from the database
+pending rows whose attempt is 2 s overdue (a lost nudge) after taking back rows left
+``sending`` past their deadline (``webhooks_take_back``).
 
 Unlike email, a webhook is **at least once** on the wire: a worker that dies after
 the receiver took the POST but before the row says "delivered" leaves it
@@ -135,8 +136,6 @@ MAX_BACKOFF_SECONDS = 3600
 # A delivery still "sending" this long after its claim lost its worker (an attempt
 # lasts at most TIMEOUT_SECONDS per network read): the sweep sends it again.
 SENDING_DEADLINE = timedelta(seconds=60)
-# A pending delivery overdue by this much lost its nudge: the sweep re-nudges it.
-LOST_NUDGE_GRACE = timedelta(seconds=15)
 BATCH = 200
 
 
@@ -536,13 +535,13 @@ def webhook_retry(*, delivery_id: int) -> bool:
     return bool(won)
 
 
-def webhooks_sweep(*, now: datetime | None = None) -> dict:
-    """Beat: take back deliveries whose worker died mid-send (``sending`` past its
-    deadline: attempted again, the attempt recorded as interrupted), and re-nudge
-    pending ones overdue by LOST_NUDGE_GRACE (a lost nudge). Claims make repeats
-    harmless. Returns the counts."""
-    now = now or timezone.now()
-    interrupted = []
+def webhooks_take_back(*, now: datetime) -> int:
+    """Deliveries whose worker died mid-send (``sending`` past their deadline) go back
+    to pending, due now (their backoff was spent waiting for the deadline), or
+    to failed after the last attempt, the attempt recorded as interrupted; the outbox
+    sweep delivers them. A conditional UPDATE on the claim: of two sweeps, one wins.
+    Returns how many were taken back."""
+    taken = 0
     stale = WebhookDelivery.objects.filter(status=WebhookDelivery.Status.SENDING, next_attempt_at__lt=now)
     for delivery in stale.order_by("id")[:BATCH]:
         final = delivery.attempts >= MAX_ATTEMPTS
@@ -553,7 +552,7 @@ def webhooks_sweep(*, now: datetime | None = None) -> dict:
             "error": "interrupted: the worker stopped before recording an answer",
             "duration_ms": None,
         }
-        taken_back = WebhookDelivery.objects.filter(
+        taken += WebhookDelivery.objects.filter(
             pk=delivery.pk, status=WebhookDelivery.Status.SENDING, attempts=delivery.attempts
         ).update(
             status=WebhookDelivery.Status.FAILED if final else WebhookDelivery.Status.PENDING,
@@ -562,21 +561,9 @@ def webhooks_sweep(*, now: datetime | None = None) -> dict:
             last_error=entry["error"],
             attempts_log=[*delivery.attempts_log, entry],
         )
-        if taken_back:
-            interrupted.append(delivery.pk)
-            if not final:
-                # Sent again at once: its backoff was spent waiting for the deadline.
-                webhook_enqueue(delivery.pk)
-    renudged = 0
-    due = WebhookDelivery.objects.filter(
-        status=WebhookDelivery.Status.PENDING, next_attempt_at__lte=now - LOST_NUDGE_GRACE
-    )
-    for delivery_id in due.order_by("id").values_list("pk", flat=True)[:BATCH]:
-        webhook_enqueue(delivery_id)
-        renudged += 1
-    if interrupted or renudged:
-        log.info("webhook sweep: %s interrupted, %s re-nudged", len(interrupted), renudged)
-    return {"interrupted": len(interrupted), "renudged": renudged}
+    if taken:
+        log.warning("webhooks: %s deliveries interrupted mid-send, taken back", taken)
+    return taken
 
 
 # Enqueued on commit of the event that recorded the delivery, and again (with a

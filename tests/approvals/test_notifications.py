@@ -24,10 +24,10 @@ from approvals.notify.notifications import (
     MAX_ATTEMPTS,
     notification_send,
     notifications_record,
-    notifications_renudge,
     send_notification,
     sending_deadline,
 )
+from approvals.notify.outbox import outbox_sweep
 from approvals.notify.sla import approvals_sweep_sla
 from runs.engine import run_advance, run_advance_until_settled
 from runs.llm import PermanentLLMError
@@ -261,12 +261,12 @@ def test_a_nudge_redelivered_during_a_send_sends_nothing_and_looks_again_at_the_
     assert again["args"] == [note.pk]
     assert 0 < again["countdown"] <= sending_deadline().total_seconds() + 1
     assert inbox("reviewer@countersign.local") == []
-    # The renudge of lost nudges leaves a row being sent alone.
-    enqueued = []
-    monkeypatch.setattr(send_notification, "delay", enqueued.append)
-    with django_capture_on_commit_callbacks(execute=True):
-        notifications_renudge(older_than=timezone.now() + timedelta(minutes=5))
-    assert note.pk not in enqueued and len(enqueued) == 2  # only the other two, still pending
+    # The outbox sweep, inside the send's deadline, leaves a row being sent alone.
+    counts = outbox_sweep(now=note.claimed_at + timedelta(seconds=30))
+    assert counts["resumed"] == 0 and counts["emails"] == 2  # only the other two, still pending
+    assert inbox("reviewer@countersign.local") == []
+    note.refresh_from_db()
+    assert note.status == "sending" and note.attempts == 1
 
 
 def test_a_send_cut_off_by_a_dead_worker_is_sent_again_on_redelivery_with_the_same_message_id(
@@ -288,29 +288,32 @@ def test_a_send_cut_off_by_a_dead_worker_is_sent_again_on_redelivery_with_the_sa
     assert note.status == "sent" and note.attempts == 2 and note.sent_at is not None
     # Sent is sent: another redelivery, or the sweep, sends nothing more.
     assert notification_send(notification_id=note.pk) == "skipped"
-    approvals_sweep_sla(now=timezone.now() + timedelta(hours=1))
+    outbox_sweep(now=timezone.now() + timedelta(hours=1))
     deliver()
     assert len(inbox("reviewer@countersign.local")) == 1
 
 
-def test_the_sweep_sends_an_interrupted_send_again_once_its_deadline_passed(
-    users, monkeypatch, django_capture_on_commit_callbacks
-):
+def test_the_sweep_sends_an_interrupted_send_again_once_its_deadline_passed(users, monkeypatch):
     note = interrupted_send(users, monkeypatch)
+    deliver()  # the other reviewers
     note.refresh_from_db()
     assert note.status == "sending" and note.claimed_at is not None
     # Still inside the deadline: maybe a slow server, not a dead worker.
-    assert approvals_sweep_sla(now=note.claimed_at + timedelta(seconds=30)).resumed == 0
-    enqueued = []
-    monkeypatch.setattr(send_notification, "delay", enqueued.append)
-    with django_capture_on_commit_callbacks(execute=True):
-        counts = approvals_sweep_sla(now=note.claimed_at + sending_deadline() + timedelta(seconds=1))
-    assert counts.resumed == 1 and note.pk in enqueued
+    assert outbox_sweep(now=note.claimed_at + timedelta(seconds=30))["resumed"] == 0
+    assert inbox("reviewer@countersign.local") == []
+    # Past it: taken back and sent by the sweep itself, no broker message needed.
+    counts = outbox_sweep(now=note.claimed_at + sending_deadline() + timedelta(seconds=1))
+    assert counts["resumed"] == 1 and counts["emails"] == 1
     note.refresh_from_db()
-    assert note.status == "pending" and "sent again with the same Message-ID" in note.last_error
-    # A second sweep (a second beat) finds nothing more to resume.
-    assert approvals_sweep_sla(now=note.claimed_at + sending_deadline() + timedelta(seconds=2)).resumed == 0
-    deliver()
+    assert note.status == "sent" and note.attempts == 2
+    assert "sent again with the same Message-ID" not in note.last_error  # sent: no error left
+    # A second sweep (a second beat) finds nothing more to resume or send.
+    assert outbox_sweep(now=note.claimed_at + sending_deadline() + timedelta(seconds=2)) == {
+        "resumed": 0,
+        "emails": 0,
+        "taken_back": 0,
+        "webhooks": 0,
+    }
     assert message_ids("reviewer@countersign.local") == [note.message_id]
     # The reviewer's inbox says it was sent.
     html = client_for(users["reviewer"]).get(reverse("inbox")).content.decode()
@@ -321,9 +324,10 @@ def test_the_sweep_sends_an_interrupted_send_again_once_its_deadline_passed(
 def test_an_email_an_earlier_version_left_outcome_unknown_is_sent_by_the_sweep(users):
     run = start(requester=users["requester"])
     note = Notification.objects.get(approval=the_approval(run), recipient="reviewer@countersign.local")
-    Notification.objects.filter(pk=note.pk).update(status="unknown", attempts=1, claimed_at=timezone.now())
-    assert approvals_sweep_sla().resumed == 1
-    deliver()
+    Notification.objects.filter(pk=note.pk).update(
+        status="unknown", attempts=1, claimed_at=timezone.now() - timedelta(minutes=1)
+    )
+    assert outbox_sweep()["resumed"] == 1
     assert len(inbox("reviewer@countersign.local")) == 1
     assert Notification.objects.get(pk=note.pk).status == "sent"
 
@@ -333,8 +337,8 @@ def test_a_send_interrupted_on_every_attempt_ends_failed_not_in_a_loop(users, mo
     stops after the last attempt instead of killing workers forever."""
     note = interrupted_send(users, monkeypatch)
     Notification.objects.filter(pk=note.pk).update(attempts=MAX_ATTEMPTS)
-    counts = approvals_sweep_sla(now=timezone.now() + sending_deadline() + timedelta(seconds=1))
-    assert counts.resumed == 0
+    counts = outbox_sweep(now=timezone.now() + sending_deadline() + timedelta(seconds=1))
+    assert counts["resumed"] == 0
     note.refresh_from_db()
     assert note.status == "failed" and "that was the last attempt" in note.last_error
     deliver()
@@ -354,6 +358,7 @@ def test_a_customer_email_cut_off_mid_send_stays_outcome_unknown_and_is_not_sent
         step=5,
     )
     emails = OutboxEmail.objects.count()
+    outbox_sweep(now=timezone.now() + timedelta(hours=1))
     approvals_sweep_sla(now=timezone.now() + timedelta(hours=1))
     deliver()
     call.refresh_from_db()

@@ -12,7 +12,6 @@ from django.core import mail
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, AuditEvent, GateRule, Notification
-from approvals.notify.notifications import send_notification
 from approvals.notify.sla import approval_remind, approvals_sweep_sla
 from approvals.notify.tasks import sweep_sla
 from approvals.policy.errors import NotAllowed
@@ -184,25 +183,8 @@ def test_an_approval_not_yet_due_does_not_expire(users):
     assert the_approval(run).status == ApprovalRequest.Status.PENDING
 
 
-def test_the_sweep_re_enqueues_emails_whose_nudge_was_lost(
-    users, monkeypatch, django_capture_on_commit_callbacks
-):
-    run = start(requester=users["requester"])
-    rows = Notification.objects.filter(approval__run=run).order_by("pk")
-    old, sent, _fresh = list(rows)  # _fresh: made just now, its own nudge is on the way
-    Notification.objects.filter(pk__in=[old.pk, sent.pk]).update(
-        created_at=timezone.now() - timedelta(minutes=2)
-    )
-    Notification.objects.filter(pk=sent.pk).update(status=Notification.Status.SENT)
-    enqueued = []
-    monkeypatch.setattr(send_notification, "delay", enqueued.append)
-    with django_capture_on_commit_callbacks(execute=True):
-        counts = approvals_sweep_sla()
-    assert counts.renudged == 1 and enqueued == [old.pk]
-
-
 def test_beat_runs_the_sweep_every_minute_by_default(users):
     entry = settings.CELERY_BEAT_SCHEDULE["sweep-approval-sla"]
     assert entry == {"task": "approvals.tasks.sweep_sla", "schedule": 60.0}
     assert sweep_sla.name == "approvals.tasks.sweep_sla"
-    assert sweep_sla() == {"expired": 0, "escalated": 0, "reminded": 0, "renudged": 0, "resumed": 0}
+    assert sweep_sla() == {"expired": 0, "escalated": 0, "reminded": 0}

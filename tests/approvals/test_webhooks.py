@@ -26,13 +26,14 @@ from approvals.models import ApprovalRequest, WebhookDelivery, WebhookEndpoint
 from approvals.notify import webhooks
 from approvals.notify.endpoints import webhook_address
 from approvals.notify.errors import UnsafeWebhookURL
+from approvals.notify.outbox import GRACE, outbox_sweep
 from approvals.notify.webhooks import (
     MAX_ATTEMPTS,
     webhook_deliver,
     webhook_retry,
     webhook_signature,
     webhook_signature_verify,
-    webhooks_sweep,
+    webhooks_take_back,
 )
 from runs.models import Run
 from tests.helpers import client_for, decide, finished_demo, get_html, script, start, the_approval, turn
@@ -458,30 +459,36 @@ def test_a_send_interrupted_by_a_dead_worker_is_sent_again_by_the_sweep(users, e
             attempts=1,
             next_attempt_at=timezone.now() - timedelta(seconds=1),
         )
+        now = timezone.now()
+        assert webhooks_take_back(now=now) == 1
+        assert webhooks_take_back(now=now) == 0  # a second sweep: nothing more
+        # Due now: the outbox sweep's next round (GRACE later) delivers it, no nudge needed.
         enqueued.clear()
-        assert webhooks_sweep() == {"interrupted": 1, "renudged": 0}
-        assert [pk for pk, _ in enqueued] == [delivery.pk]
-        assert webhook_deliver(delivery_id=delivery.pk).status == "delivered"
+        counts = outbox_sweep(now=now + GRACE)
+        assert counts["webhooks"] == 1 and enqueued == []
     assert len(receiver.requests) == 1
     delivery.refresh_from_db()
     assert delivery.attempts == 2
     assert [a["error"][:11] for a in delivery.attempts_log] == ["interrupted", ""]
 
 
-def test_the_sweep_renudges_overdue_pending_deliveries_only(users, enqueued):
-    endpoint()
-    endpoint()
-    opened_approval(users)
-    overdue, due_later = WebhookDelivery.objects.order_by("id")
-    WebhookDelivery.objects.filter(pk=overdue.pk).update(
-        next_attempt_at=timezone.now() - timedelta(minutes=1)
-    )
-    WebhookDelivery.objects.filter(pk=due_later.pk).update(
-        next_attempt_at=timezone.now() + timedelta(minutes=1)
-    )
-    enqueued.clear()
-    assert webhooks_sweep() == {"interrupted": 0, "renudged": 1}
-    assert enqueued == [(overdue.pk, None)]
+def test_the_sweep_delivers_overdue_pending_deliveries_only(users, enqueued):
+    with WebhookReceiver() as receiver:
+        endpoint(receiver.url)
+        endpoint(receiver.url)
+        opened_approval(users)
+        overdue, due_later = WebhookDelivery.objects.order_by("id")
+        WebhookDelivery.objects.filter(pk=overdue.pk).update(
+            next_attempt_at=timezone.now() - timedelta(minutes=1)
+        )
+        WebhookDelivery.objects.filter(pk=due_later.pk).update(
+            next_attempt_at=timezone.now() + timedelta(minutes=1)
+        )
+        assert outbox_sweep()["webhooks"] == 1
+    assert len(receiver.requests) == 1
+    overdue.refresh_from_db()
+    due_later.refresh_from_db()
+    assert (overdue.status, due_later.status) == ("delivered", "pending")
 
 
 def test_retry_now_gives_a_failed_delivery_another_attempt(users, enqueued):

@@ -63,7 +63,7 @@ def test_email_digests_and_webhooks_go_to_the_notify_queue_and_the_runs_nudges_d
         "approvals.tasks.deliver_webhook",
         "approvals.tasks.send_digests",
         "approvals.tasks.sweep_sla",
-        "approvals.tasks.sweep_webhooks",
+        "approvals.tasks.sweep_outbox",
         "approvals.tasks.anchor_chains",
     ):
         assert queue_of(name) == "notify", name

@@ -169,7 +169,7 @@ def test_a_worker_killed_while_the_server_takes_a_reviewers_email_has_it_sent_ag
         EMAIL_URL=f"smtp://127.0.0.1:{smtp.port}",
         DESK_BASE_URL=BASE_URL,
         DESK_EMAIL_SENDING_SECONDS="2",
-        DESK_SLA_SWEEP_SECONDS="1",
+        DESK_OUTBOX_SWEEP_SECONDS="1",
     )
     worker = desk.start_worker()
     run_id = desk.start_run("Refund A-1001, it broke")

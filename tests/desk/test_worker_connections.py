@@ -8,7 +8,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 from celery import signals
-from django.db import connection
+from django.db import connection, connections
 
 from runs.models import Run
 from runs.tasks import advance_run
@@ -57,8 +57,22 @@ def test_a_connection_the_database_dropped_between_tasks_is_replaced_not_failed_
     params.pop("cursor_factory", None)
     params.pop("context", None)
     with psycopg.connect(**params, autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
+        admin.execute("SELECT pg_terminate_backend(%s, 5000)", (pids[0],))  # waits until it is gone
 
     a_task(lambda: (Run.objects.count(), pids.append(connection.connection.info.backend_pid)))
 
     assert pids[1] != pids[0]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the health check's SELECT 1: PostgreSQL")
+def test_a_live_connection_is_not_health_checked_with_a_round_trip_before_each_task(monkeypatch):
+    """Django's CONN_HEALTH_CHECKS sends SELECT 1 before every task's first query; a
+    socket the server did not close nor write to says as much for free."""
+    connection.close()
+    checks = []
+    wrapper = type(connections["default"])
+    real = wrapper.is_usable
+    monkeypatch.setattr(wrapper, "is_usable", lambda conn: checks.append(conn.alias) or real(conn))
+    for _ in range(3):
+        a_task(lambda: Run.objects.count())
+    assert checks == []

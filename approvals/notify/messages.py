@@ -38,9 +38,27 @@ from tools.registry import arguments_in_order
 
 # The emails that ask a reviewer to decide a call: they carry its warnings.
 WARNED_KINDS = frozenset({*REVIEWER_KINDS, Kind.APPROVAL_PROPOSED})
+# Sent about the proposal just made: its warnings were read from the world in the
+# transaction that recorded this email (``opening.proposal_record``), so each email (one
+# per reviewer) uses them as stored instead of reading the world again. A reminder or an
+# escalation comes later, when the world may have moved: it reads them again.
+STORED_WARNINGS_KINDS = frozenset({Kind.APPROVAL_OPENED, Kind.APPROVAL_PROPOSED})
 
 
 # --- rendering -------------------------------------------------------------
+def _warnings(note: Notification, approval: ApprovalRequest) -> list[str]:
+    """What the desk's page warns a reviewer of, first in the email; nothing in the
+    requester's decline (a decided call: nothing is left to check)."""
+    if note.kind not in WARNED_KINDS:
+        return []
+    # Stored: the tool's, the calls in flight it repeated, the notes for the record it quoted.
+    stored = approval.proposal.warnings if approval.proposal_id else None
+    fresh = note.kind in STORED_WARNINGS_KINDS and approval.status == ApprovalRequest.Status.PENDING
+    if fresh and isinstance(stored, list):
+        return list(dict.fromkeys(str(w) for w in stored if w))
+    return shown_warnings(approval)
+
+
 def approval_link(approval_id: int) -> str:
     return settings.DESK_BASE_URL + reverse("approval-detail", args=[approval_id])
 
@@ -192,7 +210,7 @@ def notification_context(note: Notification) -> dict:
             sla_minutes=approval_sla_minutes(approval),
             # What the desk's page warns a reviewer of, first in the email; not in the
             # requester's decline (a decided call: nothing is left to check).
-            warnings=shown_warnings(approval) if note.kind in WARNED_KINDS else [],
+            warnings=_warnings(note, approval),
         )
     else:
         run = Run.objects.select_related("requester", "handed_over_to").get(pk=note.run_id)

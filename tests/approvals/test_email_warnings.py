@@ -175,3 +175,24 @@ def test_a_reminder_sent_after_the_first_was_declined_no_longer_claims_it(users)
     assert "Repeats the refund_item call" not in reminder.body
     assert "Check before deciding" not in reminder.body
     assert "warning" not in reminder.subject
+
+
+def test_the_opened_emails_use_the_warnings_read_at_opening_not_the_world_again(users):
+    """Each reviewer's email about a proposal just made carries the warnings stored with
+    it in the opening's transaction: rendering three of them reads the world 0 times."""
+    from django.db import connections
+    from django.test.utils import CaptureQueriesContext
+
+    from approvals.models import Notification
+    from approvals.notify.messages import notification_message
+
+    approval = repeated_refund(users)
+    notes = Notification.objects.filter(approval=approval, kind="approval_opened")
+    assert notes.count() >= 2
+    with CaptureQueriesContext(connections["world"]) as world:
+        messages = [notification_message(note) for note in notes]
+    assert len(world) == 0, [q["sql"] for q in world]
+    stored = [str(w) for w in approval.proposal.warnings]
+    assert any(w.startswith("Repeats an earlier refund: ₹1,000.00 to order A-1001") for w in stored)
+    for message in messages:
+        assert_warned_first(message, stored)

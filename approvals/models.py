@@ -649,9 +649,12 @@ class AuditEvent(SealedRow):
         forks), the event hashed over its content and the head before it."""
         self.subject = event_subject(self)
         with transaction.atomic(using=router.db_for_write(type(self)), savepoint=False):
-            # PostgreSQL: rows are locked, but a chain's first event has no row to lock yet.
-            lock_scope(f"audit:{self.subject}")
             chain = AuditChain.objects.select_for_update().filter(subject=self.subject).first()
+            if chain is None:
+                # A chain's first event has no row to lock yet (PostgreSQL): a lock on
+                # its name instead, taken only then (one round trip less per event).
+                lock_scope(f"audit:{self.subject}")
+                chain = AuditChain.objects.select_for_update().filter(subject=self.subject).first()
             if chain is None:
                 try:
                     with transaction.atomic():

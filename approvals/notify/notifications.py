@@ -57,7 +57,7 @@ from celery import shared_task
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.mail import mailers
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
@@ -119,24 +119,37 @@ def notifications_record(
     subject = " ".join(subject.split())[:300]  # a header: one line
     recipients = list(dict.fromkeys(r for r in recipients if r))
     deliveries = recipient_deliveries(recipients, kind=kind)
-    created = []
-    for recipient in recipients:
-        status = _STATUS_FOR_DELIVERY[deliveries.get(recipient, NotificationPreference.Delivery.EACH)]
-        note, new = Notification.objects.get_or_create(
-            event=event,
-            recipient=recipient,
-            defaults={
-                "kind": kind,
-                "subject": subject,
-                "status": status,
-                "approval": approval,
-                "run_id": run_id if run_id is not None else (approval.run_id if approval else None),
-            },
-        )
-        if new:
-            created.append(note)
-            if note.status == Notification.Status.PENDING:
-                notification_enqueue(note.pk)
+    run_id = run_id if run_id is not None else (approval.run_id if approval else None)
+    fields = {"kind": kind, "subject": subject, "approval": approval, "run_id": run_id}
+
+    def status(recipient: str) -> str:
+        return _STATUS_FOR_DELIVERY[deliveries.get(recipient, NotificationPreference.Delivery.EACH)]
+
+    # The rows already recorded for this event, then every new one in one INSERT (an
+    # approval's reviewers: one statement, not a read and an insert each).
+    recorded = set(
+        Notification.objects.filter(event=event, recipient__in=recipients).values_list("recipient", flat=True)
+    )
+    new = [
+        Notification(event=event, recipient=recipient, status=status(recipient), **fields)
+        for recipient in recipients
+        if recipient not in recorded
+    ]
+    try:
+        with transaction.atomic():
+            created = Notification.objects.bulk_create(new) if new else []
+    except IntegrityError:
+        # Recorded meanwhile by another transaction: one by one, leaving theirs alone.
+        created = []
+        for recipient in recipients:
+            note, made = Notification.objects.get_or_create(
+                event=event, recipient=recipient, defaults={"status": status(recipient), **fields}
+            )
+            if made:
+                created.append(note)
+    for note in created:
+        if note.status == Notification.Status.PENDING:
+            notification_enqueue(note.pk)
     return created
 
 

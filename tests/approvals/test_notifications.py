@@ -169,6 +169,38 @@ def test_sending_the_same_event_twice_sends_once(users):
     assert Notification.objects.filter(event=note.event).count() == 3
 
 
+def test_an_event_s_recipients_are_recorded_in_one_insert_and_a_race_leaves_theirs_alone(
+    users, monkeypatch, django_capture_on_commit_callbacks
+):
+    from django.db import connection
+    from django.db.models import QuerySet
+    from django.test.utils import CaptureQueriesContext
+
+    everyone = ["a@example.com", "b@example.com", "c@example.com"]
+    with CaptureQueriesContext(connection) as queries:
+        made = notifications_record(
+            event="test:1", kind=Kind.APPROVAL_OPENED, recipients=everyone, subject="s"
+        )
+    assert sorted(n.recipient for n in made) == everyone and all(n.pk for n in made)
+    assert sum(q["sql"].startswith("INSERT") for q in queries) == 1
+    # Another transaction recorded b@ after this one looked: its row stays, the others are added.
+    Notification.objects.filter(event="test:2").delete()
+    Notification.objects.create(
+        event="test:2", recipient="b@example.com", kind=Kind.APPROVAL_OPENED, subject="x"
+    )
+    real = QuerySet.values_list
+    monkeypatch.setattr(QuerySet, "values_list", lambda qs, *a, **k: real(qs.none(), *a, **k))
+    enqueued = []
+    monkeypatch.setattr(send_notification, "delay", enqueued.append)
+    with django_capture_on_commit_callbacks(execute=True):
+        made = notifications_record(
+            event="test:2", kind=Kind.APPROVAL_OPENED, recipients=everyone, subject="s"
+        )
+    assert sorted(n.recipient for n in made) == ["a@example.com", "c@example.com"]
+    assert sorted(enqueued) == sorted(n.pk for n in made)
+    assert Notification.objects.filter(event="test:2").count() == 3
+
+
 def test_a_second_worker_does_not_send_while_the_first_is_sending(users, monkeypatch):
     run = start(requester=users["requester"])
     note = Notification.objects.get(approval=the_approval(run), recipient="reviewer@countersign.local")

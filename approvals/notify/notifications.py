@@ -191,7 +191,13 @@ def approval_subject(approval: ApprovalRequest, kind: str) -> str:
     # The warnings stored with what would run ("repeats an earlier refund") and the
     # calls in flight it repeats now (not the ones it repeated: a first refund declined
     # since is not counted): the email says them first; the subject says there are some.
-    warned = _warnings_note(stored_warnings(proposal) + [r.text for r in repeats_of(approval)])
+    # A new proposal's email is recorded in the transaction that read them all (the
+    # repeats included): counted as stored, as the email shows them.
+    fresh = kind in (Kind.APPROVAL_OPENED, Kind.APPROVAL_PROPOSED) and proposal is not None
+    if fresh and isinstance(proposal.warnings, list):
+        warned = _warnings_note(list(dict.fromkeys(str(w) for w in proposal.warnings if w)))
+    else:
+        warned = _warnings_note(stored_warnings(proposal) + [r.text for r in repeats_of(approval)])
     if kind == Kind.APPROVAL_REMINDER:
         return f"[Countersign] Reminder: {call.tool_name} for {run} is waiting for a decision{warned}"
     if kind == Kind.APPROVAL_ESCALATED:

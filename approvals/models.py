@@ -1,7 +1,6 @@
-"""The app's models: rules, approvals, proposals, votes, standing approvals, the
-audit trail, and their enums; notify's models are defined in
-``approvals.notify.models`` and registered here. Imports only the ground pieces
-(``record.chain``, ``notify.models``), runs and tools."""
+"""The app's models: rules, approvals, proposals, votes, standing approvals, the audit trail, and their
+enums; notify's models are defined in ``approvals.notify.models`` and registered here. Imports only
+the ground pieces (``record.chain``, ``notify.models``), runs and tools."""
 
 from __future__ import annotations
 
@@ -355,11 +354,13 @@ class ApprovalRequest(SealedRow):
     # Who may decide, as it stands: the stricter of what the model's call and the
     # current proposal require (a member of every group), narrowed by escalation.
     required_groups = models.ManyToManyField(Group, blank=True, related_name="+")
-    # The same groups as one value ("" for none, else their ids, sorted: "2,5"), kept with
-    # them (``groups_key``, on every change of ``required_groups``), so the queue finds
-    # what a reviewer may decide along an index of the group sets they hold, however
-    # little of the queue that is (approvals_decidable_by). ``verify`` checks the two agree.
+    # The same groups as one value ("" for none, else their ids, sorted: "2,5"), kept with them (groups_key,
+    # on every change of required_groups), so the queue finds what a reviewer may decide along an index of
+    # the group sets they hold, however little of the queue that is (approvals_decidable_by); verify checks
+    # the two agree, and the queue's tool and search tokens below, kept likewise (record.queue_index).
     required_key = models.CharField(max_length=255, blank=True, default="")
+    tool_name = models.CharField(max_length=100, blank=True, default="", editable=False)
+    search = models.TextField(blank=True, default="", editable=False)
     approvers_required = models.PositiveSmallIntegerField(default=1)
     allow_self_approval = models.BooleanField(default=False)
     # The proposal a decision applies to: the model's call, or a reviewer's edit.

@@ -20,7 +20,7 @@ one after another by a logged-in reviewer (``requests`` with the session cookie)
 - ``queue all``: /desk/?tab=all;
 - ``queue filtered``: /desk/?tool=send_email&unclaimed=1;
 - ``queue searched``: /desk/?tab=all&q=B-4242 (one run's order, through the keyed search
-  index of runs' tasks and calls' arguments);
+  tokens each approval keeps, ``approvals.record.queue_index``);
 - ``queue deep``: 50 pages in (the "older" link followed 50 times; the time is that of the
   last page);
 - ``approval``: the page of an item in the middle of the queue;
@@ -143,6 +143,7 @@ def seed(start: int, stop: int) -> None:
     from django.utils import timezone
 
     from approvals.models import ApprovalRequest, GateRule, Proposal
+    from approvals.record.queue_index import joined_index
     from runs.gate import NEEDS_APPROVAL
     from runs.models import Run, ToolCall
     from tools.registry import input_hash
@@ -224,6 +225,10 @@ def seed(start: int, stop: int) -> None:
                         claimed_by=senior if i % 100 == 1 else None,
                         claimed_until=now + timedelta(hours=1) if i % 100 == 1 else None,
                         escalated_at=now if i % 1000 == 7 else None,
+                        # What the queue filters and searches by, as opening writes it
+                        # (its proposal is the call's arguments: the same tokens).
+                        tool_name=call.tool_name,
+                        search=joined_index(run.search, call.search),
                     )
                     for i, run, call, (rule, _, _) in zip(numbers, runs, calls, shapes, strict=True)
                 ]

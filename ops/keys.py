@@ -23,6 +23,8 @@ from django.db import connections, models, transaction
 from django.db.models import Q
 from django.db.models.functions import Cast, Substr
 
+from approvals.models import ApprovalRequest
+from approvals.record.queue_index import queue_index_write
 from approvals.record.verify import raw_column, sealed_models, stored_values
 from runs.failpoints import failpoint, pausepoint
 from tools.sealed import BLANK_JSON, ROW_FIELD, ForRow, SealedJSONField, SearchIndexField, index_of, row_field
@@ -147,6 +149,9 @@ def rotate(*, batch_size: int = 500, dry_run: bool = False, keyring: KeyRing | N
             failpoint("after_rekey_batch", rotation.batches)
             pausepoint("rekey_batch")
             last = pks[-1]
+    if not dry_run:
+        # The queue searches copies of the indexes just rebuilt (approvals.record.queue_index).
+        queue_index_write(ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING))
     return rotation
 
 

@@ -19,6 +19,7 @@ from approvals.decisions.quoting import note_quotes
 from approvals.models import ApprovalRequest, AuditEvent, GateRule, Proposal
 from approvals.policy.decided import decided_rule_snapshot
 from approvals.record.audit import approval_with_facts
+from approvals.record.queue_index import queue_index_write
 from runs.gate import Verdict
 from runs.models import GuardKind, Run, ToolCall
 from tools.registry import ReviewContext, find_tool
@@ -61,6 +62,7 @@ def approval_open(
         needed=needed,
     )
     ApprovalRequest.objects.filter(pk=approval.pk).update(proposal=approval.proposal)
+    queue_index_write(ApprovalRequest.objects.filter(pk=approval.pk))  # what the queue searches
     _audit_opened(
         approval,
         after="proposal 1",
@@ -110,6 +112,7 @@ def approval_open_guard(
         expires_at=None,
     )
     approval.required_groups.add(group)
+    queue_index_write(ApprovalRequest.objects.filter(pk=approval.pk))  # what the queue searches
     _audit_opened(approval, after=kind, detail=f"{kind}: {reason}"[:2000])
     announcer().approval_opened(approval)
     return approval

@@ -41,8 +41,8 @@ from approvals.decisions.selectors import (
 )
 from approvals.models import ApprovalRequest, ApprovalVote, GateRule
 from approvals.policy.decided import DecidedRule, rule_as_decided
+from approvals.record.queue_index import tools_named, words_match
 from runs.models import GuardKind, Run, ToolCall
-from tools.sealed import index_match
 
 # How urgent a pending approval is: the queue's order, computed in the database so that
 # it sorts and pages there. Escalated first; then those with an SLA by due time (the
@@ -88,12 +88,13 @@ def _search(pending, q: str):
     proposal) or run id match ``q``: "#12" is run 12 only; "12" is run 12 or any of the
     text. Task and arguments are sealed at rest, so their words are matched through
     the keyed search index (every word of ``q`` begins a word, any case); a tool's
-    name is clear and matched as text."""
+    name is clear: the tools whose name holds ``q`` are found by name. Both read what the
+    approval keeps (``approvals.record.queue_index``), each an equality along an index."""
     number = re.fullmatch(r"#?\s*(\d{1,18})", q)
     if number and q.startswith("#"):
         return pending.filter(run_id=int(number[1]))
-    match = Q(tool_call__tool_name__icontains=q) | Q(outcome_call__tool_name__icontains=q)
-    words = index_match(("run__search", "tool_call__search", "proposal__search", "outcome_call__search"), q)
+    match = Q(tool_name__in=tools_named(q))
+    words = words_match(q, using=pending.db)
     if words is not None:
         match |= words
     if number:
@@ -133,7 +134,7 @@ def _queue_narrowed(
     if kind:
         pending = pending.filter(kind=kind)
     if tool:
-        pending = pending.filter(Q(tool_call__tool_name=tool) | Q(outcome_call__tool_name=tool))
+        pending = pending.filter(tool_name=tool)
     if agent:
         pending = pending.filter(run__agent=agent)
     if rule is not None:
@@ -153,7 +154,8 @@ def _with_row(approvals, *, user):
     if user.is_authenticated:
         voted = ApprovalVote.objects.filter(proposal_id=OuterRef("proposal_id"), reviewer_id=user.pk)
         approvals = approvals.annotate(viewer_voted=Exists(voted))
-    return with_urgency(approvals).select_related(*QUEUE_RELATIONS).order_by(*QUEUE_ORDER)
+    # Not the search tokens: a row never shows them (a few kilobytes each, read for nothing).
+    return with_urgency(approvals).select_related(*QUEUE_RELATIONS).defer("search").order_by(*QUEUE_ORDER)
 
 
 def queue_pending(*, user, yours: bool = False, **filters):
@@ -371,7 +373,8 @@ def _stream_reads(
         if key is not None and stream.urgency == key.urgency:
             start = key.sort_at - timedelta(minutes=stream.minutes or 0)
             beyond = "lt" if backwards else "gt"
-            rows = rows.filter(
+            # The first bound alone is what an index starts its walk at (the OR is not).
+            rows = rows.filter(**{f"{column}__{beyond}e": start}).filter(
                 Q(**{f"{column}__{beyond}": start}) | Q(**{column: start, f"pk__{beyond}": key.pk})
             )
         order = [f"-{column}", "-pk"] if backwards else [column, "pk"]

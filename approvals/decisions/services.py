@@ -64,6 +64,7 @@ from approvals.models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule
 from approvals.policy.errors import DecisionError, NotAllowed, UnconfirmedIrreversible
 from approvals.policy.standing import standing_grant, standing_grant_refusal
 from approvals.record.audit import approval_with_facts
+from approvals.record.queue_index import queue_index_write
 from runs.gate import DENY, GUARD_ACTIONS, review_call
 from runs.models import GuardKind, Run, RunGuard, RunStatus, ToolCall
 from runs.services import (
@@ -402,6 +403,7 @@ def _propose(approval: ApprovalRequest, editor, edited_input: dict, comment: str
         allow_self_approval=needed.allow_self_approval,
     )
     approval.required_groups.set(groups)
+    queue_index_write(ApprovalRequest.objects.filter(pk=approval.pk))  # the queue searches the edit
     approval.proposal, approval.args_hash = proposal, proposal.input_hash
     approval.approvers_required, approval.allow_self_approval = needed.approvers, needed.allow_self_approval
     release_claim_if_ineligible(approval)

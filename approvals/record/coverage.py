@@ -173,6 +173,11 @@ COVERAGE: dict[str, dict[str, tuple[str, str]]] = {
         "reason": ("facts", APPROVAL_EVENTS),
         "required_groups": ("facts", APPROVAL_EVENTS),
         "required_key": ("checked", "recomputed from the required groups"),
+        "tool_name": ("recomputed", "from its call, while pending (the queue's filter and search)"),
+        "search": (
+            "recomputed",
+            "while pending: the tokens of its run's, calls' and current proposal's search indexes",
+        ),
         "approvers_required": ("facts", APPROVAL_EVENTS),
         "allow_self_approval": ("facts", APPROVAL_EVENTS),
         "proposal": ("facts", APPROVAL_EVENTS + ", by its number"),

@@ -20,6 +20,7 @@ from approvals.models import ApprovalRequest, AuditChain, AuditEvent, GateRule, 
 from approvals.record.chain import event_content, event_hash
 from approvals.record.errors import ImportRefused, Problem
 from approvals.record.export import FORMAT, HEADER_TYPE, ROW_TYPES, SEAL_START, TYPE_ORDER, USER_TYPE
+from approvals.record.queue_index import queue_index_write
 from approvals.record.verify import verify_run
 from runs.history import transcript_messages
 from runs.integrity import (
@@ -528,6 +529,7 @@ def _write(parsed: ImportFile, *, as_new: bool, using: str) -> ImportResult:
         current = None if source_proposal is None else resolve.ref(Proposal, source_proposal)
         ApprovalRequest.objects.filter(pk=approval.pk).update(proposal_id=current)
         approval.required_groups.set([groups[name] for name in row.data.get("required_groups") or []])
+    queue_index_write(ApprovalRequest.objects.filter(pk__in=[a.pk for a in approvals]))  # the queue's search
     insert("vote")
     insert("standing_approval")
     subject = f"run:{run.pk}"

@@ -33,6 +33,7 @@ from approvals.record.audit import (
     standing_facts,
 )
 from approvals.record.chain import event_content, event_hash
+from approvals.record.queue_index import queue_index_of
 from runs.integrity import Finding, retention_note, verify_steps
 from runs.models import SEEDED_HISTORY_VERSION, Message, Run, Step, ToolCall
 from runs.retention import RETENTION_ACTIONS, seal_in
@@ -139,6 +140,7 @@ def verify_run(run: Run) -> Verification:
         findings += cross_check(run, events)
     findings += call_facts_findings(run)
     findings += search_findings(run)
+    findings += queue_index_findings(run)
     note = retention_note(run)
     if note:
         note += ": checkpoint chain intact, content not checkable" if not step_findings else ""
@@ -509,6 +511,29 @@ def search_findings(run: Run) -> list[Finding]:
                         "misses it, or finds it by words it does not hold",
                     )
                 )
+    return findings
+
+
+def queue_index_findings(run: Run) -> list[Finding]:
+    """Each pending approval's ``tool_name`` and ``search`` (what the queue filters and
+    searches by, ``approvals.record.queue_index``) recomputed from its call, run and
+    current proposal: one edited in the database hides it from a search or a filter,
+    or has it found by words that are another's. A decided approval is searched no more
+    (and its call then holds the arguments decided): only the pending are held."""
+    pending = ApprovalRequest.objects.filter(run=run, status=ApprovalRequest.Status.PENDING)
+    stored = {pk: (tool, search) for pk, tool, search in pending.values_list("pk", "tool_name", "search")}
+    findings = []
+    for pk, (tool, search) in sorted(queue_index_of(pending).items()):
+        if stored[pk][0] != tool:
+            findings.append(Finding(f"run {run.pk} approval {pk}", "its tool name does not match its call's"))
+        if stored[pk][1] != search:
+            findings.append(
+                Finding(
+                    f"run {run.pk} approval {pk}",
+                    "its search tokens do not match its run's, call's and proposal's search "
+                    "indexes: a search misses it, or finds it by words it does not hold",
+                )
+            )
     return findings
 
 

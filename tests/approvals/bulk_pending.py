@@ -12,6 +12,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, GateRule, Proposal
+from approvals.record.queue_index import joined_index
 from runs.gate import NEEDS_APPROVAL
 from runs.models import Run, ToolCall
 from tools.registry import input_hash
@@ -93,6 +94,10 @@ def seed_pending(start: int, stop: int, *, requester, claimer=None, batch: int =
                         claimed_by=claimer if claimed and i % 100 == 1 else None,
                         claimed_until=now + timedelta(hours=1) if claimed and i % 100 == 1 else None,
                         escalated_at=now if i % 1000 == 7 else None,
+                        # What the queue filters and searches by, as opening writes it (its
+                        # proposal, below, is the call's arguments: the same tokens).
+                        tool_name=call.tool_name,
+                        search=joined_index(run.search, call.search),
                     )
                     for i, run, call, (rule, _, _) in zip(numbers, runs, calls, shapes, strict=True)
                 ]

@@ -314,6 +314,20 @@ def test_search_reads_the_proposal_that_would_run_and_text_in_any_script(users):
     assert f'data-approval="{approval.pk}"' in page
 
 
+def test_search_and_the_tool_filter_read_what_the_approval_keeps(users):
+    """Equalities on the approval's own tool and tokens, each along an index, not a LIKE
+    over the runs', calls' and proposals' indexes of every pending approval."""
+    ada = waiting(users["requester"], email("ada@example.com", "Your refund"), task="Customer Ada Lovelace")
+    waiting(users["requester"], refund(900, "A-1002"), task="Refund Lovelace")
+    narrowed = queue._queue_narrowed(user=users["reviewer"], q="lovelace", tool="send_email")
+    assert list(narrowed.values_list("pk", flat=True)) == [ada.pk]
+    where = str(narrowed.query).split(" WHERE ", 1)[1]
+    for elsewhere in ("runs_run", "runs_toolcall", "approvals_proposal"):
+        assert elsewhere not in where, where
+    for kept in ("search", "tool_name"):
+        assert f'"approvals_approvalrequest"."{kept}"' in where, where
+
+
 def _edit_to_senior(approval):
     from approvals.decisions.decision import Decision
 
@@ -618,3 +632,17 @@ def test_a_count_past_the_bound_says_so_and_one_at_the_bound_is_exact(users, mix
     assert count_in(nav, "nav-pending") == "3+" and "for you to decide: the count stops there" in nav
     # Filtered, the count is bounded the same way and exact below the bound.
     assert count_in(get_html(client, "/desk/", {"tool": "send_email"}), "tab-yours-count") == "1"
+
+
+def test_an_unknown_outcome_is_found_by_its_calls_tool_and_arguments(users):
+    from tests.approvals.guard_runs import REFUND, a_run, unknown_outcome
+
+    outcome = unknown_outcome(a_run(users["requester"]))
+    budget = a_guard(users["requester"])
+    assert (outcome.tool_name, budget.tool_name) == ("refund_item", "")
+    admin = users["admin"]
+    assert outcome.pk in ids(queue_pending(user=admin, tool="refund_item"))
+    assert budget.pk not in ids(queue_pending(user=admin, tool="refund_item"))
+    assert outcome.pk in ids(queue_pending(user=admin, q="refund_it"))  # any part of its tool's name
+    assert ids(queue_pending(user=admin, q="damaged")) == [outcome.pk]  # its call's arguments
+    assert ids(queue_pending(user=admin, q=REFUND["order_id"])) == [outcome.pk]  # and its run's task

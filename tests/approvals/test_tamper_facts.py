@@ -205,3 +205,33 @@ def test_a_search_index_edited_is_named(users, anchor, column, how):
     index = "" if how == "hidden" else model.objects.get(pk=row_of(other)).search
     model.objects.filter(pk=pk).update(search=index)
     caught(run, anchor, where.format(run=run.pk, pk=pk))
+
+
+# --- what the queue searches and filters by, kept on the approval ----------------------------------
+@pytest.mark.parametrize("how", ["token deleted", "token added", "tool changed"])
+def test_an_approvals_queue_index_edited_is_named(users, anchor, how):
+    other = pending(refund(users, 600, order="B-2002"))
+    run = start(
+        script(
+            turn(("refund_item", {"order_id": "A-1003", "amount": 550, "reason": "Broken"})),
+            turn(text="Done."),
+        ),
+        task="Refund Linus for the keyboard",
+        requester=users["requester"],
+    )
+    approval = pending(run)
+    tokens = approval.search.split()
+    assert approval.tool_name == "refund_item" and tokens
+    anchor.take()
+    if how == "token deleted":  # hidden from a search for one of its words
+        edit = {"search": " " + " ".join(tokens[1:]) + " "}
+        what = "its search tokens"
+    elif how == "token added":  # found by a word that is another approval's
+        extra = next(t for t in other.search.split() if t not in tokens)
+        edit = {"search": approval.search + extra + " "}
+        what = "its search tokens"
+    else:
+        edit = {"tool_name": "send_email"}
+        what = "its tool name"
+    ApprovalRequest.objects.filter(pk=approval.pk).update(**edit)
+    caught(run, anchor, f"run {run.pk} approval {approval.pk}: {what}")

@@ -89,6 +89,7 @@ def test_model_text_and_tool_arguments_are_escaped(users):
 def many_pending(n: int, requester) -> None:
     """n pending refund approvals, written in bulk (the queue must not care how many)."""
     from approvals.models import GateRule
+    from approvals.record.queue_index import joined_index
     from runs.models import ToolCall
 
     rule = GateRule.objects.get(name="Refunds over ₹500")
@@ -123,7 +124,14 @@ def many_pending(n: int, requester) -> None:
     ApprovalRequest.objects.bulk_create(
         [
             ApprovalRequest(
-                tool_call=call, run=call.run, rule=rule, rule_version=1, args_hash="h", reason="amount > 500"
+                tool_call=call,
+                run=call.run,
+                rule=rule,
+                rule_version=1,
+                args_hash="h",
+                reason="amount > 500",
+                tool_name=call.tool_name,  # what the queue filters and searches by
+                search=joined_index(call.run.search, call.search),
             )
             for call in calls
         ]

@@ -199,17 +199,25 @@ class ToolSpec:
         it expects) says so as a warning: the page still renders, and the reviewer is
         told the checks did not run rather than shown nothing.
         """
+        return self._notes(review, tool_input, facts=True)
+
+    def reviewer_warnings(self, review: ReviewContext, tool_input: Any) -> list[str]:
+        """The warnings of ``reviewer_notes`` alone (what a proposal stores), without
+        reading the facts a page shows."""
+        return self._notes(review, tool_input, facts=False)[1]
+
+    def _notes(self, review, tool_input, *, facts: bool) -> tuple[list[tuple[str, str]], list[str]]:
         args = tool_input if isinstance(tool_input, dict) else {}
-        facts: list[tuple[str, str]] = []
+        read: list[tuple[str, str]] = []
         warnings: list[str] = []
         try:
-            if self.context is not None:
-                facts = [(str(label), str(value)) for label, value in self.context(review, args)]
+            if facts and self.context is not None:
+                read = [(str(label), str(value)) for label, value in self.context(review, args)]
             if self.warnings is not None:
                 warnings = [str(w) for w in self.warnings(review, args)]
         except Exception as exc:  # a tool's bug must not hide the call from its reviewer
             warnings.append(f"{self.name}'s checks for reviewers could not run: {type(exc).__name__}: {exc}")
-        return facts, warnings
+        return read, warnings
 
     @property
     def effect_kind(self) -> str:

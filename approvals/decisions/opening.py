@@ -161,7 +161,7 @@ def proposal_record(
             call_id=approval.tool_call_id,
             task=str(approval.run.task or ""),
         )
-        warnings = spec.reviewer_notes(review, tool_input)[1]
+        warnings = spec.reviewer_warnings(review, tool_input)
         # And what it repeats that is not made yet (waiting, approved and not yet run).
         warnings += proposal_repeats(approval, tool_input)
         # And the reviewers' notes for the record of this run that it quotes.

@@ -12,21 +12,32 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from django.db.models import F, Sum
+from django.db import connections, router
+from django.db.models import Sum
 
 from .models import Counter
 
 
+@functools.cache
+def _bump_sql(alias: str) -> str:
+    qn = connections[alias].ops.quote_name
+    table, name, value = qn(Counter._meta.db_table), qn("name"), qn("value")
+    return (
+        f"INSERT INTO {table} ({name}, {value}) VALUES (%s, 1) "
+        f"ON CONFLICT ({name}) DO UPDATE SET {value} = {table}.{value} + 1"
+    )
+
+
 def bump(name: str) -> None:
-    """Add one to the counter ``name``, in its own statement (never the caller's effect)."""
-    if Counter.objects.filter(name=name).update(value=F("value") + 1):
-        return
-    # The first bump: get_or_create inserts in a savepoint and, if a concurrent
-    # first bump inserted the row meanwhile, finds it; this bump then adds to it.
-    # (The same race handling as the keyed rows' ``create_once``.)
-    _, created = Counter.objects.get_or_create(name=name, defaults={"value": 1})
-    if not created:
-        Counter.objects.filter(name=name).update(value=F("value") + 1)
+    """Add one to the counter ``name``, in its own statement (never the caller's effect).
+
+    One UPSERT (SQLite and PostgreSQL): the first bump inserts the row, a later or a
+    concurrent first bump adds to it, with no race to handle. Written once rather than
+    compiled by the ORM on every tool call: every tool is ``counted``, and the ORM's
+    UPDATE cost ~0.4 ms of CPU more than this statement (bench/vs_langgraph.py)."""
+    alias = router.db_for_write(Counter)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_bump_sql(alias), [name])
 
 
 def counted[**P, R](name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:

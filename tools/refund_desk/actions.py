@@ -4,8 +4,10 @@ what a write would do (dry runs) and whether its effect holds (verification).
 
 from __future__ import annotations
 
-from decimal import Decimal
+from decimal import Context, Decimal
+from functools import cache
 
+from django.db import connections, router
 from django.db.models import Q, Sum
 
 from tools import faults, payments
@@ -75,10 +77,56 @@ def _order_summary(order: Order, *, refunded: Decimal | None = None) -> dict:
 
 
 # --- reads -----------------------------------------------------------------
+# get_order is the demo's hot read (a step of most runs): one statement written once,
+# not compiled by the ORM on every call (~1.3 ms of CPU a call through the ORM against
+# ~0.01 ms for the statement itself on SQLite; bench/vs_langgraph.py measures the step).
+# Same row, same values as ``_order`` and ``_order_summary``.
+@cache
+def _order_read_sql(alias: str) -> str:
+    qn = connections[alias].ops.quote_name
+    o, c, t, p = (qn(m._meta.db_table) for m in (Order, Customer, Ticket, Payment))
+    paid = f"SELECT SUM(p.amount) FROM {p} p WHERE p.order_id = o.id AND p.kind = %s"
+    return (
+        f"SELECT o.order_id, o.item, o.amount, o.status, c.name, c.email, t.ticket_id, ({paid}), ({paid}) "
+        f"FROM {o} o INNER JOIN {c} c ON c.id = o.customer_id LEFT OUTER JOIN {t} t ON t.id = o.ticket_id "
+        "WHERE o.order_id = %s ORDER BY o.id LIMIT 1"
+    )
+
+
+CENT = Decimal("0.01")
+_FROM_FLOAT = Context(prec=15).create_decimal_from_float  # as Django reads a SQLite decimal
+
+
+def _decimal(value) -> Decimal:
+    """A decimal column's value as the ORM gives it (SQLite returns an int or a float)."""
+    return _FROM_FLOAT(value) if isinstance(value, int | float) else Decimal(value)
+
+
+def _order_read(order_id: str) -> dict:
+    alias = router.db_for_read(Order)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_order_read_sql(alias), [Payment.Kind.REFUND, Payment.Kind.REVERSAL, order_id])
+        row = cursor.fetchone()
+    if row is None:
+        raise ToolError(f"No order {order_id}.")
+    order_id, item, amount, status, name, email, ticket, refunds, reversals = row
+    # A reversed refund no longer counts: the money went back.
+    refunded = (_decimal(refunds or 0) - _decimal(reversals or 0)).quantize(CENT)
+    return {
+        "order_id": order_id,
+        "item": item,
+        "amount": str(_decimal(amount).quantize(CENT)),
+        "refunded": str(refunded),
+        "status": status,
+        "customer": name,
+        "email": email,
+        "ticket": ticket,
+    }
+
+
 @counted("get_order")
 def get_order(ctx: ToolContext, args: dict) -> dict:
-    order = _order(args["order_id"])
-    return _order_summary(order, refunded=(order.refunded or Decimal(0)).quantize(Decimal("0.01")))
+    return _order_read(args["order_id"])
 
 
 SEARCH_LIMIT = 20

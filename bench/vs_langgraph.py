@@ -5,18 +5,26 @@ Run from the project root, after installing LangGraph into the venv (it is not a
 dependency of the project):
 
     .venv/bin/pip install -r bench/requirements.txt
-    .venv/bin/python bench/vs_langgraph.py [--steps 200,800] [--rounds 3] [--tools noop,get_order]
+    .venv/bin/python bench/vs_langgraph.py [--steps 200,800] [--gated-steps 50,200] [--rounds 3]
+        [--tools noop,get_order,refund]
         [--old PATH]   # also a checkout of an older Countersign, e.g. git worktree add PATH 59e843d
 
-The loop: N turns, each a ~200-character assistant text and one call of the same trivial
-read tool on every side, then a final text turn: N + 1 model turns ("steps"). The model
-is a scripted fake on both sides (no network). Two tools, both reported:
+The loop: N turns, each a ~200-character assistant text and one tool call, then a final
+text turn: N + 1 model turns ("steps"). The model is a scripted fake on both sides (no
+network). Each side's tool is written the way its users would write it (the LangGraph
+side is in vs_langgraph_peer.py). Three tools, all reported:
 
-* ``noop``: returns a fixed ~200-character result, touches no database (1 fsync a step
-  on Countersign: the step's commit);
-* ``get_order``: the refund desk's own ``get_order`` tool function on both sides, over
-  its own SQLite world (WAL, synchronous=FULL): a read and a durable counter bump (2
-  fsyncs a step on Countersign: the step's commit and the bump).
+* ``noop`` (the engines alone): returns a fixed ~200-character result, touches no
+  database (1 fsync a step on Countersign: the step's commit);
+* ``get_order`` (the demo's world work): on Countersign the refund desk's ``get_order``
+  as shipped; on LangGraph the same read and the same durable counter bump in plain
+  sqlite3 SQL; both over the same SQLite world file (WAL, synchronous=FULL);
+* ``refund`` (a gated write, N from ``--gated-steps``: a gated step costs Countersign
+  ~0.1-0.2 s of CPU): one rupee of A-1003 a turn. Countersign: ``refund_item`` under the
+  demo's users and rules plus a bench rule that makes every refund wait; the script
+  approves each pause through ``approval_decide`` and advances the run again. LangGraph:
+  the tools node calls ``interrupt()``, the script resumes with ``Command(resume=...)``,
+  and the node makes the refund in plain SQL.
 
 * Countersign: a bench-only agent with the one tool, its ScriptedLLM, advanced by one
   ``runs.engine.run_advance`` claim; fresh SQLite databases as the project ships them
@@ -25,7 +33,7 @@ is a scripted fake on both sides (no network). Two tools, both reported:
   that imports the API is flagged. ``--old PATH``: the same worker on that checkout
   (cwd and sys.path), in its own process.
 * LangGraph: a StateGraph with a ``model`` node (the fake: the next scripted AIMessage
-  with its tool call) and a ``tools`` node (runs the same tool, appends a ToolMessage),
+  with its tool call) and a ``tools`` node (runs its tool, appends a ToolMessage),
   checkpointed by ``SqliteSaver`` on a file with journal_mode=WAL and synchronous=FULL,
   invoked with ``durability="sync"`` (each checkpoint is committed before the next node
   runs, as Countersign commits each step before the next model call). Two state shapes:
@@ -67,7 +75,7 @@ BENCH_RING = "bench:Y291bnRlcnNpZ24tYmVuY2gtcmluZy0zMi1ieXRlcyE"
 
 BENCH = Path(__file__).resolve().parent
 SIDES = ("countersign", "lg-default", "lg-delta")
-TOOLS = ("noop", "get_order")
+TOOLS = ("noop", "get_order", "refund")
 MARK_BEGIN = "/nonexistent/vs-langgraph-marker-begin"
 MARK_END = "/nonexistent/vs-langgraph-marker-end"
 TEXT = (
@@ -166,14 +174,21 @@ class CommitCounter:
             conn._commit = counted
 
 
-def countersign(db_dir: Path, n: int, tool: str, root: Path) -> dict:
-    setup_countersign(root, db_dir)
-    from django.contrib.auth import get_user_model
-    from django.db import connections
+def tool_call(tool: str, i: int = 0) -> dict:
+    """The call model turn ``i`` makes, the same on both sides (a refund's reason names the
+    turn: a repeat of an earlier call is answered by the engine without running it)."""
+    if tool == "noop":
+        return {"name": "bench_noop", "input": {"key": "A-1001"}}
+    if tool == "get_order":
+        return {"name": "get_order", "input": {"order_id": "A-1001"}}
+    # One rupee a time on the ₹12,000 order: 800 refunds stay within what is refundable.
+    refund = {"order_id": "A-1003", "amount": 1, "reason": f"Bench refund {i}."}
+    return {"name": "refund_item", "input": refund}
 
-    from runs.engine import run_advance
-    from runs.models import Step
-    from runs.services import run_create
+
+def _bench_tool(tool: str, n: int) -> None:
+    """Register the bench agent (and the noop tool); for ``refund``, the demo's users and
+    rules plus a rule that makes every refund wait for a reviewer."""
     from tools import registry
 
     if tool == "noop":
@@ -191,30 +206,55 @@ def countersign(db_dir: Path, n: int, tool: str, root: Path) -> dict:
                 kind=registry.READ,
             )
         )
-        tool_name, tool_input = "bench_noop", {"key": "A-1001"}
-    else:  # the refund desk's own get_order: a read of the world and a durable counter bump
-        tool_name, tool_input = "get_order", {"order_id": "A-1001"}
+    elif tool == "refund":
+        from django.contrib.auth.models import Group
+        from django.core.management import call_command
+
+        from approvals.models import GateRule
+
+        call_command("seeddemo", verbosity=0, stdout=open(os.devnull, "w"))  # noqa: SIM115
+        GateRule.objects.create(
+            name="Bench: every refund waits",
+            tool="refund_item",
+            effect="needs_approval",
+            priority=100,
+            required_group=Group.objects.get(name="reviewers"),
+        )
     registry.register_agent(
         registry.AgentSpec(
             name="bench-agent",
             system="You check a record with the one tool you have.",
-            tool_names=(tool_name,),
+            tool_names=(tool_call(tool)["name"],),
             # The stuck detector still hashes and counts every step, never stops the run.
             **_accepted(registry.AgentSpec, patience=n + 10),
         )
     )
+
+
+def countersign(db_dir: Path, n: int, tool: str, root: Path) -> dict:
+    setup_countersign(root, db_dir)
+    from django.contrib.auth import get_user_model
+    from django.db import connections
+
+    from runs.engine import run_advance
+    from runs.models import Step
+    from runs.services import run_create
+
+    _bench_tool(tool, n)
     script = {
-        "turns": [
-            {"text": turn_text(i), "tool_calls": [{"name": tool_name, "input": tool_input}]} for i in range(n)
-        ]
+        "turns": [{"text": turn_text(i), "tool_calls": [tool_call(tool, i)]} for i in range(n)]
         + [{"text": "Checked; nothing more to do. " + TEXT[:150]}]
     }
-    admin, _ = get_user_model().objects.get_or_create(username="bench", defaults={"is_superuser": True})
+    users = get_user_model().objects
+    if tool == "refund":
+        requester, reviewer = users.get(username="requester"), users.get(username="reviewer")
+    else:
+        requester, _ = users.get_or_create(username="bench", defaults={"is_superuser": True})
     run = run_create(
         agent_name="bench-agent",
         task=f"Benchmark: check the record {n} times.",
         script=script,
-        requester=admin,
+        requester=requester,
         max_steps=n + 5,
         enqueue=False,
         **_accepted(run_create, max_tokens=10**12, max_cost=100_000),
@@ -238,7 +278,24 @@ def countersign(db_dir: Path, n: int, tool: str, root: Path) -> dict:
         profiler.enable()
     marker(MARK_BEGIN)
     t0, c0 = time.perf_counter(), time.process_time()
-    run_advance(run.pk)
+    result = run_advance(run.pk)
+    decisions = 0
+    if tool == "refund":
+        # The script is the reviewer: each pause, it approves the pending call through the
+        # desk's decide service, then the run is advanced again (a worker's nudge).
+        from approvals.decisions.decision import Decision
+        from approvals.decisions.services import approval_decide
+        from approvals.models import ApprovalRequest
+        from runs.engine import Outcome
+
+        pending = ApprovalRequest.objects.filter(run_id=run.pk, status="pending", kind="call")
+        while result.outcome == Outcome.PAUSED:
+            approval_id = pending.values_list("pk", flat=True).first()
+            approval_decide(
+                approval_id=approval_id, reviewer=reviewer, decision=Decision.approve(), enqueue=False
+            )
+            decisions += 1
+            result = run_advance(run.pk)
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     marker(MARK_END)
     if profile:
@@ -251,7 +308,7 @@ def countersign(db_dir: Path, n: int, tool: str, root: Path) -> dict:
         connections[alias].close()
     after = sum(db_size(p) for p in files)
     return {
-        "status": run.status,
+        "status": run.status if tool != "refund" or decisions == n else f"{run.status}, {decisions} approved",
         "error": run.error,
         "steps": steps,
         "elapsed": elapsed,
@@ -259,140 +316,7 @@ def countersign(db_dir: Path, n: int, tool: str, root: Path) -> dict:
         "commits": commits,
         "bytes": after - before,
         "api_imported": (not api_before) and "api.endpoints" in sys.modules,
-    }
-
-
-# =============================================================================
-# LangGraph worker
-# =============================================================================
-class CountingConnection(sqlite3.Connection):
-    commits = 0
-    commit_time = 0.0
-
-    def commit(self):
-        t = time.perf_counter()
-        try:
-            return super().commit()
-        finally:
-            CountingConnection.commits += 1
-            CountingConnection.commit_time += time.perf_counter() - t
-
-
-def langgraph(db_dir: Path, n: int, delta: bool, tool: str) -> dict:
-    world = None
-    if tool == "get_order":
-        # The same tool function as Countersign's, on its own SQLite world (WAL,
-        # synchronous=FULL, as the project ships it): a read and a durable counter bump.
-        setup_countersign(ROOT, db_dir)
-        from django.db import connections
-
-        from tools import registry
-
-        get_order = registry.get_tool("get_order").function
-        world = Path(connections["world"].settings_dict["NAME"])
-        connections["world"].close()
-
-        def run_tool(args: dict) -> dict:
-            return get_order(None, {"order_id": "A-1001"})
-    else:
-
-        def run_tool(args: dict) -> dict:
-            return dict(RESULT)  # the same trivial tool
-
-    from typing import Annotated, TypedDict
-
-    from langchain_core.messages import AIMessage, ToolMessage
-    from langgraph.checkpoint.sqlite import SqliteSaver
-    from langgraph.graph import END, START, StateGraph
-    from langgraph.graph.message import add_messages
-
-    if delta:
-        from langgraph.channels.delta import DeltaChannel
-        from langgraph.graph.message import _messages_delta_reducer
-
-        messages = Annotated[list, DeltaChannel(_messages_delta_reducer)]
-    else:
-        messages = Annotated[list, add_messages]
-    # Functional form: this module's annotations are strings (from __future__).
-    State = TypedDict("State", {"messages": messages})  # noqa: UP013
-
-    db_dir.mkdir(parents=True, exist_ok=True)
-    path = db_dir / "checkpoints.sqlite3"
-    conn = sqlite3.connect(path, check_same_thread=False, factory=CountingConnection)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
-    saver = SqliteSaver(conn)
-    saver.setup()
-    conn.commit()
-
-    turn = {"i": 0}
-
-    def model(state: dict) -> dict:
-        # The fake model: the next scripted turn (LangGraph has no scripted LLM; the
-        # messages so far are not read, as a stub model would not).
-        i = turn["i"]
-        turn["i"] += 1
-        if i < n:
-            msg = AIMessage(
-                id=f"ai-{i}",
-                content=turn_text(i),
-                tool_calls=[{"name": tool, "args": {"key": "A-1001"}, "id": f"call-{i}"}],
-            )
-        else:
-            msg = AIMessage(id=f"ai-{i}", content="Checked; nothing more to do. " + TEXT[:150])
-        return {"messages": [msg]}
-
-    def tools(state: dict) -> dict:
-        call = state["messages"][-1].tool_calls[0]
-        result = run_tool(call["args"])
-        return {
-            "messages": [
-                ToolMessage(id=f"tool-{call['id']}", content=json.dumps(result), tool_call_id=call["id"])
-            ]
-        }
-
-    def route(state: dict) -> str:
-        return "tools" if state["messages"][-1].tool_calls else END
-
-    builder = StateGraph(State)
-    builder.add_node("model", model)
-    builder.add_node("tools", tools)
-    builder.add_edge(START, "model")
-    builder.add_conditional_edges("model", route, ["tools", END])
-    builder.add_edge("tools", "model")
-    graph = builder.compile(checkpointer=saver)
-    config = {"configurable": {"thread_id": "bench"}, "recursion_limit": 2 * n + 10}
-
-    before = db_size(path) + (db_size(world) if world else 0)
-    counter = CommitCounter() if world else None
-    CountingConnection.commits = 0
-    CountingConnection.commit_time = 0.0
-    marker(MARK_BEGIN)
-    t0, c0 = time.perf_counter(), time.process_time()
-    out = graph.invoke(
-        {"messages": [{"role": "user", "content": f"Check the record {n} times.", "id": "task"}]},
-        config,
-        durability="sync",
-    )
-    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
-    marker(MARK_END)
-    commits = CountingConnection.commits + (counter.commits if counter else 0)
-    steps = turn["i"]
-    ok = len(out["messages"]) == 2 * n + 2
-    conn.close()
-    if world:
-        from django.db import connections
-
-        connections["world"].close()
-    return {
-        "status": "done" if ok else f"{len(out['messages'])} messages, expected {2 * n + 2}",
-        "error": "",
-        "steps": steps,
-        "elapsed": elapsed,
-        "cpu": cpu,
-        "commits": commits,
-        "bytes": db_size(path) + (db_size(world) if world else 0) - before,
-        "api_imported": False,
+        "decisions": decisions,
     }
 
 
@@ -484,6 +408,9 @@ def loadavg() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", default="200,800", help="comma-separated N (default %(default)s)")
+    parser.add_argument(
+        "--gated-steps", default="50,200", help="comma-separated N for the gated refund (default %(default)s)"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median is reported")
     parser.add_argument("--sides", default=",".join(SIDES), help="comma-separated, of: " + ", ".join(SIDES))
     parser.add_argument("--tools", default=",".join(TOOLS), help="comma-separated, of: " + ", ".join(TOOLS))
@@ -512,6 +439,8 @@ def main() -> None:
             root = args.old.resolve() if args.worker == "old" else ROOT
             result = countersign(db_dir, args.n, args.tool, root)
         else:
+            from vs_langgraph_peer import langgraph
+
             result = langgraph(db_dir, args.n, delta=args.worker == "lg-delta", tool=args.tool)
         Path(args.out).write_text(json.dumps(result))
         return
@@ -528,6 +457,8 @@ def main() -> None:
     if set(tools) - set(TOOLS):
         parser.error(f"--tools: choose from {', '.join(TOOLS)}")
     ns = [int(x) for x in args.steps.split(",") if x.strip()]
+    gated_ns = [int(x) for x in args.gated_steps.split(",") if x.strip()]
+    tool_ns = {t: gated_ns if t == "refund" else ns for t in tools}
     tmp = Path(tempfile.mkdtemp(prefix="vs-langgraph-", dir=args.tmpdir))
     print(f"loadavg before: {Path('/proc/loadavg').read_text().strip()}  ({os.cpu_count()} CPUs)")
     print(versions() + (f"; old = {args.old}" if args.old else ""))
@@ -541,7 +472,7 @@ def main() -> None:
         cells = [
             (t, n, s)
             for t in tools
-            for n in ns
+            for n in tool_ns[t]
             for s in sides
             if not (s == "lg-default" and n > args.lg_default_max)
         ]
@@ -561,8 +492,8 @@ def main() -> None:
                 )
         fsyncs: dict[tuple[str, str], float] = {}
         if not args.no_strace and shutil.which("strace"):
-            n = min(ns)
             for tool in tools:
+                n = min(tool_ns[tool])
                 for side in sides:
                     print(f"  ... fsyncs: {side} {tool} N={n} under strace", file=sys.stderr, flush=True)
                     r = spawn(
@@ -580,7 +511,7 @@ def main() -> None:
         for key, runs in tries.items():
             runs = sorted(runs, key=lambda r: r["cpu"])
             results[key] = {**runs[(len(runs) - 1) // 2], "cpus": [r["cpu"] for r in runs]}
-        report(sides, tools, ns, results, fsyncs, commit, commit_after, loads, args)
+        report(sides, tools, tool_ns, results, fsyncs, commit, commit_after, loads, args)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -588,7 +519,16 @@ def main() -> None:
 SHORT = {"countersign": "CS", "old": "old", "lg-default": "LG", "lg-delta": "LGD"}
 
 
-def report(sides, tools, ns, results, fsyncs, commit, commit_after, loads, args) -> None:
+GOALS = {"noop": 0.5, "get_order": 1.0}  # CS cpu / LG+Delta cpu (issue 34)
+ABOUT = {
+    "noop": "noop: no database",
+    "get_order": "get_order: a world read + a durable counter bump (CS: the demo's tool; LG: plain sqlite3)",
+    "refund": "refund: a gated write, approved by the script (CS: refund_item through approval_decide; "
+    "LG: interrupt() + Command(resume=...), the write in plain sqlite3)",
+}
+
+
+def report(sides, tools, tool_ns, results, fsyncs, commit, commit_after, loads, args) -> None:
     p = print
     p(
         f"loadavg after:  {Path('/proc/loadavg').read_text().strip()}; 1-min load during the runs: "
@@ -601,7 +541,7 @@ def report(sides, tools, ns, results, fsyncs, commit, commit_after, loads, args)
     p(
         f"steps = N + 1 model turns; cpu = process time (user+sys) of the loop / steps, ms = its wall "
         f"time / steps, median-cpu run of {args.rounds} alternating round(s); B = database growth / step; "
-        f"cmt = commits / step; fsync = fsync+fdatasync / step (strace, one run at N={min(ns)}); "
+        "cmt = commits / step; fsync = fsync+fdatasync / step (strace, one run at the smallest N); "
         "'-' = not run"
     )
     for (side, tool, n), r in results.items():
@@ -621,44 +561,50 @@ def report(sides, tools, ns, results, fsyncs, commit, commit_after, loads, args)
     groups.append(("cmt", "commits", 1, ".2f"))
     for tool in tools:
         p("")
-        p(
-            f"tool: {tool}"
-            + (" (no database)" if tool == "noop" else " (get_order: a world read + a durable counter bump)")
-        )
+        p(f"tool: {ABOUT[tool]}")
         head = f"{'N':>5}"
         for label, *_ in groups:
             head += " |" + "".join(f"{SHORT[s] + ' ' + label:>10}" for s in sides)
         head += " |" + "".join(f"{SHORT[s] + ' fsync':>10}" for s in sides)
         p(head)
         p("-" * len(head))
-        for n in ns:
+        for n in tool_ns[tool]:
             line = f"{n:>5}"
             for _label, key, scale, fmt in groups:
                 line += " |" + "".join(cell(per(s, tool, n, key, scale), 10, fmt) for s in sides)
             line += " |" + "".join(cell(fsyncs.get((s, tool)), 10, ".2f") for s in sides)
             p(line)
-        if "countersign" in sides and "lg-delta" in sides:
-            for n in ns:
-                cs, lgd = per("countersign", tool, n, "cpu", 1000), per("lg-delta", tool, n, "cpu", 1000)
-                wall = per("countersign", tool, n, "elapsed") / per("lg-delta", tool, n, "elapsed")
-                runs = ", ".join(
-                    f"{c * 1000 / results['countersign', tool, n]['steps']:.2f}"
-                    for c in results["countersign", tool, n]["cpus"]
+        if "countersign" not in sides:
+            continue
+        for n in tool_ns[tool]:
+            cs = per("countersign", tool, n, "cpu", 1000)
+            cs_ms = per("countersign", tool, n, "elapsed", 1000)
+            rounds = ", ".join(
+                f"{c * 1000 / results['countersign', tool, n]['steps']:.2f}"
+                for c in results["countersign", tool, n]["cpus"]
+            )
+            parts = []
+            for peer in ("lg-default", "lg-delta"):
+                if (peer, tool, n) in results:
+                    lg, lg_ms = per(peer, tool, n, "cpu", 1000), per(peer, tool, n, "elapsed", 1000)
+                    parts.append(f"CS/{SHORT[peer]} cpu {cs / lg:.2f}x wall {cs_ms / lg_ms:.2f}x")
+            if "old" in sides:
+                parts.append(f"CS/old cpu {cs / per('old', tool, n, 'cpu', 1000):.2f}x")
+            p(f"  N={n}: CS cpu {cs:.3f} ms/step (rounds {rounds}); " + "; ".join(parts))
+            goal = GOALS.get(tool)
+            if goal is not None and ("lg-delta", tool, n) in results:
+                ratio = cs / per("lg-delta", tool, n, "cpu", 1000)
+                verdict = "met" if ratio <= goal else f"NOT met, over by {ratio - goal:.2f}x"
+                p(f"         goal CS/LGD cpu <= {goal:.2f}x: {ratio:.2f}x, {verdict}")
+            noops = [("countersign", "noop", n), ("lg-delta", "noop", n)]
+            if tool != "noop" and all(key in results for key in noops):
+                # The tool's own cost: the step with it less the step with the no-I/O tool.
+                cs_tool = cs - per("countersign", "noop", n, "cpu", 1000)
+                lg_tool = per("lg-delta", tool, n, "cpu", 1000) - per("lg-delta", "noop", n, "cpu", 1000)
+                p(
+                    f"         the tool alone (step - noop step): CS {cs_tool:.3f} vs LGD {lg_tool:.3f} "
+                    f"ms/step cpu ({cs_tool / lg_tool:.2f}x)"
                 )
-                line = (
-                    f"  N={n}: CS/LG+Delta cpu {cs / lgd:.2f}x (target <= 1.00: "
-                    f"{'met' if cs <= lgd else 'NOT met'}; CS {cs:.3f} vs {lgd:.3f} ms/step; "
-                    f"CS rounds {runs}), "
-                    f"wall {wall:.2f}x"
-                )
-                if "old" in sides:
-                    old = per("old", tool, n, "cpu", 1000)
-                    line += f"; CS/old cpu {cs / old:.2f}x"
-                p(line)
-            want = 1.0 if tool == "noop" else 2.0
-            got = fsyncs.get(("countersign", tool))
-            if got is not None:
-                p(f"  CS fsyncs/step {got:.2f} (target <= {want:.0f})")
 
 
 if __name__ == "__main__":

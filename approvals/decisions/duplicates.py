@@ -34,9 +34,10 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from django.db.models import Q
+from django.db import connections
+from django.db.models import F, Q
 
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, Proposal
 from runs.models import GuardKind, Run, ToolCall
 from tools.idempotency import canonical_json
 from tools.money import rupees
@@ -130,6 +131,16 @@ def stored_warnings(proposal) -> list[str]:
     return [str(w) for w in stored if w and not REPEAT_TEXT.match(str(w))]
 
 
+def warnings_as_made(proposal) -> list[str] | None:
+    """Every warning stored with ``proposal`` as it was made, each once, its in-flight
+    repeats included: what the email about that proposal says (recorded in the same
+    transaction); None when it stores no list."""
+    stored = proposal.warnings if proposal is not None else None
+    if not isinstance(stored, list):
+        return None
+    return list(dict.fromkeys(str(w) for w in stored if w))
+
+
 def duplicate_scope(approval: ApprovalRequest) -> str:
     """A lock name shared by the calls that would repeat ``approval``'s (bulk approve
     checks and approves under it), or "" when its tool declares no duplicate key."""
@@ -167,25 +178,34 @@ def _comparable(value, *, money: bool):
 def _in_flight(subjects) -> list[ToolCall]:
     """The calls in flight that could repeat any of ``subjects``: one query, narrowed
     by tool and by the clear facts of the key's text fields (a pending edit is read
-    whole: its call's facts are the model's arguments)."""
+    whole: its call's facts are the model's arguments). On PostgreSQL the facts are
+    matched by containment, which the in-flight calls' GIN index serves
+    (``toolcall_in_flight_facts``); the edits are found from their proposals
+    (``proposal_edit``), so neither side walks the pending calls of a tool."""
+    on_postgresql = connections[ToolCall.objects.db].vendor == "postgresql"
     match = Q()
     for _approval, spec, args, _key in subjects:
-        narrow = Q(tool_name=spec.name)
-        for name in spec.duplicate_key:
-            if name not in spec.money and isinstance(args[name], str) and FIELD_NAME.fullmatch(name):
-                narrow &= Q(**{f"facts__{name}": fact_value(args[name])})
-        match |= narrow
-    edits = Q(
-        tool_name__in={subject[1].name for subject in subjects},
+        facts = {
+            name: fact_value(args[name])
+            for name in spec.duplicate_key
+            if name not in spec.money and isinstance(args[name], str) and FIELD_NAME.fullmatch(name)
+        }
+        if on_postgresql and facts:
+            match |= Q(tool_name=spec.name, facts__contains=facts)
+        else:
+            match |= Q(tool_name=spec.name, **{f"facts__{name}": value for name, value in facts.items()})
+    edited = Proposal.objects.filter(
+        number__gt=1,
+        approval__proposal=F("pk"),
         approval__status=ApprovalRequest.Status.PENDING,
-        approval__proposal__number__gt=1,
-    )
+        approval__tool_name__in={subject[1].name for subject in subjects},
+    ).values("approval__tool_call_id")
+    candidates = ToolCall.objects.filter(match, status__in=IN_FLIGHT).values("pk").union(edited)
     waiting = Q(status=WAITING, approval__status=ApprovalRequest.Status.PENDING)
     return list(
         ToolCall.objects.live()
-        .filter(run__status__in=LIVE_RUNS)
+        .filter(pk__in=candidates, run__status__in=LIVE_RUNS)
         .filter(waiting | Q(status__in=[s for s in IN_FLIGHT if s != WAITING]))
-        .filter(match | edits)
         .select_related("approval__proposal")
         .order_by("pk")
     )

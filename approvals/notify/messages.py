@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from approvals.decisions.arguments import arg_value
 from approvals.decisions.bulk import shown_warnings
+from approvals.decisions.duplicates import warnings_as_made
 from approvals.decisions.guards import guard_context
 from approvals.decisions.selectors import approval_sla_minutes, group_names, input_changes, proposal_threshold
 from approvals.models import ApprovalRequest
@@ -52,10 +53,10 @@ def _warnings(note: Notification, approval: ApprovalRequest) -> list[str]:
     if note.kind not in WARNED_KINDS:
         return []
     # Stored: the tool's, the calls in flight it repeated, the notes for the record it quoted.
-    stored = approval.proposal.warnings if approval.proposal_id else None
-    fresh = note.kind in STORED_WARNINGS_KINDS and approval.status == ApprovalRequest.Status.PENDING
-    if fresh and isinstance(stored, list):
-        return list(dict.fromkeys(str(w) for w in stored if w))
+    if note.kind in STORED_WARNINGS_KINDS and approval.status == ApprovalRequest.Status.PENDING:
+        stored = warnings_as_made(approval.proposal if approval.proposal_id else None)
+        if stored is not None:
+            return stored
     return shown_warnings(approval)
 
 

@@ -61,7 +61,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
-from approvals.decisions.duplicates import repeats_of, stored_warnings
+from approvals.decisions.duplicates import repeats_of, stored_warnings, warnings_as_made
 from approvals.decisions.guards import guard_headline
 from approvals.decisions.selectors import eligible_reviewers
 from approvals.models import ApprovalRequest
@@ -193,9 +193,9 @@ def approval_subject(approval: ApprovalRequest, kind: str) -> str:
     # since is not counted): the email says them first; the subject says there are some.
     # A new proposal's email is recorded in the transaction that read them all (the
     # repeats included): counted as stored, as the email shows them.
-    fresh = kind in (Kind.APPROVAL_OPENED, Kind.APPROVAL_PROPOSED) and proposal is not None
-    if fresh and isinstance(proposal.warnings, list):
-        warned = _warnings_note(list(dict.fromkeys(str(w) for w in proposal.warnings if w)))
+    fresh = kind in (Kind.APPROVAL_OPENED, Kind.APPROVAL_PROPOSED)
+    if fresh and (stored := warnings_as_made(proposal)) is not None:
+        warned = _warnings_note(stored)
     else:
         warned = _warnings_note(stored_warnings(proposal) + [r.text for r in repeats_of(approval)])
     if kind == Kind.APPROVAL_REMINDER:

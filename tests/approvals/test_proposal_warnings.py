@@ -184,6 +184,24 @@ def test_an_edit_is_checked_again(users):
     assert first.proposal.warnings == []
 
 
+def test_an_edit_still_waiting_is_repeated_by_its_own_arguments_not_the_model_s(users):
+    first = asked(users)
+    # A reviewer moves the refund to another order and past the senior rule: the edit
+    # waits for a senior, under the call whose facts still say A-1001, ₹600.
+    decide(
+        first, users["reviewer"], Decision.approve(edit={**SIX_HUNDRED, "order_id": "A-1003", "amount": 6000})
+    )
+    first.refresh_from_db()
+    assert first.status == ApprovalRequest.Status.PENDING and first.proposal.number == 2
+    same_as_edit = asked(users, {**SIX_HUNDRED, "order_id": "A-1003", "amount": 6000}, task="Refund A-1003")
+    assert [w for w in same_as_edit.proposal.warnings if w.startswith("Repeats the")] == [
+        f"Repeats the refund_item call waiting for a decision in run {first.run_id}: order_id A-1003, "
+        f"amount ₹6,000.00 (approval #{first.pk})"
+    ]
+    # The model's own arguments are no longer what would run.
+    assert not any(w.startswith("Repeats the") for w in asked(users).proposal.warnings)
+
+
 def test_a_refund_of_another_amount_or_order_is_not_a_repeat(users):
     asked(users)
     assert asked(users, {**SIX_HUNDRED, "amount": 650}).proposal.warnings == []

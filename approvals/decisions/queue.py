@@ -28,6 +28,7 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from approvals.decisions.counts import BoundedCount, bounded_counts
 from approvals.decisions.duplicates import Repeat, in_flight_repeats, stored_warnings
 from approvals.decisions.selectors import (
     DECIDE_PERMISSION,
@@ -38,6 +39,7 @@ from approvals.decisions.selectors import (
     group_names,
     holds,
     required_groups_for,
+    visible_arms,
 )
 from approvals.models import ApprovalRequest, ApprovalVote, GateRule
 from approvals.policy.decided import DecidedRule, rule_as_decided
@@ -114,10 +116,19 @@ QUEUE_RELATIONS = (
 )
 
 
-def _queue_narrowed(
+def _queue_narrowed(*, user, yours: bool = False, **filters):
+    """``queue_pending`` without its order, annotations and relations (to count)."""
+    if yours:
+        pending = approvals_decidable_by(user)
+    else:
+        pending = approvals_visible_to(user).filter(status=ApprovalRequest.Status.PENDING)
+    return _narrowed(pending, user=user, **filters)
+
+
+def _narrowed(
+    pending,
     *,
     user,
-    yours: bool = False,
     tool: str = "",
     agent: str = "",
     rule: GateRule | None = None,
@@ -126,11 +137,7 @@ def _queue_narrowed(
     kind: str = "",
     q: str = "",
 ):
-    """``queue_pending`` without its order, annotations and relations (to count)."""
-    if yours:
-        pending = approvals_decidable_by(user)
-    else:
-        pending = approvals_visible_to(user).filter(status=ApprovalRequest.Status.PENDING)
+    """``pending`` under the queue's filters."""
     if kind:
         pending = pending.filter(kind=kind)
     if tool:
@@ -179,60 +186,6 @@ def queue_page_rows(*, user):
     return _with_row(ApprovalRequest.objects.filter(status=ApprovalRequest.Status.PENDING), user=user)
 
 
-# A count on the desk stops here: "1,000+" says there are more, without counting them.
-# Counting every visible pending row costs in proportion to the queue (a sequential scan
-# at 100,000 pending); a count that stops after COUNT_BOUND + 1 rows costs in proportion
-# to the bound, and below it is exact.
-COUNT_BOUND = 1000
-
-
-@dataclass(frozen=True)
-class BoundedCount:
-    """How many, up to COUNT_BOUND: ``value`` is exact unless ``over`` (there are more
-    than ``value``). As text: "3", "1,000+"."""
-
-    value: int
-    over: bool = False
-
-    def __str__(self) -> str:
-        return f"{self.value:,}+" if self.over else f"{self.value:,}"
-
-    def __bool__(self) -> bool:
-        return self.value > 0
-
-    @property
-    def title(self) -> str:
-        """For a tooltip: what the figure means."""
-        return f"more than {self.value:,} (counted up to {self.value:,})" if self.over else f"{self.value:,}"
-
-
-def bounded_counts(querysets: dict[str, object], *, bound: int | None = None) -> dict[str, BoundedCount]:
-    """Each of ``querysets`` counted up to ``bound`` (``BoundedCount``), all in one query:
-    ``SELECT (SELECT COUNT(*) FROM (... LIMIT bound + 1)), ...``. The database stops each
-    count after ``bound`` (COUNT_BOUND) + 1 rows, so its cost follows the bound, not the queue."""
-    if not querysets:
-        return {}
-    bound = COUNT_BOUND if bound is None else bound
-    parts, params, using = [], [], None
-    for i, queryset in enumerate(querysets.values()):
-        limited = queryset.order_by().values("pk")[: bound + 1]
-        using = limited.db
-        try:
-            sql, part_params = limited.query.get_compiler(using=using).as_sql()
-        except EmptyResultSet:  # .none(): nothing to count
-            parts.append("0")
-            continue
-        parts.append(f"(SELECT COUNT(*) FROM ({sql}) bounded_{i})")
-        params.extend(part_params)
-    with connections[using].cursor() as cursor:
-        cursor.execute("SELECT " + ", ".join(parts), params)
-        row = cursor.fetchone()
-    return {
-        name: BoundedCount(bound, over=True) if n > bound else BoundedCount(n)
-        for name, n in zip(querysets, row, strict=True)
-    }
-
-
 def mine_pending(user):
     """Pending approvals ``user`` holds a live claim on (the nav's "Mine")."""
     return ApprovalRequest.objects.filter(
@@ -244,9 +197,16 @@ def queue_counts(*, user, nav: bool = False, **filters) -> dict[str, BoundedCoun
     """Under the same filters, bounded (``bounded_counts``), in one query: "yours" (what
     ``user`` may decide now), "all" (what they may see waiting); with ``nav`` also the
     navigation's two ("nav_pending": yours unfiltered, "nav_mine": their claims)."""
+    arms = visible_arms(user)
     querysets = {
         "yours": _queue_narrowed(user=user, yours=True, **filters),
-        "all": _queue_narrowed(user=user, **filters),
+        # Counted as the union of its parts, each bounded: one OR over the whole
+        # pending set finds nothing to stop at when little of it is this user's.
+        "all": _queue_narrowed(user=user, **filters)
+        if arms is None
+        else [
+            _narrowed(arm.filter(status=ApprovalRequest.Status.PENDING), user=user, **filters) for arm in arms
+        ],
     }
     if nav:
         if any(filters.values()):

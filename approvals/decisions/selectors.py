@@ -231,6 +231,23 @@ def approvals_visible_to(user):
     )
 
 
+def visible_arms(user) -> list | None:
+    """What ``user`` may see (``approvals_visible_to``) as sets whose union it is, each
+    found along its own index (their runs', what they may decide, what they approved,
+    what they claimed), so a bounded count stops early even when almost none of the
+    queue is theirs; None when they may see all."""
+    if user.has_perm(VIEW_ALL_PERMISSION):
+        return None
+    approvals = ApprovalRequest.objects.all()
+    voted = ApprovalVote.objects.filter(reviewer=user).values("approval_id")
+    return [
+        approvals.filter(run__requester=user),
+        approvals_decidable_by(user, claimed=True),
+        approvals.filter(pk__in=voted),
+        approvals.filter(claimed_by=user),
+    ]
+
+
 def approvals_decidable_by(user, *, claimed: bool = False):
     """Pending approvals ``user`` may decide now: the permission, every required group,
     not their own run (unless self-approval is allowed), not a proposal they already

@@ -19,10 +19,10 @@ from django_htmx.http import reswap, retarget, trigger_client_event
 
 from approvals.decisions.bulk import approvals_bulk_decide, approvals_bulk_preview
 from approvals.decisions.context_processors import NAV_KEY
+from approvals.decisions.counts import BoundedCount
 from approvals.decisions.forms import ALL, YOURS, BulkDecisionForm, QueueFilterForm
 from approvals.decisions.freshness import desk_version, fragment_etag, query_key, tagged, unchanged
 from approvals.decisions.queue import (
-    BoundedCount,
     QueueCursor,
     QueueKey,
     queue_counts,

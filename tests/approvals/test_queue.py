@@ -16,7 +16,7 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.utils import timezone
 
-from approvals.decisions import queue, views_queue
+from approvals.decisions import counts, queue, views_queue
 from approvals.decisions.claims import approval_claim
 from approvals.decisions.opening import approval_open_guard
 from approvals.decisions.queue import neighbours, queue_pending, queue_rows
@@ -614,7 +614,7 @@ def test_every_count_below_the_bound_is_exactly_what_each_person_may_decide_and_
 def test_a_count_past_the_bound_says_so_and_one_at_the_bound_is_exact(users, mixed, monkeypatch):
     # Three are the reviewer's to decide, seven wait: with the bound at three, "yours"
     # is exact and "all" is "3+" (not 3, which would be a lie), everywhere it shows.
-    monkeypatch.setattr(queue, "COUNT_BOUND", 3)
+    monkeypatch.setattr(counts, "COUNT_BOUND", 3)
     client = client_for(users["reviewer"])
     page = get_html(client, "/desk/", {"tab": "all"})
     assert count_in(page, "tab-yours-count") == "3" and count_in(page, "nav-pending") == "3"

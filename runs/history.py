@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from django.db.models import Q
+from django.db.models import Expression, IntegerField, Q, Subquery, Value
+from django.db.models.functions import Coalesce, Least
 
-from .models import LIVE, Message, Run, ToolCall
+from .models import LIVE, Message, Run, Step, ToolCall
 
 
 def live_at(when: datetime | None) -> Q:
@@ -24,18 +25,36 @@ def live_at(when: datetime | None) -> Q:
     return Q(created_at__lte=when) & (LIVE | Q(superseded_at__gt=when))
 
 
-def transcript_messages(run: Run, *, at: datetime | None = None, limit: int | None = None) -> list[Message]:
+def through_reply(run: Run, step: int) -> Expression:
+    """How many messages lead up to step ``step``'s reply, the reply included, as an
+    expression the messages are read by (one query, not two): what the model saw at that
+    step (its ``Step.message_count``) and the reply after it; for the step in progress
+    (no checkpoint yet), the run's messages, the last being the reply."""
+    seen = Step.objects.live().filter(run=run, number=step).values("message_count")[:1]
+    return Coalesce(Subquery(seen), Value(run.message_count - 1), output_field=IntegerField()) + 1
+
+
+def transcript_messages(
+    run: Run, *, at: datetime | None = None, limit: int | Expression | None = None
+) -> list[Message]:
     """The run's transcript (Message rows, in order), optionally as it was at ``at``
-    and cut to its first ``limit`` messages."""
+    and cut to its first ``limit`` messages (a number, or an expression such as
+    ``through_reply``)."""
     own = Message.objects.filter(live_at(at), run=run)
     if limit is not None:
         own = own.filter(seq__lt=limit)
     messages: list[Message] = []
     if run.parent_id:
-        shared = run.shared_messages if limit is None else min(limit, run.shared_messages)
+        shared = run.shared_messages if limit is None else _at_most(limit, run.shared_messages)
         messages = transcript_messages(run.parent, at=run.created_at, limit=shared)
     messages += list(own.order_by("seq"))
     return messages
+
+
+def _at_most(limit: int | Expression, most: int) -> int | Expression:
+    if isinstance(limit, int):
+        return min(limit, most)
+    return Least(limit, Value(most), output_field=IntegerField())
 
 
 def tool_result_block(call: ToolCall) -> dict:

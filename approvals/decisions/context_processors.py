@@ -12,10 +12,16 @@ from approvals.decisions.selectors import approvals_decidable_by
 NAV_KEY = "nav"
 
 
+def nav_counted(user) -> dict:
+    """What the nav counts: "nav_pending" (what ``user`` may decide now) and "nav_mine"
+    (what they hold a claim on). A page may count them with a read of its own (the
+    approval page's neighbours) and put them in its context, in place of ``nav``'s."""
+    return {"nav_pending": approvals_decidable_by(user), "nav_mine": mine_pending(user)}
+
+
 def nav_counts(user) -> dict[str, BoundedCount]:
-    """The nav's two counts, bounded ("1,000+"), in one query: "nav_pending" (what
-    ``user`` may decide now) and "nav_mine" (what they hold a claim on)."""
-    return bounded_counts({"nav_pending": approvals_decidable_by(user), "nav_mine": mine_pending(user)})
+    """The nav's two counts (``nav_counted``), bounded ("1,000+"), in one query."""
+    return bounded_counts(nav_counted(user))
 
 
 def nav(request) -> dict:

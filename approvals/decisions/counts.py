@@ -43,6 +43,16 @@ def bounded_counts(querysets: dict[str, object], *, bound: int | None = None) ->
     if not querysets:
         return {}
     bound = COUNT_BOUND if bound is None else bound
+    columns, params, using = count_columns(querysets, bound=bound)
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT " + ", ".join(columns), params)
+        row = cursor.fetchone()
+    return counts_of(querysets, row, bound=bound)
+
+
+def count_columns(querysets: dict[str, object], *, bound: int) -> tuple[list[str], list, str | None]:
+    """``bounded_counts``' columns, to select with another statement: the SQL of each
+    count, their parameters and the database they are on."""
     parts, params, using = [], [], None
     for i, queryset in enumerate(querysets.values()):
         selects = []
@@ -57,10 +67,12 @@ def bounded_counts(querysets: dict[str, object], *, bound: int | None = None) ->
             params.extend(part_params)
         union = " UNION ".join(selects)
         parts.append(f"(SELECT COUNT(*) FROM ({union}) bounded_{i})" if selects else "0")
-    with connections[using].cursor() as cursor:
-        cursor.execute("SELECT " + ", ".join(parts), params)
-        row = cursor.fetchone()
+    return parts, params, using
+
+
+def counts_of(names, row, *, bound: int) -> dict[str, BoundedCount]:
+    """The counts ``count_columns`` read (``row``), by name."""
     return {
         name: BoundedCount(bound, over=True) if n > bound else BoundedCount(n)
-        for name, n in zip(querysets, row, strict=True)
+        for name, n in zip(names, row, strict=True)
     }

@@ -27,6 +27,8 @@ import hashlib
 import time
 from urllib.parse import parse_qsl, urlencode
 
+from django.db.models import IntegerField, Subquery, Value
+from django.db.models.functions import Coalesce
 from django.http import HttpResponse, HttpResponseNotModified
 
 from approvals.models import AuditEvent
@@ -34,10 +36,20 @@ from approvals.models import AuditEvent
 BUCKET_SECONDS = 10
 
 
+def _newest():
+    return AuditEvent.objects.order_by("-id").values_list("id", flat=True)
+
+
 def desk_version() -> int:
     """The newest audit event's id (0 on an empty desk). Read it *before* what a
     fragment shows: a change in between then makes the next poll refresh, never hide."""
-    return AuditEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
+    return _newest().first() or 0
+
+
+def desk_version_read() -> Coalesce:
+    """``desk_version`` as an expression, read in the statement that reads what a page
+    shows (the approval page's first): the same snapshot, so never newer than it."""
+    return Coalesce(Subquery(_newest()[:1]), Value(0), output_field=IntegerField())
 
 
 def _window() -> int:

@@ -28,7 +28,7 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from approvals.decisions.counts import BoundedCount, bounded_counts
+from approvals.decisions.counts import COUNT_BOUND, BoundedCount, bounded_counts, count_columns, counts_of
 from approvals.decisions.duplicates import Repeat, in_flight_repeats, stored_warnings
 from approvals.decisions.selectors import (
     DECIDE_PERMISSION,
@@ -39,6 +39,8 @@ from approvals.decisions.selectors import (
     group_names,
     holds,
     required_groups_for,
+    rules_with_sla,
+    sla_rules_of,
     visible_arms,
 )
 from approvals.models import ApprovalRequest, ApprovalVote, GateRule
@@ -284,12 +286,15 @@ class _Stream:
 def queue_streams(rules: list[GateRule] | None = None) -> list[_Stream]:
     """The streams of the queue's order as the rules stand now: from ``rules`` (every
     gate rule, already read for the page) or one small query."""
+    if rules is None:
+        return streams_of(rules_with_sla().values_list("pk", "sla_minutes"))
+    return streams_of([(rule.pk, rule.sla_minutes) for rule in rules if (rule.sla_minutes or 0) > 0])
+
+
+def streams_of(with_sla) -> list[_Stream]:
+    """The streams of the queue's order from the rules with an SLA: (rule id, minutes)."""
     guard_sla = settings.DESK_GUARD_SLA_MINUTES or None
     by_sla: dict[int, list[int]] = {}
-    if rules is None:
-        with_sla = GateRule.objects.filter(sla_minutes__gt=0).values_list("pk", "sla_minutes")
-    else:
-        with_sla = [(rule.pk, rule.sla_minutes) for rule in rules if (rule.sla_minutes or 0) > 0]
     for pk, minutes in with_sla:
         by_sla.setdefault(minutes, []).append(pk)
     call, guard, calm = Q(kind=GuardKind.CALL), ~Q(kind=GuardKind.CALL), Q(escalated_at__isnull=True)
@@ -375,28 +380,39 @@ def _united(pending, parts: list[str], params: list, rows=None) -> list[Approval
     return list((pending if rows is None else rows).filter(pk__in=pks).order_by()) if pks else []
 
 
-def _united_keys(pending, parts: list[str], params: list, streams: list[_Stream]) -> list[QueueKey]:
+def _united_keys(
+    pending, parts: list[str], params: list, streams: list[_Stream], counts: dict
+) -> tuple[list[QueueKey], dict[str, BoundedCount]]:
     """The queue keys of the approvals keyed stream reads (``_stream_reads(keyed=True)``)
     name, in one query, from the reads alone: the key is the stream's urgency, the time
     it walks by (plus its SLA for a stream of due items) and the pk, as ``with_urgency``
-    computes it."""
-    if not parts:
-        return []
+    computes it. And ``counts`` (querysets by name) in the same statement, bounded
+    (``counts.bounded_counts``): one row of counts, the keyed rows joined to it."""
+    if not parts and not counts:
+        return [], {}
     connection = connections[pending.db]
     created = ApprovalRequest._meta.get_field("created_at")
     # As the ORM reads a datetime (SQLite hands back text).
     converters = connection.ops.get_db_converters(created.get_col(ApprovalRequest._meta.db_table))
-    union = _union_all(parts)
+    sql = _union_all(parts) if parts else "SELECT NULL AS pk, NULL AS at, NULL AS stream WHERE 1 = 0"
+    if counts:
+        columns, count_params, _ = count_columns(counts, bound=COUNT_BOUND)
+        selected = ", ".join([*columns, "keyed.*"])
+        sql = f"SELECT {selected} FROM (SELECT 1 AS one) one LEFT JOIN ({sql}) keyed ON 1 = 1"
+        params = count_params + params
     with connection.cursor() as cursor:
-        cursor.execute(union, params)
+        cursor.execute(sql, params)
         rows = cursor.fetchall()
+    counted = counts_of(counts, rows[0][: len(counts)], bound=COUNT_BOUND) if counts else {}
     keys = []
-    for pk, at, number in rows:
+    for pk, at, number in (row[len(counts) :] for row in rows):
+        if pk is None:  # the counts' row, with no keyed row to join
+            continue
         for convert in converters:
             at = convert(at, created, connection)
         stream = streams[number]
         keys.append(QueueKey(stream.urgency, at + timedelta(minutes=stream.minutes or 0), pk))
-    return keys
+    return keys, counted
 
 
 def queue_page(
@@ -565,23 +581,37 @@ def key_facts(call: ToolCall) -> list[tuple[str, str]]:
     return facts
 
 
-def neighbours(approval: ApprovalRequest, *, user) -> tuple[int | None, int | None]:
+@dataclass(frozen=True)
+class Neighbours:
+    """The pending approvals before and after one in a person's queue (j/k; None at
+    either end), and what was counted with them (``neighbours``' ``counts``)."""
+
+    prev_id: int | None
+    next_id: int | None
+    counts: dict[str, BoundedCount] = field(default_factory=dict)
+
+
+def neighbours(approval: ApprovalRequest, *, user, counts: dict | None = None) -> Neighbours:
     """The previous and next pending approvals ``user`` may see, in the queue's order
     (``QUEUE_ORDER``: most urgent first), around ``approval`` (j/k): one statement, a
-    keyed read each way per stream (``queue_page``), never a walk to its position.
-    ``approval`` is keyed as loaded (``queue_key``: the page's own read of it, its rule
-    with it), not read again."""
-    key, streams = queue_key(approval), queue_streams()
+    keyed read each way per stream (``queue_page``), never a walk to its position; with
+    ``counts`` (querysets by name: the nav's), those too, bounded. ``approval`` is keyed
+    as loaded (``queue_key``: the page's own read of it, its rule with it), not read
+    again, and so are the rules with an SLA if they were read with it (``sla_rules_of``)."""
+    with_sla = sla_rules_of(approval)
+    key, streams = queue_key(approval), queue_streams() if with_sla is None else streams_of(with_sla)
     pending = with_urgency(approvals_visible_to(user).filter(status=ApprovalRequest.Status.PENDING))
     # Both ways in one statement: the one before and the one after, each stream's first,
     # each with its key (no second read of those approvals).
     reads = {"size": 1, "key": key, "streams": streams, "keyed": True}
     before, before_params = _stream_reads(pending, backwards=True, **reads)
     after, after_params = _stream_reads(pending, backwards=False, **reads)
-    found = _united_keys(pending, before + after, before_params + after_params, streams)
+    found, counted = _united_keys(
+        pending, before + after, before_params + after_params, streams, counts or {}
+    )
     earlier = [found_key for found_key in found if found_key < key]
     later = [found_key for found_key in found if found_key > key]
-    return (max(earlier).pk if earlier else None, min(later).pk if later else None)
+    return Neighbours(max(earlier).pk if earlier else None, min(later).pk if later else None, counted)
 
 
 def next_decidable(approval: ApprovalRequest, *, user) -> ApprovalRequest | None:

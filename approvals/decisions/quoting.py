@@ -52,10 +52,11 @@ def _texts(value, path: str = "") -> list[tuple[str, str]]:
     return []
 
 
-def run_notes(run_id: int, decided=None) -> list[tuple[str, int, str]]:
+def run_notes(run_id: int, decided=None, votes=None) -> list[tuple[str, int, str]]:
     """Every note for the record written on ``run_id``'s approvals and votes: (who,
     approval id, note). ``decided``: the run's decided approvals, with ``decided_by``,
-    if the caller has read them already (a pending approval has no note of its own)."""
+    if the caller has read them already (a pending approval has no note of its own);
+    ``votes``: its votes with a note, with ``reviewer``, in order, likewise."""
     if decided is None:
         decided = (
             ApprovalRequest.objects.filter(run_id=run_id)
@@ -68,15 +69,21 @@ def run_notes(run_id: int, decided=None) -> list[tuple[str, int, str]]:
         for a in sorted(decided, key=lambda a: a.pk)
         if a.note
     ]
-    votes = ApprovalVote.objects.filter(approval__run_id=run_id).exclude(note="").select_related("reviewer")
-    notes += [(v.reviewer.get_username(), v.approval_id, v.note) for v in votes.order_by("pk")]
+    if votes is None:
+        votes = (
+            ApprovalVote.objects.filter(approval__run_id=run_id)
+            .exclude(note="")
+            .select_related("reviewer")
+            .order_by("pk")
+        )
+    notes += [(v.reviewer.get_username(), v.approval_id, v.note) for v in votes]
     return notes
 
 
-def note_quotes(approval: ApprovalRequest, arguments=None, *, decided=None) -> list[str]:
+def note_quotes(approval: ApprovalRequest, arguments=None, *, decided=None, votes=None) -> list[str]:
     """The warnings for a person deciding ``approval``: one for each note of its run that
     ``arguments`` (default: the current proposal's) quote. Empty for a guard.
-    ``decided``: as for ``run_notes``."""
+    ``decided``, ``votes``: as for ``run_notes``."""
     if not approval.tool_call_id:
         return []
     if arguments is None:
@@ -85,7 +92,7 @@ def note_quotes(approval: ApprovalRequest, arguments=None, *, decided=None) -> l
     if not texts:
         return []
     warnings = []
-    for who, approval_id, note in run_notes(approval.run_id, decided):
+    for who, approval_id, note in run_notes(approval.run_id, decided, votes):
         for part in _quotable(note):
             where = next((name for name, text in texts if part in text), None)
             if where is None:

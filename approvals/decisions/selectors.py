@@ -14,15 +14,17 @@ from itertools import chain, combinations
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from django.db.models import Exists, OuterRef, Prefetch, Q
+from django.db.models import Exists, OuterRef, Prefetch, Q, StringAgg, Subquery, TextField, Value
+from django.db.models.functions import Cast, JSONArray
 from django.utils import timezone
 
 from approvals.decisions.duplicates import Repeat, repeats_of
+from approvals.decisions.freshness import desk_version_read
 from approvals.decisions.quoting import note_quotes
-from approvals.models import ApprovalRequest, ApprovalVote, Proposal
+from approvals.models import ApprovalRequest, ApprovalVote, GateRule, Proposal
 from approvals.policy.decided import RULE_NONE, RULE_RECORDED, DecidedRule, rule_as_decided
-from runs.history import transcript_messages
-from runs.models import Message, Step, ToolCall
+from runs.history import through_reply, transcript_messages
+from runs.models import CallStatus, Message, ToolCall
 from runs.reasons import money_reason
 from runs.selectors import VIEW_ALL_PERMISSION
 from tools.loading import not_loaded_here
@@ -50,6 +52,23 @@ APPROVAL_PAGE_RELATIONS = (
     "claimed_by",
     "proposal__proposed_by",
 )
+
+
+def _json_rows(rows, *fields) -> Subquery:
+    """``rows`` as one value of the query it is put in (correlated to its row by an
+    OuterRef, or not): each row a JSON array of ``fields``, comma-separated; None for no
+    rows. ``_rows_of`` reads it back. For a few rows of clear columns, never a sealed one
+    (JSON would carry it unopened)."""
+    row = Cast(JSONArray(*fields), TextField())
+    joined = (
+        rows.order_by().annotate(whole=Value(1)).values("whole").annotate(rows=StringAgg(row, Value(",")))
+    )
+    return Subquery(joined.values("rows"), output_field=TextField())
+
+
+def _rows_of(text: str | None) -> list[list]:
+    """The rows ``_json_rows`` read, in no particular order."""
+    return json.loads(f"[{text}]") if text else []
 
 
 def _group_ids(user) -> set[int]:
@@ -80,8 +99,32 @@ def required_groups_for(user) -> Prefetch:
     """An approval's required groups, each marked whether ``user`` holds it
     (``viewer_holds``): read with the approvals, so deciding who may decide costs no
     query of the user's groups (``holds``)."""
-    held = get_user_model().groups.through.objects.filter(user_id=user.pk, group_id=OuterRef("pk"))
+    held = _held_by(user, OuterRef("pk"))
     return Prefetch("required_groups", queryset=Group.objects.annotate(viewer_holds=Exists(held)))
+
+
+def _held_by(user, group: OuterRef):
+    return get_user_model().groups.through.objects.filter(user_id=user.pk, group_id=group)
+
+
+def required_groups_read(user) -> Subquery:
+    """``required_groups_for`` in the approval's own query (one approval: no second
+    query for its groups); ``required_groups_of`` reads it."""
+    groups = REQUIRED_GROUPS.objects.filter(approvalrequest_id=OuterRef("pk"))
+    return _json_rows(groups, "group_id", "group__name", Exists(_held_by(user, OuterRef("group_id"))))
+
+
+def required_groups_of(approval: ApprovalRequest) -> list[Group]:
+    """``approval``'s required groups, each with ``viewer_holds``: as read with it
+    (``required_groups_read``), else as prefetched (``required_groups_for``) or read now."""
+    if not hasattr(approval, "required_group_rows"):
+        return list(approval.required_groups.all())
+    groups = []
+    for pk, name, held in _rows_of(approval.required_group_rows):
+        group = Group(pk=pk, name=name)
+        group.viewer_holds = bool(held)
+        groups.append(group)
+    return groups
 
 
 def holds(user, group) -> bool:
@@ -93,7 +136,7 @@ def holds(user, group) -> bool:
 
 def group_names(approval: ApprovalRequest) -> str:
     """ "reviewers and senior-reviewers": who may decide, for people."""
-    names = sorted(g.name for g in approval.required_groups.all())
+    names = sorted(g.name for g in required_groups_of(approval))
     if not names:
         return "any reviewer"
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
@@ -103,7 +146,7 @@ def decide_refusal(*, user, approval: ApprovalRequest) -> str | None:
     """Why ``user`` may not decide ``approval`` (as it stands now), or None if they may."""
     if not user.is_active or not user.has_perm(DECIDE_PERMISSION):
         return "You do not have permission to decide approvals."
-    if not user.is_superuser and any(not holds(user, group) for group in approval.required_groups.all()):
+    if not user.is_superuser and any(not holds(user, group) for group in required_groups_of(approval)):
         return f"Only members of {group_names(approval)} may decide this approval."
     if approval.run.requester_id == user.pk and not approval.allow_self_approval:
         return "You requested this run; someone else must decide it."
@@ -188,6 +231,19 @@ def approval_sla_minutes(approval: ApprovalRequest) -> int | None:
     return approval.rule.sla_minutes if approval.rule else None
 
 
+def rules_with_sla():
+    """The gate rules with an SLA: the queue's order is made of them (queue.queue_streams)."""
+    return GateRule.objects.filter(sla_minutes__gt=0)
+
+
+def sla_rules_of(approval: ApprovalRequest) -> list[tuple[int, int]] | None:
+    """(rule id, SLA minutes) of each of ``rules_with_sla``, as read with ``approval``
+    (``approval_for_page``); None if they were not."""
+    if not hasattr(approval, "sla_rule_rows"):
+        return None
+    return [(pk, minutes) for pk, minutes in _rows_of(approval.sla_rule_rows)]
+
+
 def timeout_may_approve(approval: ApprovalRequest) -> str | None:
     """Why a timeout may not approve ``approval`` (its rule says approve), or None."""
     spec = find_tool(approval.tool_call.tool_name)
@@ -229,6 +285,32 @@ def approvals_visible_to(user):
     return approvals.filter(
         Q(run__requester=user) | Q(pk__in=decidable) | Q(pk__in=voted) | Q(claimed_by=user)
     )
+
+
+def approval_for_page(user, approval_id: int) -> ApprovalRequest | None:
+    """The approval ``user`` opens, if they may see it (None otherwise), in one query
+    with what its page reads besides: its relations, whether ``user`` approved what would
+    run (``has_approved_current``), its required groups (``required_groups_of``), the
+    other calls of its reply (``siblings_of``), the rules with an SLA (its neighbours in
+    the queue: ``sla_rules_of``) and the desk's version (``desk_version``: from the same
+    snapshot as the approval, never newer)."""
+    voted = ApprovalVote.objects.filter(proposal_id=OuterRef("proposal_id"), reviewer_id=user.pk)
+    approval = (
+        approvals_visible_to(user)
+        .select_related(*APPROVAL_PAGE_RELATIONS)
+        .annotate(
+            viewer_voted=Exists(voted),
+            required_group_rows=required_groups_read(user),
+            sibling_rows=siblings_read(),
+            sla_rule_rows=_json_rows(rules_with_sla(), "pk", "sla_minutes"),
+            desk_version=desk_version_read(),
+        )
+        .filter(pk=approval_id)
+        .first()
+    )
+    if approval is not None:
+        approval.viewer_voted_by = user.pk
+    return approval
 
 
 def visible_arms(user) -> list | None:
@@ -385,6 +467,47 @@ def transcript_entries(
     return entries
 
 
+@dataclass(frozen=True)
+class SiblingCall:
+    """Another call of the same reply (its step), as the approval page lists it."""
+
+    tool_name: str
+    status: str
+
+    @property
+    def status_label(self) -> str:
+        return CallStatus(self.status).label
+
+
+SIBLING_FIELDS = ("position", "tool_name", "status")
+
+
+def _siblings(run_id, step, call_id):
+    """The other live calls of the reply (step) with call ``call_id``: values, or
+    OuterRefs to an approval's (``siblings_read``)."""
+    return ToolCall.objects.live().filter(run_id=run_id, step=step).exclude(pk=call_id)
+
+
+def siblings_read() -> Subquery:
+    """The other calls of an approval's reply, in the approval's own query (``siblings_of``)."""
+    return _json_rows(
+        _siblings(OuterRef("run_id"), OuterRef("tool_call__step"), OuterRef("tool_call_id")), *SIBLING_FIELDS
+    )
+
+
+def siblings_of(approval: ApprovalRequest) -> list[SiblingCall]:
+    """The other calls of the reply with ``approval``'s call, in their order: as read with
+    it (``siblings_read``), else read now."""
+    if hasattr(approval, "sibling_rows"):
+        rows = sorted(_rows_of(approval.sibling_rows))
+    else:
+        call = approval.tool_call
+        rows = (
+            _siblings(approval.run_id, call.step, call.pk).order_by("position").values_list(*SIBLING_FIELDS)
+        )
+    return [SiblingCall(tool_name, status) for _, tool_name, status in rows]
+
+
 @dataclass
 class ApprovalContext:
     approval: ApprovalRequest
@@ -392,7 +515,7 @@ class ApprovalContext:
     schema_fields: list[dict]
     transcript: list[TranscriptEntry]
     folded: int
-    siblings: list[ToolCall]
+    siblings: list[SiblingCall]
     earlier: list[ApprovalRequest]
     # What would run (the current proposal), every proposal with its votes, and how
     # the current one differs from the model's call: (argument, model's, proposed).
@@ -422,15 +545,7 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
     siblings in the same reply, and the run's earlier decisions."""
     call = approval.tool_call
     run = approval.run
-    step = (
-        Step.objects.live().filter(run=run, number=call.step).values_list("message_count", flat=True).first()
-    )
-    # The assistant turn with this call comes right after what the model saw.
-    reply_seq = step if step is not None else run.message_count - 1
-    messages = transcript_messages(run, limit=reply_seq + 1)
-    siblings = list(
-        ToolCall.objects.live().filter(run=run, step=call.step).exclude(pk=call.pk).order_by("position")
-    )
+    messages = transcript_messages(run, limit=through_reply(run, call.step))
     earlier = list(
         ApprovalRequest.objects.filter(run=run)
         .exclude(pk=approval.pk)
@@ -438,11 +553,7 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
         .select_related("tool_call", "decided_by")
         .order_by("decided_at", "id")
     )
-    proposals = list(
-        approval.proposals.select_related("proposed_by")
-        .prefetch_related(Prefetch("votes", queryset=ApprovalVote.objects.select_related("reviewer")))
-        .order_by("number")
-    )
+    proposals, noted = proposals_and_votes(approval)
     proposal = next((p for p in proposals if p.pk == approval.proposal_id), None)
     shown = proposal.input if proposal else call.input
     spec = find_tool(call.tool_name)
@@ -455,7 +566,7 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
         warnings, repeats = [], []
     else:
         repeats = repeats_of(approval)
-        warnings = [*warnings, *note_quotes(approval, decided=earlier)]
+        warnings = [*warnings, *note_quotes(approval, decided=earlier, votes=noted)]
     rule = rule_as_decided(approval)
     return ApprovalContext(
         approval=approval,
@@ -464,7 +575,7 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
         schema_fields=schema_fields(call.tool_name, shown),
         transcript=transcript,
         folded=sum(entry.folded for entry in transcript),
-        siblings=siblings,
+        siblings=siblings_of(approval),
         earlier=earlier,
         proposal=proposal,
         proposals=proposals,
@@ -477,6 +588,23 @@ def approval_context(approval: ApprovalRequest, *, keep_unfolded: int = 4) -> Ap
         rule=rule,
         threshold=proposal_threshold(approval, proposal, rule),
     )
+
+
+def proposals_and_votes(approval: ApprovalRequest) -> tuple[list[Proposal], list[ApprovalVote]]:
+    """``approval``'s proposals in order, each with its votes, oldest first
+    (``votes_shown``), and every vote on its run with a note for the record
+    (``quoting.run_notes``): the votes in one query, whichever of the run's approvals
+    they are on, and split here."""
+    proposals = list(approval.proposals.select_related("proposed_by", "rule").order_by("number"))
+    votes = list(
+        ApprovalVote.objects.filter(approval__run_id=approval.run_id)
+        .filter(Q(approval_id=approval.pk) | ~Q(note=""))
+        .select_related("reviewer")
+        .order_by("created_at", "id")
+    )
+    for proposal in proposals:
+        proposal.votes_shown = [vote for vote in votes if vote.proposal_id == proposal.pk]
+    return proposals, sorted((vote for vote in votes if vote.note), key=lambda vote: vote.pk)
 
 
 def call_notes(approval: ApprovalRequest) -> tuple[list[tuple[str, str]], list[str]]:

@@ -5,7 +5,6 @@ and `selectors`."""
 from __future__ import annotations
 
 from django.contrib import messages
-from django.db.models import Exists, OuterRef
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
@@ -15,7 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import trigger_client_event
 
 from approvals.decisions.claims import approval_break_claim, approval_claim, approval_release
-from approvals.decisions.context_processors import NAV_KEY
+from approvals.decisions.context_processors import NAV_KEY, nav_counted
 from approvals.decisions.decision import Decision
 from approvals.decisions.errors import AlreadyDecided
 from approvals.decisions.forms import EditArgumentsForm
@@ -23,18 +22,16 @@ from approvals.decisions.freshness import desk_version, fragment_etag, tagged, u
 from approvals.decisions.guards import guard_context
 from approvals.decisions.queue import after_decision, neighbours, next_decidable
 from approvals.decisions.selectors import (
-    APPROVAL_PAGE_RELATIONS,
     DECIDE_PERMISSION,
     approval_context,
-    approvals_visible_to,
+    approval_for_page,
     claimed_by_someone_else,
     decide_refusal,
     has_approved_current,
     may_break_claims,
-    required_groups_for,
 )
 from approvals.decisions.services import approval_decide
-from approvals.models import ApprovalRequest, ApprovalVote
+from approvals.models import ApprovalRequest
 from approvals.policy.errors import DecisionError, NotAllowed
 from approvals.policy.standing import standing_terms_from_form
 from approvals.record.verify import verify_run
@@ -50,20 +47,11 @@ def home(request):
 
 
 def _approval(request, approval_id: int) -> ApprovalRequest:
-    """The approval, if ``request.user`` may see it (404 otherwise: no hint it exists)."""
-    voted = ApprovalVote.objects.filter(proposal_id=OuterRef("proposal_id"), reviewer_id=request.user.pk)
-    approval = (
-        approvals_visible_to(request.user)
-        .select_related(*APPROVAL_PAGE_RELATIONS)
-        # Read with it: who may decide it, and whether this reviewer approved what would run.
-        .prefetch_related(required_groups_for(request.user))
-        .annotate(viewer_voted=Exists(voted))
-        .filter(pk=approval_id)
-        .first()
-    )
+    """The approval, if ``request.user`` may see it (404 otherwise: no hint it exists),
+    with what its page reads with it (``approval_for_page``)."""
+    approval = approval_for_page(request.user, approval_id)
     if approval is None:
         raise Http404("No such approval")
-    approval.viewer_voted_by = request.user.pk
     return approval
 
 
@@ -74,9 +62,12 @@ def _status_key(approval_id: int, shown: str) -> str:
 
 
 def _page_context(request, approval: ApprovalRequest, *, version: int | None = None) -> dict:
-    # Read before anything the page shows (freshness.desk_version).
-    version = desk_version() if version is None else version
-    prev_id, next_id = neighbours(approval, user=request.user)
+    # Read with the approval, before anything else the page shows (freshness.desk_version).
+    version = approval.desk_version if version is None else version
+    # The nav's counts with the neighbours, for a whole page (a fragment has no nav).
+    around = neighbours(
+        approval, user=request.user, counts=None if request.htmx else nav_counted(request.user)
+    )
     refusal = decide_refusal(user=request.user, approval=approval)
     if refusal is None and has_approved_current(request.user, approval):
         refusal = "You approved these arguments; they need another reviewer's approval."
@@ -94,8 +85,8 @@ def _page_context(request, approval: ApprovalRequest, *, version: int | None = N
         "run": approval.run,
         "refusal": refusal,
         "may_break_claim": claimed_by_someone_else(approval, request.user) and may_break_claims(request.user),
-        "prev_id": prev_id,
-        "next_id": next_id,
+        "prev_id": around.prev_id,
+        "next_id": around.next_id,
         # Once this one is off the reviewer's hands (decided, or theirs no more to
         # decide): the next one they may decide (n).
         "next_decidable": after.next_for_you
@@ -112,6 +103,8 @@ def _page_context(request, approval: ApprovalRequest, *, version: int | None = N
         "now": timezone.now(),
         # An htmx fragment shows its own flash messages; a full page shows them at the top.
         "inline_messages": bool(request.htmx),
+        # In place of the nav's own read of them (context_processors.nav).
+        **around.counts,
     }
 
 

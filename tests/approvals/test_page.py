@@ -6,17 +6,19 @@ about the call, the tool's own facts and warnings); values a person reads."""
 from __future__ import annotations
 
 import dataclasses
+import html
 import re
 from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.contrib.auth.models import Group, Permission
 from django.utils import timezone
 
 from approvals.decisions.decision import Decision
 from approvals.decisions.queue import next_decidable
 from approvals.decisions.selectors import approval_context, call_notes
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, GateRule
 from approvals.templatetags.approvals_format import arg_text, elapsed, money_reason, rupees, undo_kind_help
 from tests.helpers import (
     client_for,
@@ -397,3 +399,67 @@ def test_decisions_still_need_the_right_reviewer_after_a_decided_page_offers_one
     decide(senior_only, users["senior"], Decision.decline("Too much"))
     senior_only.refresh_from_db()
     assert senior_only.status == "declined"
+
+
+# --- cost: what the page shows, in at most ten queries -------------------------------
+NOTE = "Customer flagged for refund abuse last month"
+CHECKED = "Checked the photos of the case carefully"
+
+
+def waiting_with_everything(users, *, earlier: int, reads: int, editors: tuple[str, ...]) -> ApprovalRequest:
+    """A refund waiting for a third approval with every panel of its page filled: its
+    run's ``earlier`` refunds declined with a note for the record, ``reads`` other calls
+    in its reply, and an edit by each of ``editors``, approved with a note its reason
+    quotes (a warning)."""
+    asked = {"order_id": "A-1001", "amount": 700, "reason": CHECKED}
+    declined = [turn(("refund_item", {**asked, "amount": 600 + i})) for i in range(earlier)]
+    reply = turn(*[("get_order", {"order_id": "A-1001"})] * reads, ("refund_item", asked))
+    run = start(script(*declined, reply, {"text": "Done."}), requester=users["requester"])
+    for _ in range(earlier):
+        decide(pending(run), users["reviewer"], Decision.decline("Not covered", note=NOTE))
+        run_advance_until_settled(run.pk)
+    GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=3)
+    approval = pending(run)
+    for i, editor in enumerate(editors):
+        decide(approval, users[editor], Decision.approve(edit={**asked, "amount": 650 - i}, note=CHECKED))
+    approval.refresh_from_db()
+    assert approval.status == "pending" and approval.proposals.count() == len(editors) + 1
+    return approval
+
+
+def test_the_approval_page_makes_ten_queries_however_much_it_shows(users, django_assert_max_num_queries):
+    # The session, the user and their permissions (3), the approval with its groups,
+    # its reply's other calls and the desk's version (1), its neighbours with the nav's
+    # counts (1), the transcript (1), the run's earlier decisions (1), the proposals (1),
+    # the votes with the run's notes (1), the calls in flight it repeats (1).
+    client = client_for(users["reviewer"])
+    few = waiting_with_everything(users, earlier=1, reads=1, editors=("senior",))
+    client.get(f"/desk/approvals/{few.pk}/")  # the session, warmed
+    with django_assert_max_num_queries(10) as counted:
+        page = get_html(client, f"/desk/approvals/{few.pk}/")
+    for shown in ('class="siblings"', 'class="earlier"', 'data-testid="proposals"', 'data-testid="votes"'):
+        assert shown in page, shown
+    assert "quotes the reviewer&#x27;s note to the record" in page
+    assert "Approved so far by senior (1 of 3)" in page
+    many = waiting_with_everything(users, earlier=3, reads=3, editors=("senior", "admin"))
+    with django_assert_max_num_queries(len(counted.captured_queries)):
+        page = get_html(client, f"/desk/approvals/{many.pk}/")
+    assert page.count("<li><code>get_order</code>") == 3 and "Approved so far by admin (1 of 3)" in page
+
+
+def test_a_groups_name_reads_as_written_whatever_it_holds(users, django_user_model):
+    # Read with the approval as JSON (selectors.required_groups_read): a comma, quotes or
+    # an ampersand in a group's name stay the name's.
+    name = 'Refunds, "night" shift & co'
+    Group.objects.filter(name="reviewers").update(name=name)
+    approval = refund(requester=users["requester"])
+    page = get_html(client_for(users["reviewer"]), f"/desk/approvals/{approval.pk}/")
+    assert html.unescape(text_of(page, "who-may-decide")) == name
+    assert 'data-testid="refusal"' not in page
+    outsider = django_user_model.objects.create_user("carol")
+    outsider.user_permissions.add(
+        Permission.objects.get(codename="decide_approvalrequest"),
+        Permission.objects.get(codename="view_all_runs"),
+    )
+    page = get_html(client_for(outsider), f"/desk/approvals/{approval.pk}/")
+    assert html.unescape(text_of(page, "refusal")) == f"Only members of {name} may decide this approval."

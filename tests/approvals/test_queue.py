@@ -19,7 +19,7 @@ from django.utils import timezone
 from approvals.decisions import counts, queue, views_queue
 from approvals.decisions.claims import approval_claim
 from approvals.decisions.opening import approval_open_guard
-from approvals.decisions.queue import neighbours, queue_pending, queue_rows
+from approvals.decisions.queue import Neighbours, neighbours, queue_pending, queue_rows
 from approvals.decisions.selectors import (
     approvals_decidable_by,
     approvals_visible_to,
@@ -265,9 +265,9 @@ def test_j_and_k_on_the_approval_page_follow_the_queues_order(users):
     for approval in (plain, due, overdue):
         approval.refresh_from_db()  # as the page reads it (neighbours keys on it as loaded)
     reviewer = users["reviewer"]
-    assert neighbours(overdue, user=reviewer) == (None, due.pk)
-    assert neighbours(due, user=reviewer) == (overdue.pk, plain.pk)
-    assert neighbours(plain, user=reviewer) == (due.pk, None)
+    assert neighbours(overdue, user=reviewer) == Neighbours(None, due.pk)
+    assert neighbours(due, user=reviewer) == Neighbours(overdue.pk, plain.pk)
+    assert neighbours(plain, user=reviewer) == Neighbours(due.pk, None)
 
 
 # --- search ---------------------------------------------------------------------------
@@ -558,7 +558,8 @@ def test_an_old_page_number_link_still_shows_that_page(users, spread, monkeypatc
 def test_j_and_k_follow_the_queue_across_its_streams(users, spread):
     order = ids(queue_pending(user=users["admin"]))
     for before, here, after in zip([None, *order], order, [*order[1:], None], strict=False):
-        assert neighbours(ApprovalRequest.objects.get(pk=here), user=users["admin"]) == (before, after)
+        around = neighbours(ApprovalRequest.objects.get(pk=here), user=users["admin"])
+        assert around == Neighbours(before, after)
 
 
 @pytest.mark.parametrize(

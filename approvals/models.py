@@ -28,9 +28,10 @@ from approvals.notify.models import (  # noqa: F401
     WebhookEndpoint,
     webhook_secret,
 )
-from approvals.record.chain import event_content, event_hash, event_subject
+from approvals.record.chain import event_content, event_hash, event_subject, head_locked, head_move_sql
 from runs.gate import GUARD_ACTIONS
 from runs.models import ApprovalStatus, Effect, GuardKind, Run, ToolCall
+from runs.rawsql import insert_object
 from runs.reasons import window_text
 from tools.loading import agents_loaded_here
 from tools.locks import lock_scope
@@ -640,36 +641,35 @@ class AuditEvent(SealedRow):
     def __str__(self) -> str:
         return f"{self.action} {self.before}->{self.after}"
 
-    def save(self, *args, **kwargs):
+    def save(self, *args, using=None, **kwargs):
         if self.pk is not None:
             raise ValueError("audit events are append-only")
-        self._append(save=super().save, **kwargs)
+        self._append(using=using or router.db_for_write(type(self)))
 
-    def _append(self, *, save, **kwargs) -> None:
+    def _append(self, *, using: str) -> None:
         """Append this event to its subject's chain: the chain's head locked (so it never
         forks), the event hashed over its content and the head before it."""
-        self.subject = event_subject(self)
-        with transaction.atomic(using=router.db_for_write(type(self)), savepoint=False):
-            chain = AuditChain.objects.select_for_update().filter(subject=self.subject).first()
-            if chain is None:
+        self.subject, table = event_subject(self), AuditChain._meta.db_table
+        with transaction.atomic(using=using, savepoint=False):
+            head = head_locked(using, table, self.subject)
+            if head is None:
                 # A chain's first event has no row to lock yet (PostgreSQL): a lock on
                 # its name instead, taken only then (one round trip less per event).
                 lock_scope(f"audit:{self.subject}")
-                chain = AuditChain.objects.select_for_update().filter(subject=self.subject).first()
-            if chain is None:
+                head = head_locked(using, table, self.subject)
+            if head is None:
                 try:
-                    with transaction.atomic():
-                        chain = AuditChain.objects.create(subject=self.subject, seq=0, head="")
+                    with transaction.atomic(using=using):
+                        AuditChain.objects.using(using).create(subject=self.subject, seq=0, head="")
+                    head = (0, "")
                 except IntegrityError:
-                    chain = AuditChain.objects.select_for_update().get(subject=self.subject)
-            self.seq = chain.seq + 1
-            self.prev_hash = chain.head
-            self.created_at = timezone.now()
+                    head = head_locked(using, table, self.subject)
+            seq, self.prev_hash = head
+            self.seq, self.created_at = seq + 1, timezone.now()
             self.hash = event_hash(self.prev_hash, event_content(self))
-            save(**kwargs)
-            AuditChain.objects.filter(subject=self.subject, seq=chain.seq).update(
-                seq=self.seq, head=self.hash
-            )
+            # As save() would, without compiling it; the head moved on with it.
+            move = head_move_sql(using, table, self.subject, seq=seq, new_seq=self.seq, new_head=self.hash)
+            insert_object(self, using=using, then=move)
 
 
 class AuditChain(models.Model):

@@ -81,6 +81,11 @@ def post_worker_init(worker) -> None:
     """Once the worker has loaded the desk: connect to the broker, so that the first
     decision this process takes does not pay for it before its run's nudge leaves
     (~1 s on a cold worker)."""
+    import gc
+
     from runs.tasks import broker_warm
 
     broker_warm()
+    # What is loaded now lives as long as the worker: the garbage collector leaves it
+    # alone, and its collections walk only what requests make (desk/celery.py).
+    gc.freeze()

@@ -16,7 +16,7 @@ import contextlib
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
+from django.db.models import Q, Sum
 
 from . import faults
 from .models import Order, Payment, ProviderFault
@@ -68,18 +68,22 @@ def _take_fault() -> str | None:
     return fault.kind if fault else None
 
 
-def _connect() -> None:
+def _connect() -> bool:
     """Reach the provider, or raise ProviderTimeout if the next fault in line is
     ``unreachable`` (one unit used up). Any other fault is left for the use to take:
-    a lookup by key or a repeated request uses none of it up."""
+    a lookup by key or a repeated request uses none of it up. Whether a fault was in
+    line: with none, a use has none to take (and does not look again)."""
     upcoming = ProviderFault.objects.filter(remaining__gt=0).order_by("pk").first()
-    if upcoming is None or upcoming.kind != ProviderFault.Kind.UNREACHABLE:
-        return
+    if upcoming is None:
+        return False
+    if upcoming.kind != ProviderFault.Kind.UNREACHABLE:
+        return True
     # Taken in its own statement (faults.take), like every fault: a caller's
     # rollback never gives the unit back. Used up by another taker since we
     # looked: the provider is reachable again.
     if faults.take(ProviderFault.objects.filter(pk=upcoming.pk)):
         raise ProviderTimeout("Payment provider unreachable.")
+    return True
 
 
 def _sum(payments) -> Decimal:
@@ -87,10 +91,14 @@ def _sum(payments) -> Decimal:
 
 
 def refunded_total(order: Order) -> Decimal:
-    """Refunded on the order so far: refunds less the refunds that were reversed."""
-    return _sum(order.payments.filter(kind=Payment.Kind.REFUND)) - _sum(
-        order.payments.filter(kind=Payment.Kind.REVERSAL)
+    """Refunded on the order so far: refunds less the refunds that were reversed (both
+    sums in one statement: a refund reads them before its effect)."""
+    sums = order.payments.aggregate(
+        refunds=Sum("amount", filter=Q(kind=Payment.Kind.REFUND)),
+        reversals=Sum("amount", filter=Q(kind=Payment.Kind.REVERSAL)),
     )
+    refunds, reversals = (sums[name] or Decimal("0") for name in ("refunds", "reversals"))
+    return refunds.quantize(CENT) - reversals.quantize(CENT)
 
 
 def account_balance(account: str) -> Decimal:
@@ -102,12 +110,12 @@ def account_balance(account: str) -> Decimal:
 
 
 def refund(*, order_id: str, amount: Decimal, reason: str, idempotency_key: str) -> Payment:
-    _connect()
+    faulty = _connect()
     existing = Payment.objects.by_key(idempotency_key)
     if existing is not None:
         return existing
     # Taken in its own statement: an injected timeout must not roll it back.
-    fault = _take_fault()
+    fault = _take_fault() if faulty else None
     with transaction.atomic(using="world"):
         order = Order.objects.filter(order_id=order_id).first()
         if order is None:
@@ -134,11 +142,11 @@ def refund(*, order_id: str, amount: Decimal, reason: str, idempotency_key: str)
 
 
 def charge(*, account: str, amount: Decimal, description: str, idempotency_key: str) -> Payment:
-    _connect()
+    faulty = _connect()
     existing = Payment.objects.by_key(idempotency_key)
     if existing is not None:
         return existing  # before the fault: a repeat uses none up
-    fault = _take_fault()  # its own statement, as for refunds
+    fault = _take_fault() if faulty else None  # its own statement, as for refunds
     if fault == ProviderFault.Kind.TIMEOUT_BEFORE_APPLY:
         raise ProviderTimeout("Payment provider timed out.")
     payment, _ = Payment.objects.create_once(

@@ -1,10 +1,18 @@
 """The audit chain's hashing: an event's subject, its hashed content, the keyed
-hash. A ground piece (``AuditEvent.save`` uses it): imports runs.integrity and
-tools.registry only, no model."""
+hash; and its head, locked and moved on. A ground piece (``AuditEvent.save`` uses
+it): imports runs.integrity and tools.registry only, no model.
+
+Every transition appends an event (three on the way from a decision to the approved
+call's effect), so the head's two statements are written once per table and
+database rather than compiled by the ORM each time (~0.3 ms of CPU each, more than
+the statement costs the database)."""
 
 from __future__ import annotations
 
 from datetime import UTC
+from functools import cache
+
+from django.db import connections
 
 from runs.integrity import keyed_hash
 from tools.registry import canonical_json
@@ -36,3 +44,33 @@ def event_content(event) -> dict:
 
 def event_hash(prev_hash: str, content: dict) -> str:
     return keyed_hash(f"{prev_hash}|{canonical_json(content)}")
+
+
+@cache
+def _head_sql(alias: str, table: str) -> tuple[str, str]:
+    connection = connections[alias]
+    qn = connection.ops.quote_name
+    # SQLite has no FOR UPDATE: its IMMEDIATE transactions already serialise writers.
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    subject, seq, head = qn("subject"), qn("seq"), qn("head")
+    return (
+        f"SELECT {seq}, {head} FROM {qn(table)} WHERE {subject} = %s{lock}",
+        f"UPDATE {qn(table)} SET {seq} = %s, {head} = %s WHERE {subject} = %s AND {seq} = %s",
+    )
+
+
+def head_locked(alias: str, table: str, subject: str) -> tuple[int, str] | None:
+    """The chain's head (its last seq and hash), its row locked until the transaction
+    ends; None if the chain has no head row yet."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_head_sql(alias, table)[0], [subject])
+        return cursor.fetchone()
+
+
+def head_move_sql(
+    alias: str, table: str, subject: str, *, seq: int, new_seq: int, new_head: str
+) -> tuple[str, list]:
+    """The UPDATE that moves the locked head from ``seq`` to ``new_seq`` (the database
+    refuses any move but one forward) and its hash to ``new_head``: sent with the
+    event's INSERT (``runs.rawsql.insert_object``), one round trip on PostgreSQL."""
+    return _head_sql(alias, table)[1], [new_seq, new_head, subject, seq]

@@ -23,10 +23,11 @@ from runs.signals import run_transitioned, tool_call_transitioned
 
 
 @receiver(run_transitioned)
-def audit_run_transition(sender, *, run_id, old, new, actor, reason, action="", **kwargs):
+def audit_run_transition(sender, *, run_id, old, new, actor, reason, action="", run=None, **kwargs):
     # Every event: a grant raises a budget as the run is queued again, a repin changes
-    # its version in place. One read of the run.
-    run = Run.objects.only(*RUN_FACT_FIELDS).get(pk=run_id)
+    # its version in place. One read of the run, unless the sender holds its row locked.
+    if run is None:
+        run = Run.objects.only(*RUN_FACT_FIELDS).get(pk=run_id)
     detail = with_facts(reason, "run", run_facts(run))
     AuditEvent.objects.create(
         actor=actor,

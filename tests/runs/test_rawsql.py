@@ -6,11 +6,12 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
+from runs.engine import lease_claim
 from runs.models import Message, Run, Step, ToolCall
-from runs.rawsql import insert_objects, insert_rows, update_rows
+from runs.rawsql import insert_object, insert_objects, insert_rows, update_rows
 from runs.services import run_create
 
 pytestmark = pytest.mark.django_db
@@ -174,3 +175,45 @@ def test_a_naive_datetime_still_goes_through_its_field(run):
         )
     step = Step.objects.get(run=run, number=30)
     assert step.created_at == timezone.make_aware(naive, timezone.get_default_timezone())
+
+
+def test_a_claimed_run_is_the_run_the_orm_reads_sealed_values_and_all(db):
+    run = run_create(
+        agent_name="refund-desk",
+        task="Refund A-1001 — “broken”",
+        script={"turns": [{"text": "Done."}]},
+        max_cost=Decimal("1.25"),
+        enqueue=False,
+    )
+    Run.objects.filter(pk=run.pk).update(params={"order_id": "A-1001", "amount": 2900})
+    claimed = lease_claim(run.pk, "worker-a")
+    orm = Run.objects.get(pk=run.pk)
+    fields = [f.attname for f in Run._meta.concrete_fields]
+    assert {name: getattr(claimed, name) for name in fields} == {name: getattr(orm, name) for name in fields}
+    assert (claimed.task, claimed.params["amount"], claimed.max_cost) == (orm.task, 2900, Decimal("1.25"))
+
+
+def test_a_claim_of_an_expired_lease_that_names_its_owner_counts_a_recovery(run):
+    Run.objects.filter(pk=run.pk).update(
+        status="running", lease_owner="dead-worker", lease_until=timezone.now() - timedelta(seconds=1)
+    )
+    claimed = lease_claim(run.pk, "worker-b")
+    assert claimed.recoveries == 1 and claimed.lease_owner == "worker-b"
+    stored_run = Run.objects.get(pk=run.pk)
+    assert (stored_run.recoveries, stored_run.lease_owner, stored_run.nudged_at) == (1, "worker-b", None)
+    assert lease_claim(run.pk, "worker-c") is None  # held now
+
+
+def test_an_insert_whose_companion_update_matches_nothing_leaves_nothing(run):
+    message = Message(run=run, seq=50, role="user", content=[{"type": "text", "text": "hello"}])
+    nowhere = ('UPDATE "runs_run" SET "error" = %s WHERE "id" = %s', ["x", -1])
+    with pytest.raises(RuntimeError, match="matched nothing"), transaction.atomic():
+        insert_object(message, using="default", then=nowhere)
+    assert not Message.objects.filter(run=run, seq=50).exists()
+
+
+def test_an_inserted_object_gets_its_key_and_reads_back_as_saved(run):
+    message = Message(run=run, seq=51, role="user", content=[{"type": "text", "text": "hello"}])
+    insert_object(message, using="default")
+    assert Message.objects.get(pk=message.pk).content == [{"type": "text", "text": "hello"}]
+    assert not message._state.adding

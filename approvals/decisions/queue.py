@@ -112,7 +112,6 @@ QUEUE_RELATIONS = (
     "outcome_call",
     "run",
     "run__requester",
-    "rule__required_group",
     "claimed_by",
     "proposal__proposed_by",
 )
@@ -163,8 +162,56 @@ def _with_row(approvals, *, user):
     if user.is_authenticated:
         voted = ApprovalVote.objects.filter(proposal_id=OuterRef("proposal_id"), reviewer_id=user.pk)
         approvals = approvals.annotate(viewer_voted=Exists(voted))
-    # Not the search tokens: a row never shows them (a few kilobytes each, read for nothing).
-    return with_urgency(approvals).select_related(*QUEUE_RELATIONS).defer("search").order_by(*QUEUE_ORDER)
+    # What a row shows, no more: a page makes ~500 instances, each field set on each
+    # costs CPU, and each sealed column read is opened (not the search tokens either, a
+    # few kilobytes each).
+    return with_urgency(approvals).select_related(*QUEUE_RELATIONS).only(*QUEUE_READ).order_by(*QUEUE_ORDER)
+
+
+_USER_READ = ("username",)
+QUEUE_READ = (
+    *(
+        "kind",
+        "tool_call",
+        "outcome_call",
+        "detail",
+        "run",
+        "rule",
+        "rule_version",
+        "rule_snapshot",
+        "reason",
+        "tool_name",
+        "approvers_required",
+        "allow_self_approval",
+        "proposal",
+        "args_hash",
+        "status",
+        "claimed_by",
+        "claimed_until",
+        "created_at",
+        "escalated_at",
+        "expires_at",
+    ),
+    *(f"run__{name}" for name in ("agent", "task", "requester", "status")),
+    *(f"run__requester__{name}" for name in _USER_READ),
+    *(f"tool_call__{name}" for name in ("tool_name", "input", "status", "run")),
+    *(f"outcome_call__{name}" for name in ("tool_name", "status", "run")),
+    *(f"claimed_by__{name}" for name in _USER_READ),
+    *(
+        f"proposal__{name}"
+        for name in (
+            "number",
+            "proposed_by",
+            "input",
+            "rule_label",
+            "reason",
+            "detail",
+            "warnings",
+            "approval",
+        )
+    ),
+    *(f"proposal__proposed_by__{name}" for name in _USER_READ),
+)
 
 
 def queue_pending(*, user, yours: bool = False, **filters):
@@ -363,23 +410,6 @@ def _union_all(parts: list[str]) -> str:
     return " UNION ALL ".join(f"SELECT * FROM ({sql}) stream_{i}" for i, sql in enumerate(parts))
 
 
-def _united(pending, parts: list[str], params: list, rows=None) -> list[ApprovalRequest]:
-    """The approvals the stream reads of ``pending`` name, unordered, in two short
-    queries: the reads united (a UNION ALL of keyed reads along the index), then those
-    approvals by primary key from ``rows`` (default ``pending``), with what the caller
-    reads with them. Not one query with ``pk IN (the union)``, nor the page read again
-    through ``pending``'s filters: PostgreSQL then joins every pending approval's
-    relations, or every required group, before it narrows them to the page (230 ms at
-    10,000 pending)."""
-    if not parts:
-        return []
-    union = _union_all(parts)
-    with connections[pending.db].cursor() as cursor:
-        cursor.execute(union, params)
-        pks = {row[0] for row in cursor.fetchall()}
-    return list((pending if rows is None else rows).filter(pk__in=pks).order_by()) if pks else []
-
-
 def _united_keys(
     pending, parts: list[str], params: list, streams: list[_Stream], counts: dict
 ) -> tuple[list[QueueKey], dict[str, BoundedCount]]:
@@ -427,15 +457,25 @@ def queue_page(
     """Up to ``size`` approvals of ``pending`` (annotated by ``with_urgency``) in the
     queue's order: the first, those after ``after``, or the last ``size`` before
     ``before`` (still in the queue's order). Two queries: a short indexed read per
-    stream, united (``_united``), then the page's approvals by key from ``rows`` (also
-    annotated by ``with_urgency``; default ``pending``)."""
+    stream, united with each row's place in the order (``_united_keys``), then only the
+    page's approvals, by primary key, from ``rows`` (also annotated by ``with_urgency``;
+    default ``pending``). Not one query with ``pk IN (the union)``, nor the page read
+    again through ``pending``'s filters: PostgreSQL then joins every pending approval's
+    relations, or every required group, before it narrows them to the page (230 ms at
+    10,000 pending); nor every stream's ``size`` approvals read whole to keep ``size``
+    of them (each stream's, ~100 approvals and their relations for a page of 50)."""
     backwards = before is not None
     key = before if backwards else after
     streams = queue_streams() if streams is None else streams
-    parts, params = _stream_reads(pending, size=size, key=key, backwards=backwards, streams=streams)
-    found = _united(pending, parts, params, rows)
+    parts, params = _stream_reads(
+        pending, size=size, key=key, backwards=backwards, streams=streams, keyed=True
+    )
+    keys, _ = _united_keys(pending, parts, params, streams, {})
+    chosen = sorted(keys, reverse=backwards)[:size]
+    if not chosen:
+        return []
+    found = list((pending if rows is None else rows).filter(pk__in=[k.pk for k in chosen]).order_by())
     found.sort(key=QueueKey.of, reverse=backwards)
-    found = found[:size]
     return found[::-1] if backwards else found
 
 
@@ -536,11 +576,19 @@ class QueueRow:
         return f"{self.approval.pk}:{self.approval.args_hash}"
 
 
-def queue_rows(approvals, *, user, now: datetime) -> list[QueueRow]:
+def queue_rows(approvals, *, user, now: datetime, rules: list[GateRule] | None = None) -> list[QueueRow]:
     """The rows of one page of the queue: one query for the page, whatever its size (the
     approvals' required groups, each marked whether ``user`` holds it); which proposals
-    ``user`` approved comes with the rows (``queue_pending``), or in one more query."""
+    ``user`` approved comes with the rows (``queue_pending``), or in one more query.
+    ``rules``: every gate rule with its required group, read once for the page (a row
+    says how its live rule changed since it was asked), or one more query."""
     approvals = list(approvals)
+    if rules is None:
+        rules = list(GateRule.objects.select_related("required_group"))
+    live = {rule.pk: rule for rule in rules}
+    for approval in approvals:
+        # Set, not read: a rule deleted since reads as None, as its row's would.
+        approval.rule = live.get(approval.rule_id) if approval.rule_id else None
     prefetch_related_objects(approvals, required_groups_for(user))
     if all(hasattr(a, "viewer_voted") for a in approvals):
         voted = {a.proposal_id for a in approvals if a.viewer_voted}

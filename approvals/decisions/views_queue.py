@@ -84,8 +84,9 @@ def _queue_page(
     # The tabs' and the nav's counts, bounded ("1,000+"), in one query.
     counts = queue_counts(user=request.user, nav=True, **filters)
     count = counts[YOURS if yours else ALL]
-    # Every gate rule, read once: the queue's order (its SLAs) and the filters' choices.
-    rules = list(GateRule.objects.order_by("name"))
+    # Every gate rule, read once: the queue's order (its SLAs), the filters' choices and
+    # how each row's rule changed since it was asked.
+    rules = list(GateRule.objects.select_related("required_group").order_by("name"))
     streams = queue_streams(rules)
     pending = queue_pending(user=request.user, yours=yours, **filters)
     page = _page(pending, form.position(), count, streams, queue_page_rows(user=request.user))
@@ -98,7 +99,7 @@ def _queue_page(
     here_query = urlencode({**applied, **page.here})
     context = {
         "page": page,
-        "rows": queue_rows(page.object_list, user=request.user, now=now),
+        "rows": queue_rows(page.object_list, user=request.user, now=now, rules=rules),
         "tab": form.shown_tab,
         "counts": counts,
         "applied": applied,

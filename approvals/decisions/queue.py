@@ -26,6 +26,7 @@ from django.db.models import (
     prefetch_related_objects,
 )
 from django.db.models.functions import Coalesce
+from django.urls import reverse
 from django.utils import timezone
 
 from approvals.decisions.counts import COUNT_BOUND, BoundedCount, bounded_counts, count_columns, counts_of
@@ -564,6 +565,9 @@ class QueueRow:
     repeats: list[Repeat] = field(default_factory=list)
     # The rule it was asked under, as recorded (None for a guard).
     rule: DecidedRule | None = None
+    # Its page, and the arguments it shows (its current proposal's, else the call's).
+    href: str = ""
+    args: object = None
 
     @property
     def may_decide(self) -> bool:
@@ -614,9 +618,18 @@ def queue_rows(approvals, *, user, now: datetime, rules: list[GateRule] | None =
                 warnings=stored_warnings(approval.proposal if approval.proposal_id else None),
                 repeats=repeats.get(approval.pk, []),
                 rule=rule_as_decided(approval),
+                href=reverse("approval-detail", args=[approval.pk]),
+                args=_shown_args(approval),
             )
         )
     return rows
+
+
+def _shown_args(approval: ApprovalRequest):
+    """The arguments a row shows: its current proposal's, else its call's (a guard: none)."""
+    if approval.proposal_id and approval.proposal.input:
+        return approval.proposal.input
+    return approval.tool_call.input if approval.tool_call_id else None
 
 
 def key_facts(call: ToolCall) -> list[tuple[str, str]]:

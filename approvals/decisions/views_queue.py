@@ -29,9 +29,9 @@ from approvals.decisions.queue import (
     queue_page,
     queue_page_rows,
     queue_pending,
-    queue_rows,
     queue_streams,
 )
+from approvals.decisions.rows import queue_rows
 from approvals.decisions.selectors import DECIDE_PERMISSION
 from approvals.models import ApprovalRequest, GateRule
 from tools.registry import all_agents

@@ -19,7 +19,8 @@ from django.utils import timezone
 from approvals.decisions import counts, queue, views_queue
 from approvals.decisions.claims import approval_claim
 from approvals.decisions.opening import approval_open_guard
-from approvals.decisions.queue import Neighbours, neighbours, queue_pending, queue_rows
+from approvals.decisions.queue import Neighbours, neighbours, queue_pending
+from approvals.decisions.rows import queue_rows
 from approvals.decisions.selectors import (
     approvals_decidable_by,
     approvals_visible_to,

@@ -256,3 +256,35 @@ def test_runstatus_json_gives_every_item_its_kind_and_the_runs_guard_fields(user
     assert data["handed_over_to"] is None and data["verification"] is None and data["verified_at"] is None
     text = run_command("runstatus", str(run.pk))
     assert "did refund_item happen?" in text and "decide --act" in text
+
+
+def test_the_queue_reads_rows_of_every_kind_without_a_query_per_row(users):
+    """The rows are read with the columns a row shows (queue.QUEUE_READ): a guard's
+    detail, its outcome call's tool, an edit's author are read with the page, never
+    one row at a time."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def one_of_each():
+        gated(a_run(users["requester"]), ("refund_item", REFUND))
+        trip(a_run(users["requester"]), GuardKind.BUDGET, reason="token budget spent", detail=TOKENS_SPENT)
+        trip(a_run(users["requester"]), GuardKind.STUCK, reason="no progress", detail=NO_PROGRESS)
+        trip(a_run(users["requester"]), GuardKind.VERIFY, reason="not verified", detail=NOT_VERIFIED)
+        unknown_outcome(a_run(users["requester"]))
+
+    client = client_for(users["reviewer"])
+
+    def queries() -> int:
+        get_html(client, "/desk/", {"tab": "all"})  # warm: the session, the permissions
+        with CaptureQueriesContext(connection) as captured:
+            page = get_html(client, "/desk/", {"tab": "all"})
+        assert page.count('data-testid="queue-row"') == rows
+        return len(captured)
+
+    one_of_each()
+    rows = 5
+    few = queries()
+    one_of_each()
+    one_of_each()
+    rows = 15
+    assert queries() == few

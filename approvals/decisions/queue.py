@@ -154,36 +154,34 @@ def _with_row(approvals, *, user):
     if user.is_authenticated:
         voted = ApprovalVote.objects.filter(proposal_id=OuterRef("proposal_id"), reviewer_id=user.pk)
         approvals = approvals.annotate(viewer_voted=Exists(voted))
-    # What a row shows, no more: a page makes ~500 instances, each field set on each
-    # costs CPU, and each sealed column read is opened (not the search tokens either, a
-    # few kilobytes each).
+    # What a row shows, no more (QUEUE_READ): each field set on each of a page's ~250
+    # instances costs CPU, each sealed column read is opened, and the search tokens are
+    # a few kilobytes each.
     return with_urgency(approvals).select_related(*QUEUE_RELATIONS).only(*QUEUE_READ).order_by(*QUEUE_ORDER)
 
 
 _USER_READ = ("username",)
 QUEUE_READ = (
-    *(
-        "kind",
-        "tool_call",
-        "outcome_call",
-        "detail",
-        "run",
-        "rule",
-        "rule_version",
-        "rule_snapshot",
-        "reason",
-        "tool_name",
-        "approvers_required",
-        "allow_self_approval",
-        "proposal",
-        "args_hash",
-        "status",
-        "claimed_by",
-        "claimed_until",
-        "created_at",
-        "escalated_at",
-        "expires_at",
-    ),
+    "kind",
+    "tool_call",
+    "outcome_call",
+    "detail",
+    "run",
+    "rule",
+    "rule_version",
+    "rule_snapshot",
+    "reason",
+    "tool_name",
+    "approvers_required",
+    "allow_self_approval",
+    "proposal",
+    "args_hash",
+    "status",
+    "claimed_by",
+    "claimed_until",
+    "created_at",
+    "escalated_at",
+    "expires_at",
     *(f"run__{name}" for name in ("agent", "task", "requester", "status")),
     *(f"run__requester__{name}" for name in _USER_READ),
     *(f"tool_call__{name}" for name in ("tool_name", "input", "status", "run")),

@@ -96,19 +96,26 @@ def test_a_second_reviewers_queue_and_count_follow_a_decision_within_2_s(page, s
 
 
 def test_after_approving_the_demo_refund_the_page_waits_for_the_run_then_offers_the_email(page, desk):
-    desk.start_worker()
+    worker = desk.start_worker()
     run_id = desk.start_run("Customer Ada Lovelace (ticket T-1): order A-1001 arrived broken, please refund.")
     desk.wait_for(run_id, "waiting_approval")
     refund = ApprovalRequest.objects.get(run_id=run_id, status="pending")
     assert refund.tool_call.tool_name == "refund_item"
+    # No worker while the reviewer decides: a resume takes milliseconds, so with one
+    # running the page could meet the email already waiting and the in-between state
+    # would go unseen. The decision's nudge waits in the broker for the next worker.
+    worker.stop()
 
     sign_in(page, "reviewer")
     page.goto(f"/desk/approvals/{refund.pk}/")
     page.evaluate(RECORD_OFFERS)
     page.get_by_role("button", name="Approve").click()
     page.get_by_test_id("decided").get_by_text("Approved by reviewer").wait_for()
-    # The worker refunds, then the run pauses on the email: offered without a reload.
     offer = page.get_by_test_id("next-offer")
+    expect(offer).to_contain_text("The run is continuing")
+    # A worker takes the nudge, refunds, then the run pauses on the email: offered
+    # without a reload.
+    desk.start_worker()
     expect(offer.get_by_test_id("next-decidable")).to_be_visible(timeout=30_000)
     expect(offer).to_contain_text("send_email", timeout=30_000)
     email = ApprovalRequest.objects.get(run_id=run_id, status="pending")

@@ -19,6 +19,7 @@ from django_htmx.http import reswap, retarget, trigger_client_event
 
 from approvals.decisions.bulk import approvals_bulk_decide, approvals_bulk_preview
 from approvals.decisions.context_processors import NAV_KEY
+from approvals.decisions.context_processors import nav_counts as nav_counts_of
 from approvals.decisions.counts import BoundedCount
 from approvals.decisions.forms import ALL, YOURS, BulkDecisionForm, QueueFilterForm
 from approvals.decisions.freshness import desk_version, fragment_etag, query_key, tagged, unchanged
@@ -51,7 +52,8 @@ def nav_counts(request):
     etag = fragment_etag(NAV_KEY, user=request.user, version=desk_version())
     if (response := unchanged(request, etag)) is not None:
         return response
-    context = {"nav_etag": etag, "oob": True}
+    # Both counts read here, once: each render's context would read them again.
+    context = {"nav_etag": etag, "oob": True, **nav_counts_of(request.user)}
     html = render_to_string("approvals/_nav_counts.html#pending", context, request=request)
     html += render_to_string("approvals/_nav_counts.html#mine", context, request=request)
     return tagged(HttpResponse(html), etag)

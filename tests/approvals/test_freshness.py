@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from approvals.decisions import freshness
 from approvals.decisions.claims import approval_claim
@@ -103,6 +105,22 @@ def test_a_decision_by_someone_else_reaches_the_nav_at_the_next_poll(users):
     assert response["ETag"] != etag and etag_in(html, "nav-pending") == response["ETag"]
     # And the new tag holds until the next change.
     assert poll(client, "/desk/nav", NAV, response["ETag"]).status_code == 304
+
+
+def test_a_changed_nav_counts_both_numbers_in_one_query(users):
+    """The nav polls every second on every open desk page: when the desk changed, its
+    two counts are one read, not one per count it renders."""
+    approval = refund(users["requester"])
+    client = client_for(users["reviewer"])
+    etag = etag_in(get_html(client, "/desk/"), "nav-pending")
+    decide(approval, users["senior"])
+    with CaptureQueriesContext(connection) as captured:
+        response = poll(client, "/desk/nav", NAV, etag)
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert 'data-testid="nav-pending">0<' in html and 'data-testid="nav-mine">0<' in html
+    counting = [q["sql"] for q in captured.captured_queries if "COUNT(" in q["sql"].upper()]
+    assert len(counting) == 1, counting
 
 
 def test_a_tag_from_another_reviewer_or_window_is_not_taken_for_this_one(users, one_window):

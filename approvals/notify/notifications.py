@@ -275,7 +275,7 @@ def notify_run_finished(*, run: Run) -> list[Notification]:
         # senior: not verified (T-1 is open))": the model's last reply may claim otherwise.
         outcome += f" ({honest.label})"
     # Receivers hear it in the same transaction (approvals.notify.webhooks).
-    webhook_run_ended(run=run)
+    webhook_run_ended(run=run, outcome=honest)
     return notifications_record(
         event=f"run:{run.pk}:g{run.generation}:{run.status}",
         kind=Kind.RUN_FINISHED,

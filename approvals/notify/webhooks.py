@@ -106,6 +106,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -120,7 +121,7 @@ from approvals.notify.endpoints import TEST_EVENT, webhook_address
 from approvals.notify.errors import UnsafeWebhookURL
 from approvals.notify.models import WebhookDelivery, WebhookEndpoint
 from desk.logs import log_context
-from runs.outcome import run_outcome, run_outcome_lines
+from runs.outcome import RunOutcome, run_outcome, run_outcome_lines
 from runs.reasons import aggregate_figures
 
 log = logging.getLogger(__name__)
@@ -197,14 +198,17 @@ def webhook_enqueue(delivery_id: int, *, countdown: float | None = None) -> None
     )
 
 
-def webhooks_record(*, event: str, event_id: str, data: dict) -> list[WebhookDelivery]:
+def webhooks_record(*, event: str, event_id: str, data: dict | Callable[[], dict]) -> list[WebhookDelivery]:
     """One delivery of ``event`` per enabled endpoint subscribed to it; an existing
     one (same endpoint and event id) is left alone. Call it inside the event's
     transaction: the rows are enqueued when it commits, and vanish if it rolls back.
-    Returns the rows it created."""
+    ``data`` may be a function, called only if an endpoint wants the event (what it
+    reads is then read for receivers, never for nobody). Returns the rows it created."""
     endpoints = [e for e in WebhookEndpoint.objects.filter(enabled=True) if e.wants(event)]
     if not endpoints:
         return []
+    if callable(data):
+        data = data()
     now = timezone.now()
     payload = {"id": event_id, "event": event, "created": now.isoformat(), "data": data}
     created = []
@@ -318,9 +322,10 @@ def webhook_approval_closed(
     return webhooks_record(event=event, event_id=f"approval:{approval.pk}:{what}", data=data)
 
 
-def webhook_run_ended(*, run) -> list[WebhookDelivery]:
+def webhook_run_ended(*, run, outcome: RunOutcome | None = None) -> list[WebhookDelivery]:
     """A run ended done (``run.finished``), failed (``run.failed``) or was handed
-    over to a person (``run.needs_attention``). Once per generation, like its email."""
+    over to a person (``run.needs_attention``). Once per generation, like its email.
+    ``outcome``: the run's ``run_outcome`` if the caller has read it."""
     Status = type(run).Status
     event = {
         Status.DONE: "run.finished",
@@ -329,12 +334,17 @@ def webhook_run_ended(*, run) -> list[WebhookDelivery]:
     }.get(run.status)
     if event is None:
         return []
+
     # Ended is not "did it all": every call that did not take effect, and why (a failed
     # or handed-over run too: a call it left undecided never ran).
-    data = {"run": _run_data(run, ended=True), "outcome": run_outcome(run).as_dict(run_outcome_lines(run))}
-    if run.status == Status.HANDED_OVER:
-        data["reason"] = "handed_over"
-        data["run"]["handed_over_to"] = _username(run.handed_over_to)
+    def data() -> dict:
+        honest = outcome or run_outcome(run)
+        data = {"run": _run_data(run, ended=True), "outcome": honest.as_dict(run_outcome_lines(run))}
+        if run.status == Status.HANDED_OVER:
+            data["reason"] = "handed_over"
+            data["run"]["handed_over_to"] = _username(run.handed_over_to)
+        return data
+
     return webhooks_record(event=event, event_id=f"run:{run.pk}:g{run.generation}:{run.status}", data=data)
 
 

@@ -342,6 +342,20 @@ def test_a_finished_run_is_run_finished_once_with_its_status(users):
     }
 
 
+def test_a_run_that_ends_with_nobody_listening_reads_nothing_for_receivers(users, monkeypatch):
+    """What a run's end tells receivers (its not-done calls, who stopped them) is read
+    only if an endpoint wants it: nobody listening costs the run's end nothing."""
+    endpoint(events=["approval.opened"])
+
+    def not_for_nobody(run):
+        raise AssertionError("a run's outcome lines were read for webhooks nobody wants")
+
+    monkeypatch.setattr(webhooks, "run_outcome_lines", not_for_nobody)
+    run = finished_demo(users)
+    assert run.status == Run.Status.DONE
+    assert not WebhookDelivery.objects.filter(event="run.finished").exists()
+
+
 def test_a_handed_over_run_needs_attention(users):
     endpoint(events=["run.needs_attention"])
     approval = opened_approval(users)

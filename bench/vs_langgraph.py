@@ -186,7 +186,7 @@ def tool_call(tool: str, i: int = 0) -> dict:
     return {"name": "refund_item", "input": refund}
 
 
-def _bench_tool(tool: str, n: int) -> None:
+def _bench_tool(tool: str, n: int, script: dict) -> bool:
     """Register the bench agent (and the noop tool); for ``refund``, the demo's users and
     rules plus a rule that makes every refund wait for a reviewer."""
     from tools import registry
@@ -226,9 +226,14 @@ def _bench_tool(tool: str, n: int) -> None:
             system="You check a record with the one tool you have.",
             tool_names=(tool_call(tool)["name"],),
             # The stuck detector still hashes and counts every step, never stops the run.
-            **_accepted(registry.AgentSpec, patience=n + 10),
+            # The scenario is the agent's demo script, as `make run`'s offline agents
+            # carry theirs, and as the peer's scripted model keeps its turns in memory: on
+            # the run row (a scenario file's place) SQLite copies its 70-290 KB whenever
+            # the row changes size: a cost of the bench's model, not of the engine.
+            **_accepted(registry.AgentSpec, patience=n + 10, demo_script=script),
         )
     )
+    return "demo_script" in _accepted(registry.AgentSpec, demo_script=script)
 
 
 def countersign(db_dir: Path, n: int, tool: str, root: Path) -> dict:
@@ -240,11 +245,12 @@ def countersign(db_dir: Path, n: int, tool: str, root: Path) -> dict:
     from runs.models import Step
     from runs.services import run_create
 
-    _bench_tool(tool, n)
     script = {
         "turns": [{"text": turn_text(i), "tool_calls": [tool_call(tool, i)]} for i in range(n)]
         + [{"text": "Checked; nothing more to do. " + TEXT[:150]}]
     }
+    if _bench_tool(tool, n, script):
+        script = None  # the agent's own (an older tree without demo scripts: the run's)
     users = get_user_model().objects
     if tool == "refund":
         requester, reviewer = users.get(username="requester"), users.get(username="reviewer")

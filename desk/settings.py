@@ -371,6 +371,7 @@ CELERY_TASK_ROUTES = {
         "approvals.tasks.send_digests",
         "approvals.tasks.sweep_sla",
         "approvals.tasks.deliver_webhook",
+        "approvals.tasks.send_slack_message",
         "approvals.tasks.sweep_outbox",
         "approvals.tasks.anchor_chains",
     )
@@ -547,6 +548,28 @@ DESK_API_MAX_BODY_KEYS = env_int("DESK_API_MAX_BODY_KEYS", 10_000)
 DESK_WEBHOOK_ALLOWED_HOSTS = [host.lower() for host in env_list("DESK_WEBHOOK_ALLOWED_HOSTS")]
 # First retry of a failed webhook delivery after up to this many seconds, doubling (jittered).
 DESK_WEBHOOK_RETRY_SECONDS = env_int("DESK_WEBHOOK_RETRY_SECONDS", 10)
+# Slack (approvals.notify.slack): with no bot token nothing Slack happens. The token and
+# the signing secret live here only (never in the database, never logged). The Web
+# API's base URL can be a proxy or a test's fake. DESK_SLACK_CHANNELS: JSON, group
+# name -> channel id, the default mapping that SlackChannel rows in the admin extend.
+DESK_SLACK_BOT_TOKEN = env_str("DESK_SLACK_BOT_TOKEN").strip()
+DESK_SLACK_SIGNING_SECRET = env_str("DESK_SLACK_SIGNING_SECRET").strip()
+DESK_SLACK_API_URL = env_str("DESK_SLACK_API_URL", "https://slack.com/api/").strip()
+if not DESK_SLACK_API_URL.endswith("/"):
+    DESK_SLACK_API_URL += "/"
+try:
+    DESK_SLACK_CHANNELS = json.loads(env_str("DESK_SLACK_CHANNELS", "{}") or "{}")
+except json.JSONDecodeError as exc:
+    raise ImproperlyConfigured(f"DESK_SLACK_CHANNELS is not valid JSON: {exc}") from None
+if not isinstance(DESK_SLACK_CHANNELS, dict) or not all(
+    isinstance(k, str) and isinstance(v, str) for k, v in DESK_SLACK_CHANNELS.items()
+):
+    raise ImproperlyConfigured(
+        'DESK_SLACK_CHANNELS: a JSON object of group name -> channel id, e.g. {"reviewers": "C0123"}.'
+    )
+# Off: irreversible calls, calls with warnings and calls needing two or more approvers
+# have no Approve button in Slack (they are decided in the desk). On: they do.
+DESK_SLACK_APPROVE_GUARDED = env_bool("DESK_SLACK_APPROVE_GUARDED", False)
 # /metrics (Prometheus text format) answers a request that carries this token
 # ("Authorization: Bearer ..."), or comes from one of these networks (CIDR,
 # comma-separated; the default is this machine only). Empty token and networks: 404.

@@ -235,3 +235,111 @@ class WebhookDelivery(SealedRow):
 
     def __str__(self) -> str:
         return f"{self.event} {self.event_id} to {self.endpoint_id} ({self.status})"
+
+
+# --- Slack (approvals.notify.slack) ----------------------------------------------
+class SlackChannel(models.Model):
+    """Where a group's approvals are posted in Slack: extends (and, for the same
+    group, overrides) the DESK_SLACK_CHANNELS setting."""
+
+    group = models.OneToOneField("auth.Group", on_delete=models.CASCADE, related_name="slack_channel")
+    channel_id = models.CharField(max_length=30, help_text="The channel's id (C0123...), not its name.")
+
+    class Meta:
+        ordering = ["group__name"]
+
+    def __str__(self) -> str:
+        return f"{self.group.name} -> {self.channel_id}"
+
+
+class SlackLinkVia(models.TextChoices):
+    EMAIL = "email", "verified email match (users.info)"
+    LINK = "link", "one-time link confirmed in the desk"
+
+
+class SlackIdentity(models.Model):
+    """A Slack user who may decide as one desk user: a press from anyone else decides
+    nothing. One desk user per Slack user of a team; how the link was verified."""
+
+    Via = SlackLinkVia
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="slack_identities"
+    )
+    team_id = models.CharField(max_length=30)
+    slack_user_id = models.CharField(max_length=30)
+    via = models.CharField(max_length=10, choices=Via.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        verbose_name_plural = "Slack identities"
+        constraints = [
+            models.UniqueConstraint(fields=["team_id", "slack_user_id"], name="slackidentity_one_user"),
+            models.CheckConstraint(condition=Q(via__in=SlackLinkVia.values), name="slackidentity_via_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.team_id}/{self.slack_user_id} as {self.user_id} ({self.via})"
+
+
+class SlackMessageKind(models.TextChoices):
+    POST = "post"  # the approval's message in a channel
+    UPDATE = "update"  # that message rewritten in place (chat.update)
+    REPLY = "reply"  # a reminder or an escalation in its thread
+
+
+class SlackMessageStatus(models.TextChoices):
+    PENDING = "pending"
+    # Claimed by a worker talking to Slack; past ``next_attempt_at`` its worker died
+    # and the row is attempted again (a post first looks for itself by its metadata).
+    SENDING = "sending"
+    SENT = "sent"
+    # An update overtaken by a newer one of the same message before it was sent.
+    SUPERSEDED = "superseded"
+    FAILED = "failed", "failed (given up)"
+
+
+class SlackMessage(SealedRow):
+    """One Slack Web API call about one approval, recorded in the transaction of what
+    it reports: the outbox row that posts it at least once and finds it again."""
+
+    Kind = SlackMessageKind
+    Status = SlackMessageStatus
+
+    approval = models.ForeignKey(
+        "approvals.ApprovalRequest", on_delete=models.CASCADE, related_name="slack_messages"
+    )
+    channel = models.CharField(max_length=30)
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    # Stable per event and channel (e.g. "approval:12:opened:C0123"): the message's
+    # metadata carries it, so a post retried after a crash finds the one that arrived.
+    event_id = models.CharField(max_length=150)
+    # An update or a reply: the post it is about (its ``ts``).
+    post = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="followers"
+    )
+    payload = SealedJSONField()  # {"text": ..., "blocks": [...]}
+    ts = models.CharField(max_length=30, blank=True)  # Slack's id of the message, once posted
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = SealedTextField(blank=True)  # Slack's words
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["status", "next_attempt_at"], name="slackmessage_due")]
+        constraints = [
+            models.UniqueConstraint(fields=["channel", "event_id"], name="slackmessage_once_per_event"),
+            models.CheckConstraint(
+                condition=Q(kind__in=SlackMessageKind.values), name="slackmessage_kind_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=SlackMessageStatus.values), name="slackmessage_status_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.event_id} ({self.status})"

@@ -23,6 +23,7 @@ from approvals.models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
+from approvals.notify.models import SlackChannel, SlackIdentity, SlackMessage
 from approvals.notify.notifications import notifications_resend
 from approvals.notify.webhooks import webhook_retry, webhook_send_test
 from approvals.policy.agents import rule_tools
@@ -496,3 +497,57 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin):
         self.message_user(request, f"{retried} delivery(ies) queued again.")
         if skipped:
             self.message_user(request, f"{skipped} were not failed: left alone.", messages.WARNING)
+
+
+# --- Slack (approvals.notify.slack) ------------------------------------------------
+@admin.register(SlackChannel)
+class SlackChannelAdmin(admin.ModelAdmin):
+    """Channels a group's approvals go to, besides DESK_SLACK_CHANNELS' one."""
+
+    list_display = ["group", "channel_id"]
+    list_select_related = ["group"]
+
+
+@admin.register(SlackIdentity)
+class SlackIdentityAdmin(admin.ModelAdmin):
+    """Who decides as whom from Slack. Made by an email match or a link the desk user
+    confirmed, never typed here; an admin may only remove one (a leaver, a mistake)."""
+
+    list_display = ["slack_user_id", "team_id", "user", "via", "created_at"]
+    list_filter = ["via"]
+    search_fields = ["slack_user_id", "user__username", "user__email"]
+    readonly_fields = ["user", "team_id", "slack_user_id", "via", "created_at"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(SlackMessage)
+class SlackMessageAdmin(ReadOnlyAdmin):
+    list_display = [
+        "id",
+        "kind",
+        "approval",
+        "channel",
+        "status",
+        "attempts",
+        "ts",
+        "next_attempt_at",
+        "sent_at",
+    ]
+    list_filter = ["status", "kind"]
+    search_fields = ["event_id", "ts"]  # the payload and Slack's errors are sealed at rest
+    fields = [
+        "approval",
+        "kind",
+        "channel",
+        "event_id",
+        "post",
+        "ts",
+        "status",
+        "attempts",
+        "next_attempt_at",
+    ]

@@ -239,14 +239,17 @@ class WebhookDelivery(SealedRow):
 
 # --- Slack (approvals.notify.slack) ----------------------------------------------
 class SlackChannel(models.Model):
-    """Where a group's approvals are posted in Slack: extends (and, for the same
-    group, overrides) the DESK_SLACK_CHANNELS setting."""
+    """A channel a group's approvals are posted to in Slack, besides the one the
+    DESK_SLACK_CHANNELS setting names for it: each configured channel gets one message."""
 
-    group = models.OneToOneField("auth.Group", on_delete=models.CASCADE, related_name="slack_channel")
+    group = models.ForeignKey("auth.Group", on_delete=models.CASCADE, related_name="slack_channels")
     channel_id = models.CharField(max_length=30, help_text="The channel's id (C0123...), not its name.")
 
     class Meta:
-        ordering = ["group__name"]
+        ordering = ["group__name", "channel_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["group", "channel_id"], name="slackchannel_once_per_group"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.group.name} -> {self.channel_id}"

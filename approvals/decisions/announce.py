@@ -28,6 +28,10 @@ class Announcer(Protocol):
     def proposal_made(self, approval: ApprovalRequest, proposal: Proposal) -> None:
         """A reviewer's edit made a new proposal."""
 
+    def vote_recorded(self, approval: ApprovalRequest, proposal: Proposal, *, approved: int) -> None:
+        """An approval of ``proposal`` was recorded and it still waits for more
+        (``approved`` of ``approval.approvers_required`` so far)."""
+
     def call_declined(self, approval: ApprovalRequest, *, timed_out: bool) -> None:
         """A call was declined, by a reviewer or by its timeout."""
 

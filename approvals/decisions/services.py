@@ -461,6 +461,7 @@ def _vote(approval: ApprovalRequest, proposal: Proposal, reviewer, comment: str,
                 approval,
             ),
         )
+        announcer().vote_recorded(approval, proposal, approved=len(counted))
     return missing
 
 

@@ -13,7 +13,10 @@ sweep itself takes what is due from the database and attempts it, in this proces
   retry's backoff (``notification_due``); one cut off mid-send is taken back first
   (``notifications_resume_interrupted``, past ``DESK_EMAIL_SENDING_SECONDS``);
 - a webhook delivery pending and due for ``GRACE``; one cut off mid-send is taken back
-  first (``webhooks_take_back``).
+  first (``webhooks_take_back``);
+- a Slack message (post, update, thread reply) pending and due for ``GRACE``; one cut
+  off mid-send is taken back first (``slack_take_back``), and a post looks for itself
+  in Slack before posting again (``approvals.notify.slack``).
 
 Each attempt claims its row with a conditional UPDATE (``notification_send``,
 ``webhook_deliver``), so a sweep and a nudge that meet send once. A sweep stops
@@ -35,6 +38,7 @@ from django.utils import timezone
 
 from approvals.notify.models import Notification, WebhookDelivery
 from approvals.notify.notifications import notification_send, notifications_resume_interrupted
+from approvals.notify.slack import slack_due, slack_enabled, slack_message_send, slack_take_back
 from approvals.notify.webhooks import webhook_deliver, webhooks_take_back
 
 log = logging.getLogger(__name__)
@@ -61,7 +65,7 @@ def notification_due(note: Notification, *, now: datetime) -> bool:
 
 
 def outbox_sweep(*, now: datetime | None = None, budget: float | None = None) -> dict:
-    """Attempt every due email, then every due webhook delivery (at most BATCH of each,
+    """Attempt every due email, webhook delivery and Slack message (at most BATCH of each,
     for at most ``budget`` seconds: DESK_OUTBOX_SWEEP_SECONDS). Returns the counts."""
     now = now or timezone.now()
     budget = settings.DESK_OUTBOX_SWEEP_SECONDS if budget is None else budget
@@ -88,6 +92,15 @@ def outbox_sweep(*, now: datetime | None = None, budget: float | None = None) ->
             break
         webhook_deliver(delivery_id=delivery_id)
         counts["webhooks"] += 1
+    if not slack_enabled():
+        return _logged(counts)  # no token: nothing is recorded, and nothing could be sent
+    counts["slack_taken_back"] = slack_take_back(now=now)
+    counts["slack"] = 0
+    for message_id in slack_due(now=now, grace=GRACE):
+        if time.monotonic() > stop_at:
+            break
+        slack_message_send(message_id=message_id)
+        counts["slack"] += 1
     return _logged(counts)
 
 

@@ -40,6 +40,7 @@ from approvals.decisions.services import approval_expire
 from approvals.models import ApprovalRequest, AuditEvent, GateRule
 from approvals.notify.kinds import Kind
 from approvals.notify.notifications import notify_reviewers
+from approvals.notify.slack import slack_approval_changed, slack_approval_opened, slack_thread_reply
 from approvals.record.audit import approval_with_facts
 from runs.models import GuardKind
 
@@ -67,6 +68,11 @@ def approval_remind(*, approval_id: int, now: datetime) -> bool:
             return False  # another sweep got there first, or it was decided
         approval = _load(approval_id)
         notify_reviewers(approval=approval, kind=Kind.APPROVAL_REMINDER)
+        slack_thread_reply(
+            approval=approval,
+            event="reminder",
+            text=f"Reminder: still waiting for a decision from {group_names(approval)}.",
+        )
     return True
 
 
@@ -102,6 +108,15 @@ def approval_escalate(*, approval_id: int, now: datetime, group: Group) -> bool:
             + approval_with_facts("", approval),
         )
         notify_reviewers(approval=approval, kind=Kind.APPROVAL_ESCALATED)
+        # The message says who may decide now; its thread says that it changed; the
+        # escalation group's channel, if it has one, gets the approval's first message.
+        slack_approval_changed(approval=approval, event="escalated")
+        slack_thread_reply(
+            approval=approval,
+            event="escalated",
+            text=f"Escalated to {group.name}: who may decide is now {group_names(approval)}.",
+        )
+        slack_approval_opened(approval=approval)
     return True
 
 

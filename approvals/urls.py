@@ -7,7 +7,7 @@ from django.urls import path
 
 from approvals import views_agents, views_analytics
 from approvals.decisions import views, views_queue
-from approvals.notify import views_mail
+from approvals.notify import views_mail, views_slack
 
 # <id:...> is desk.converters.IdConverter (at most 18 digits), registered in desk/urls.py.
 urlpatterns = [
@@ -16,6 +16,9 @@ urlpatterns = [
     path("bulk", views_queue.bulk_decide, name="approvals-bulk"),
     path("outbox/", views_mail.outbox, name="outbox"),
     path("outbox/<id:email_id>/", views_mail.outbox_email, name="outbox-email"),
+    path("outbox/slack/", views_slack.outbox_slack, name="outbox-slack"),
+    path("outbox/slack/<id:message_id>/", views_slack.outbox_slack_message, name="outbox-slack-message"),
+    path("slack/link/<str:token>/", views_slack.slack_link, name="slack-link"),
     path("inbox/", views_mail.inbox, name="inbox"),
     path("preferences/", views_mail.preferences, name="notification-preferences"),
     path("analytics/", views_analytics.analytics, name="analytics"),

@@ -38,5 +38,5 @@ class Announcer:
             approval=approval, status=status, actor=actor, comment=comment, action=action, by_policy=by_policy
         )
         slack_approval_closed(
-            approval=approval, status=status, actor=actor, comment=comment, by_policy=by_policy
+            approval=approval, status=status, actor=actor, comment=comment, action=action, by_policy=by_policy
         )

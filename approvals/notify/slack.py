@@ -151,13 +151,15 @@ def slack_approval_changed(
 
 
 def slack_approval_closed(
-    *, approval: ApprovalRequest, status: str, actor, comment: str, by_policy: bool = False
+    *, approval: ApprovalRequest, status: str, actor, comment: str, action: str = "", by_policy: bool = False
 ) -> list[SlackMessage]:
-    """Every post rewritten in its final state: who decided, when, the comment;
-    expired; approved by policy."""
+    """Every post rewritten in its final state: who decided, when, the comment (a
+    guard's action); expired; approved by policy."""
     if not slack_enabled():
         return []
-    payload = closed_blocks(approval, status=status, actor=actor, comment=comment, by_policy=by_policy)
+    payload = closed_blocks(
+        approval, status=status, actor=actor, comment=comment, action=action, by_policy=by_policy
+    )
     return _updates(approval, "closed", payload)
 
 

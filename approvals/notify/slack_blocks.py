@@ -22,6 +22,7 @@ from django.utils import timezone
 from approvals.decisions.arguments import arg_value
 from approvals.decisions.bulk import shown_warnings
 from approvals.decisions.duplicates import warnings_as_made
+from approvals.decisions.guards import action_label
 from approvals.decisions.selectors import group_names, proposal_threshold
 from approvals.models import ApprovalRequest
 from approvals.policy.decided import rule_as_decided
@@ -195,19 +196,20 @@ def _plain(text: str) -> dict:
 
 
 def closed_blocks(
-    approval: ApprovalRequest, *, status: str, actor, comment: str, by_policy: bool = False
+    approval: ApprovalRequest, *, status: str, actor, comment: str, action: str = "", by_policy: bool = False
 ) -> dict:
     """The message once the approval closed: its facts as they were, then what became of
-    it (who, when, the comment; expired; approved by policy), and only the desk's link."""
+    it (who, when, the comment; a guard's action; expired; approved by policy), and only
+    the desk's link."""
     what = approval.tool_call.tool_name if not approval.is_guard else approval.get_kind_display()
-    word = {"expired": "expired"}.get(status, status)
+    word = action_label(action) if action else status
     title = f"{what}: {word}"
     blocks = [{"type": "header", "text": {"type": "plain_text", "text": title[:150], "emoji": False}}]
     blocks += _facts(approval, [])
     at = f"{timezone.now():%Y-%m-%d %H:%M} UTC"
     if actor is not None:
         who = actor.get_full_name() or actor.get_username()
-        line = f"*{mrkdwn_escape(status.capitalize())}* by {mrkdwn_escape(who)} at {at}"
+        line = f"*{mrkdwn_escape(word.capitalize())}* by {mrkdwn_escape(who)} at {at}"
     elif by_policy:
         line = f"*Approved by policy* (timeout) at {at}"
     else:

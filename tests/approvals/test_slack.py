@@ -584,3 +584,51 @@ def test_the_outbox_previews_a_slack_message_escaped(fake, users):
     assert "<strong>amount</strong>: ₹600.00" in page
     assert client_for(users["reviewer"]).get(f"/desk/outbox/slack/{row.pk}/").status_code == 403
     assert Client().get(f"/desk/outbox/slack/{row.pk}/").status_code == 302
+
+
+# --- guards, and what never leaves the settings ---------------------------------------
+def test_a_guard_is_posted_with_only_the_desks_link_and_shows_the_action_taken(fake, users):
+    from approvals.models import GuardKind
+    from tests.approvals.guard_runs import TOKENS_SPENT, a_run, act, spend_tokens, trip
+
+    run = a_run(users["requester"])
+    spend_tokens(run)
+    approval = trip(run, GuardKind.BUDGET, reason="token budget spent", detail=TOKENS_SPENT)
+    send_all()
+    (message,) = fake.messages(REVIEWERS)
+    actions = [e["action_id"] for b in message.blocks if b["type"] == "actions" for e in b["elements"]]
+    assert actions == ["countersign_open"]
+    assert "token budget spent" in texts(message)
+    link(users["reviewer"], "U0REV")
+    forged = {
+        "type": "button",
+        "action_id": APPROVE,
+        "value": json.dumps({"approval": approval.pk, "args_hash": ""}),
+    }
+    said = press(fake, REVIEWERS, APPROVE, "U0REV", action=forged).json()["text"]
+    assert said.startswith("Nothing was decided:")
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.PENDING
+    act(approval, users["reviewer"], "stop", text="Enough.")
+    send_all()
+    assert "*Stopped* by Reviewer" in texts(fake.messages(REVIEWERS)[0])
+
+
+def test_the_bot_token_and_signing_secret_are_in_no_log_and_no_row(fake, users, caplog):
+    caplog.set_level("DEBUG")
+    fake.fail("chat.postMessage", 500)
+    approval = pending(start(REFUND_600, requester=users["requester"]))
+    send_all()
+    SlackMessage.objects.update(next_attempt_at=timezone.now())
+    send_all()
+    link(users["reviewer"], "U0REV")
+    press(fake, REVIEWERS, APPROVE, "U0REV", secret="wrong")
+    press(fake, REVIEWERS, APPROVE, "U0REV")
+    send_all()
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.APPROVED
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "chat.postMessage" in logged  # the SDK's debug log was captured
+    assert "xoxb-test-token" not in logged and SECRET not in logged
+    for row in SlackMessage.objects.values_list("payload", "last_error"):
+        assert "xoxb-test-token" not in str(row) and SECRET not in str(row)

@@ -560,7 +560,10 @@ if not DESK_SLACK_API_URL.endswith("/"):
 try:
     DESK_SLACK_CHANNELS = json.loads(env_str("DESK_SLACK_CHANNELS", "{}") or "{}")
 except json.JSONDecodeError as exc:
-    raise ImproperlyConfigured(f"DESK_SLACK_CHANNELS is not valid JSON: {exc}") from None
+    raise ImproperlyConfigured(
+        f"DESK_SLACK_CHANNELS is not valid JSON ({exc}): group name -> channel id, "
+        'e.g. {"reviewers": "C0123"}.'
+    ) from None
 if not isinstance(DESK_SLACK_CHANNELS, dict) or not all(
     isinstance(k, str) and isinstance(v, str) for k, v in DESK_SLACK_CHANNELS.items()
 ):

@@ -158,3 +158,12 @@ def test_it_refuses_to_start_with_debug_off_and_no_encryption_keys():
     bad = manage("check", env={**env, "DESK_ENCRYPTION_KEYS": "k1:tooshort"})
     assert bad.returncode != 0 and "key 'k1': not 32 bytes" in bad.stderr
     assert "tooshort" not in bad.stderr
+
+
+@pytest.mark.parametrize("channels", ['{"reviewers": C0123}', '["C0123"]', '{"reviewers": 5}'])
+def test_a_malformed_slack_channel_map_stops_the_desk_with_an_example(channels, tmp_path):
+    env = {"DEBUG": "1", "DESK_VAR_DIR": str(tmp_path), "DESK_SLACK_CHANNELS": channels}
+    result = manage("check", env=env)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured: DESK_SLACK_CHANNELS" in result.stderr
+    assert 'e.g. {"reviewers": "C0123"}' in result.stderr

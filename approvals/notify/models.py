@@ -286,6 +286,18 @@ class SlackIdentity(models.Model):
         return f"{self.team_id}/{self.slack_user_id} as {self.user_id} ({self.via})"
 
 
+class SlackRequestSeen(models.Model):
+    """An interaction request already handled, by its signature (a digest of it): the
+    same request sent again within its five minutes is refused before it is read.
+    Rows older than ten minutes are of no use (their timestamp is refused) and go."""
+
+    signature = models.CharField(max_length=64, unique=True)
+    seen_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.signature[:12]}… at {self.seen_at:%H:%M:%S}"
+
+
 class SlackMessageKind(models.TextChoices):
     POST = "post"  # the approval's message in a channel
     UPDATE = "update"  # that message rewritten in place (chat.update)

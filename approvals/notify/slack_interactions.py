@@ -16,20 +16,24 @@ to the hash of the arguments the message showed.
   reply says what happened.
 - **Recorded.** The decision's note for the record names the Slack user and team:
   it is in the decision's audit row.
-- A replayed payload (same signature, within its five minutes) finds the decision
+- A replayed request (the same signature, within its five minutes) is refused before
+  it is read (``slack_request_first_time``); were it not, it would find the decision
   taken: ``AlreadyDecided``, or "you already approved this proposal".
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core import signing
 from django.db import IntegrityError, transaction
 from django.urls import reverse
+from django.utils import timezone
 from slack_sdk.errors import SlackClientError
 
 from approvals.decisions.bulk import shown_warnings
@@ -37,7 +41,7 @@ from approvals.decisions.decision import Decision
 from approvals.decisions.errors import DecisionInvalid, StaleDecision
 from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest
-from approvals.notify.models import SlackIdentity
+from approvals.notify.models import SlackIdentity, SlackRequestSeen
 from approvals.notify.slack import slack_client
 from approvals.notify.slack_blocks import APPROVE, DECLINE, mrkdwn_escape, slack_approve_refusal
 from approvals.policy.errors import DecisionError
@@ -48,10 +52,27 @@ log = logging.getLogger(__name__)
 DECLINE_CALLBACK = "countersign_decline"
 LINK_SALT = "countersign.slack.link"
 LINK_MAX_AGE = 30 * 60
+# Twice Slack's five minutes either way: a signature older than this is refused anyway.
+REPLAY_WINDOW = timedelta(minutes=10)
 STALE = (
     "The arguments changed since this message was posted (an edit, or a newer proposal): "
     "nothing was decided. Its message shows the current ones; decide those."
 )
+
+
+# --- replays --------------------------------------------------------------------
+def slack_request_first_time(signature: str) -> bool:
+    """Whether a verified request's signature is new: recorded now if so. Slack signs
+    each request afresh (a new timestamp), so a signature seen before is a replay."""
+    digest = hashlib.sha256(signature.encode()).hexdigest()
+    try:
+        with transaction.atomic():
+            SlackRequestSeen.objects.create(signature=digest)
+    except IntegrityError:
+        return False
+    # Older ones can never match again: their timestamps are refused.
+    SlackRequestSeen.objects.filter(seen_at__lt=timezone.now() - REPLAY_WINDOW).delete()
+    return True
 
 
 # --- identity ------------------------------------------------------------------

@@ -19,7 +19,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from slack_sdk.signature import SignatureVerifier
 
 from approvals.notify.models import SlackMessage
-from approvals.notify.slack_interactions import slack_interaction, slack_link_confirm, slack_link_read
+from approvals.notify.slack_interactions import (
+    slack_interaction,
+    slack_link_confirm,
+    slack_link_read,
+    slack_request_first_time,
+)
 from approvals.notify.slack_preview import blocks_shown
 
 # An interaction payload carries the message it came from: a few kB, far less than this.
@@ -56,6 +61,8 @@ def slack_interactions(request):
         return HttpResponse("Too large.", status=413, content_type="text/plain")
     if not slack_signature_valid(body, request.headers):
         return HttpResponse("Invalid signature.", status=401, content_type="text/plain")
+    if not slack_request_first_time(request.headers["X-Slack-Signature"]):
+        return JsonResponse({"text": "This request was handled already: nothing more was decided."})
     try:
         payload = json.loads(parse_qs(body.decode())["payload"][0])
     except (UnicodeDecodeError, KeyError, IndexError, ValueError):

@@ -11,6 +11,7 @@ Personas (seeddemo): ``requester`` starts runs; ``reviewer`` decides refunds ove
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from datetime import timedelta
@@ -40,6 +41,7 @@ pytestmark = [
 ]
 
 SECRET = "test-signing-secret"
+SECONDS_APART = itertools.count()
 TEAM = "T0TEAM"
 REVIEWERS, SENIORS = "C0REVIEW", "C0SENIOR"
 REFUND_600 = script(
@@ -110,6 +112,11 @@ def press(fake, channel: str, action_id: str, slack_user: str, *, action: dict |
 def post_signed(
     payload: dict, *, secret: str = SECRET, timestamp: int | None = None, body: bytes | None = None
 ):
+    """A request as Slack sends it, signed now: each one a second apart from the last
+    (Slack signs every request afresh; the same payload signed in the same second is a
+    replay, which the endpoint refuses)."""
+    if timestamp is None:
+        timestamp = int(time.time()) - next(SECONDS_APART) % 240
     signed, headers = signed_interaction(payload, secret, timestamp=timestamp)
     return Client().post(
         "/slack/interactions",
@@ -327,7 +334,8 @@ def test_an_old_timestamp_decides_nothing(fake, users):
     decided_nothing(approval)
 
 
-def test_a_replayed_payload_decides_nothing_more(fake, users):
+def test_a_replayed_request_decides_nothing_more(fake, users, settings):
+    settings.DESK_SLACK_APPROVE_GUARDED = True
     GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2)
     approval = pending(start(REFUND_600, requester=users["requester"]))
     send_all()
@@ -337,19 +345,41 @@ def test_a_replayed_payload_decides_nothing_more(fake, users):
         "team": {"id": TEAM},
         "user": {"id": "U0REV", "team_id": TEAM},
         "channel": {"id": REVIEWERS},
-        "actions": [button(fake, REVIEWERS, DECLINE) | {"action_id": APPROVE}],
+        "actions": [button(fake, REVIEWERS, APPROVE)],
     }
-    # Approve is not offered for a two-person rule: the endpoint refuses it as the message did.
-    assert "needs 2 approvers" in post_signed(payload).json()["text"]
-    GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=1)
-    ApprovalRequest.objects.filter(pk=approval.pk).update(approvers_required=1)
-    first = post_signed(payload)
-    assert "refund_item approved" in first.json()["text"]
-    again = post_signed(payload)  # the same request, signed the same way, sent again
-    assert again.json()["text"].startswith("Nothing was decided: Approval")
-    assert "already approved by reviewer" in again.json()["text"]
-    assert AuditEvent.objects.filter(approval=approval, action="approval.approved").count() == 1
+    body, headers = signed_interaction(payload, SECRET)
+
+    def send():
+        return Client().post(
+            "/slack/interactions",
+            data=body,
+            content_type="application/x-www-form-urlencoded",
+            headers=headers,
+        )
+
+    assert "1 more needed" in send().json()["text"]
+    # The same request again, byte for byte, within its five minutes.
+    assert send().json() == {"text": "This request was handled already: nothing more was decided."}
     assert ApprovalVote.objects.filter(approval=approval).count() == 1
+    assert AuditEvent.objects.filter(approval=approval, action="approval.vote").count() == 1
+    # Signed anew (a replay with a fresh timestamp needs the secret): the vote is taken already.
+    said = post_signed(payload).json()["text"]
+    assert said == "Nothing was decided: You already approved this proposal; it needs another reviewer."
+    assert ApprovalVote.objects.filter(approval=approval).count() == 1
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.PENDING
+
+
+def test_a_two_person_item_pressed_approve_anyway_decides_nothing(fake, users):
+    GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2)
+    approval = pending(start(REFUND_600, requester=users["requester"]))
+    send_all()
+    link(users["reviewer"], "U0REV")
+    # Not offered in the message, and refused here as the message said.
+    action = button(fake, REVIEWERS, DECLINE) | {"action_id": APPROVE}
+    said = press(fake, REVIEWERS, APPROVE, "U0REV", action=action).json()["text"]
+    assert said == "Nothing was decided: it needs 2 approvers; decide it in the desk."
+    decided_nothing(approval)
 
 
 def test_an_unlinked_slack_user_is_told_how_to_link_and_decides_nothing(fake, users):

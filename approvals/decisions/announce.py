@@ -47,6 +47,9 @@ class Announcer(Protocol):
     ) -> None:
         """A pending approval closed: decided, acted on, or timed out (not a cancellation)."""
 
+    def approval_cancelled(self, approval: ApprovalRequest, *, comment: str) -> None:
+        """A pending approval was cancelled: its run ended or its call was withdrawn."""
+
 
 @cache
 def _announcer_for(path: str) -> Announcer:

@@ -544,6 +544,7 @@ def approvals_cancel(approvals, *, comment: str, actor=None) -> int:
                 decided_at=now,
                 comment=comment,
             )
+            announcer().approval_cancelled(approval, comment=comment)
             cancelled += 1
     return cancelled
 

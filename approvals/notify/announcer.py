@@ -40,3 +40,10 @@ class Announcer:
         slack_approval_closed(
             approval=approval, status=status, actor=actor, comment=comment, action=action, by_policy=by_policy
         )
+
+    def approval_cancelled(self, approval, *, comment) -> None:
+        # No email or webhook (the run's own event says it ended); a Slack message would
+        # otherwise still ask for a decision nobody can make.
+        slack_approval_closed(
+            approval=approval, status=approval.Status.CANCELLED, actor=None, comment=comment
+        )

@@ -121,9 +121,13 @@ def _posts(approval: ApprovalRequest):
 
 
 def slack_approval_opened(*, approval: ApprovalRequest) -> list[SlackMessage]:
-    """One post per channel of the approval's groups."""
+    """One post per channel of the approval's groups not posted to yet (called again
+    on an escalation: the new group's channels get theirs)."""
     if not slack_enabled():
         return []
+    channels = slack_channels(approval)
+    if not channels:
+        return []  # no message to build
     payload = approval_blocks(approval, stored_warnings=True)
     made = [
         _record(
@@ -133,7 +137,7 @@ def slack_approval_opened(*, approval: ApprovalRequest) -> list[SlackMessage]:
             event_id=f"approval:{approval.pk}:opened:{channel}",
             payload=payload,
         )
-        for channel in slack_channels(approval)
+        for channel in channels
     ]
     return [m for m in made if m is not None]
 
@@ -144,26 +148,31 @@ def slack_approval_changed(
     """Every post about a pending approval rewritten as it stands now (a vote that
     leaves it waiting: "1 of 2"; a new proposal: its arguments and hash). ``event``
     names the change, unique per approval ("vote:3", "proposal:2")."""
-    if not slack_enabled():
-        return []
-    payload = approval_blocks(approval, approved_so_far=approved_so_far)
-    return _updates(approval, event, payload)
+    return _updates(approval, event, lambda: approval_blocks(approval, approved_so_far=approved_so_far))
 
 
 def slack_approval_closed(
     *, approval: ApprovalRequest, status: str, actor, comment: str, action: str = "", by_policy: bool = False
 ) -> list[SlackMessage]:
     """Every post rewritten in its final state: who decided, when, the comment (a
-    guard's action); expired; approved by policy."""
+    guard's action); expired; approved by policy; cancelled."""
+    return _updates(
+        approval,
+        "closed",
+        lambda: closed_blocks(
+            approval, status=status, actor=actor, comment=comment, action=action, by_policy=by_policy
+        ),
+    )
+
+
+def _updates(approval: ApprovalRequest, event: str, payload_of) -> list[SlackMessage]:
+    """An update of each post, with ``payload_of()`` built only if there is a post."""
     if not slack_enabled():
         return []
-    payload = closed_blocks(
-        approval, status=status, actor=actor, comment=comment, action=action, by_policy=by_policy
-    )
-    return _updates(approval, "closed", payload)
-
-
-def _updates(approval: ApprovalRequest, event: str, payload: dict) -> list[SlackMessage]:
+    posts = list(_posts(approval))
+    if not posts:
+        return []
+    payload = payload_of()
     made = [
         _record(
             approval=approval,
@@ -173,7 +182,7 @@ def _updates(approval: ApprovalRequest, event: str, payload: dict) -> list[Slack
             payload=payload,
             post=post,
         )
-        for post in _posts(approval)
+        for post in posts
     ]
     return [m for m in made if m is not None]
 

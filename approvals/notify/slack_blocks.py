@@ -212,6 +212,8 @@ def closed_blocks(
         line = f"*{mrkdwn_escape(word.capitalize())}* by {mrkdwn_escape(who)} at {at}"
     elif by_policy:
         line = f"*Approved by policy* (timeout) at {at}"
+    elif status == ApprovalRequest.Status.CANCELLED:
+        line = f"*Cancelled* at {at}: nothing is left to decide"
     else:
         line = f"*{mrkdwn_escape(status.capitalize())}* at {at}: no decision in time"
     if comment:

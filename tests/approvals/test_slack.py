@@ -507,7 +507,14 @@ def test_decline_opens_a_modal_and_its_reason_declines(fake, users):
             "callback_id": view["callback_id"],
             "private_metadata": view["private_metadata"],
             "state": {
-                "values": {"reason": {"reason": {"type": "plain_text_input", "value": "Needs photos"}}}
+                "values": {
+                    "reason": {
+                        "reason": {
+                            "type": "plain_text_input",
+                            "value": "Needs photos <img src=x onerror=alert(1)>",
+                        }
+                    }
+                }
             },
         },
     }
@@ -516,7 +523,11 @@ def test_decline_opens_a_modal_and_its_reason_declines(fake, users):
     assert post_signed(empty).json()["response_action"] == "errors"
     assert post_signed(submission).json() == {"response_action": "clear"}
     approval.refresh_from_db()
-    assert approval.status == ApprovalRequest.Status.DECLINED and approval.comment == "Needs photos"
+    assert approval.status == ApprovalRequest.Status.DECLINED
+    assert approval.comment == "Needs photos <img src=x onerror=alert(1)>"
+    # Slack's free text reaches the desk's page escaped.
+    page = get_html(client_for(users["reviewer"]), f"/desk/approvals/{approval.pk}/")
+    assert "Needs photos &lt;img src=x onerror=alert(1)&gt;" in page and "<img src=x" not in page
     assert "U0REV" in AuditEvent.objects.get(approval=approval, action="approval.declined").detail
     # Replayed: the modal says it was decided already.
     assert "already declined" in post_signed(submission).json()["errors"]["reason"]
@@ -662,3 +673,18 @@ def test_the_bot_token_and_signing_secret_are_in_no_log_and_no_row(fake, users, 
     assert "xoxb-test-token" not in logged and SECRET not in logged
     for row in SlackMessage.objects.values_list("payload", "last_error"):
         assert "xoxb-test-token" not in str(row) and SECRET not in str(row)
+
+
+def test_a_run_that_ends_while_its_approval_waits_leaves_no_message_asking_for_a_decision(fake, users):
+    from runs.services import run_cancel
+
+    run = start(REFUND_600, requester=users["requester"])
+    approval = pending(run)
+    send_all()
+    run_cancel(run=run, actor=users["admin"], reason="Customer withdrew the claim")
+    approval.refresh_from_db()
+    assert approval.status == ApprovalRequest.Status.CANCELLED
+    send_all()
+    (message,) = fake.messages(REVIEWERS)
+    assert "refund_item: cancelled" in texts(message) and "nothing is left to decide" in texts(message)
+    assert APPROVE not in json.dumps(message.blocks)

@@ -49,7 +49,7 @@ class FakeSlack:
         self.posted: list[Posted] = []
         # Slack user id -> users.info's "user" object.
         self.users: dict[str, dict] = {}
-        self._failures: dict[str, list[tuple[int, int | None]]] = {}
+        self._failures: dict[str, list[tuple[int, int | None, str]]] = {}
         self._lock = threading.Lock()
         self._ts = itertools.count(1)
         fake = self
@@ -96,9 +96,10 @@ class FakeSlack:
         self.server.server_close()
 
     # --- what a test scripts and reads ---------------------------------------------
-    def fail(self, method: str, status: int, *, retry_after: int | None = None) -> None:
-        """The next call of ``method`` answers ``status`` (429 with Retry-After, or a 5xx)."""
-        self._failures.setdefault(method, []).append((status, retry_after))
+    def fail(self, method: str, status: int, *, retry_after: int | None = None, error: str = "") -> None:
+        """The next call of ``method`` answers ``status`` (429 with Retry-After, a 5xx, or
+        200 with Slack's ``ok: false`` and ``error``, e.g. channel_not_found)."""
+        self._failures.setdefault(method, []).append((status, retry_after, error))
 
     def add_user(self, user_id: str, email: str, *, confirmed: bool = True) -> None:
         self.users[user_id] = {
@@ -121,10 +122,10 @@ class FakeSlack:
         with self._lock:
             queued = self._failures.get(method) or []
             if queued:
-                status, retry_after = queued.pop(0)
+                status, retry_after, error = queued.pop(0)
                 self.log.append(Call(method, args, status))
                 headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
-                error = "ratelimited" if status == 429 else "fatal_error"
+                error = error or ("ratelimited" if status == 429 else "fatal_error")
                 return status, {"ok": False, "error": error}, headers
             if not auth.startswith("Bearer xoxb-"):
                 self.log.append(Call(method, args, 200))

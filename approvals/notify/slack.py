@@ -56,6 +56,10 @@ TIMEOUT_SECONDS = 10
 # An update or a reply whose post has no ts yet waits this long and looks again.
 WAIT_FOR_POST = timedelta(seconds=5)
 BATCH = 200
+# Slack's ``ok: false`` errors that say "try again", whatever the HTTP status.
+TRANSIENT_ERRORS = frozenset(
+    {"internal_error", "fatal_error", "service_unavailable", "request_timeout", "ratelimited"}
+)
 Status = SlackMessage.Status
 Kind = SlackMessage.Kind
 
@@ -231,7 +235,21 @@ def _found(message: SlackMessage, messages: list) -> str:
 
 
 def _already_posted(client: WebClient, message: SlackMessage) -> str:
-    """A retried post or reply: the ts of the one an earlier attempt left in Slack."""
+    """A retried post or reply: the ts of the one an earlier attempt left in Slack, or
+    "". A lookup Slack refuses (a missing history scope) is no reason not to post: at
+    least once, then."""
+    try:
+        return _look_for(client, message)
+    except SlackApiError as exc:
+        if exc.response.status_code == 429 or exc.response.status_code >= 500:
+            raise  # tried again later, lookup first
+        log.warning(
+            "slack message %s: could not look for an earlier post: %s", message.pk, _slack_error(exc.response)
+        )
+        return ""
+
+
+def _look_for(client: WebClient, message: SlackMessage) -> str:
     oldest = f"{message.created_at.timestamp() - 60:.6f}"
     if message.kind == Kind.REPLY:
         answer = client.conversations_replies(
@@ -252,7 +270,13 @@ def slack_call(client: WebClient, message: SlackMessage) -> str:
             channel=message.channel, ts=message.post.ts, text=payload["text"], blocks=payload["blocks"]
         )
         return message.post.ts
-    if message.attempts > 1 and (ts := _already_posted(client, message)):
+    # A retry may follow a post Slack took (an answer lost, a worker killed): look first.
+    # Not after a 429: Slack took nothing then.
+    if (
+        message.attempts > 1
+        and not message.last_error.startswith("HTTP 429")
+        and (ts := _already_posted(client, message))
+    ):
         return ts
     answer = client.chat_postMessage(
         channel=message.channel,
@@ -307,11 +331,11 @@ def slack_message_send(*, message_id: int) -> str:
     except SlackApiError as exc:
         answer = exc.response
         code = answer.status_code
-        error = f"HTTP {code}: {answer.get('error') if isinstance(answer.data, dict) else ''}"
+        error = f"HTTP {code}: {_slack_error(answer)}"
         if code == 429:
             retry_after = _seconds(answer.headers.get("retry-after") or answer.headers.get("Retry-After"))
-        elif code < 500:
-            return _give_up(claimed, message, error)
+        elif code < 500 and _slack_error(answer) not in TRANSIENT_ERRORS:
+            return _give_up(claimed, message, error)  # Slack refused it: channel_not_found, ...
     except (SlackClientError, OSError, ValueError) as exc:
         error = f"{type(exc).__name__}: {exc}"
     else:
@@ -325,6 +349,11 @@ def slack_message_send(*, message_id: int) -> str:
         slack_enqueue(message.pk, countdown=delay)
     log.warning("slack message %s: attempt %s failed, again in %.0f s: %s", message.pk, attempt, delay, error)
     return "retry"
+
+
+def _slack_error(answer) -> str:
+    """Slack's error code ("channel_not_found"), or "" for an answer that is not JSON."""
+    return str(answer.data.get("error") or "") if isinstance(answer.data, dict) else ""
 
 
 def _seconds(value) -> float:

@@ -41,7 +41,7 @@ pytestmark = [
 ]
 
 SECRET = "test-signing-secret"
-SECONDS_APART = itertools.count()
+TRIGGERS = itertools.count(1)
 TEAM = "T0TEAM"
 REVIEWERS, SENIORS = "C0REVIEW", "C0SENIOR"
 REFUND_600 = script(
@@ -103,7 +103,6 @@ def press(fake, channel: str, action_id: str, slack_user: str, *, action: dict |
         "team": {"id": TEAM},
         "user": {"id": slack_user, "team_id": TEAM},
         "channel": {"id": channel},
-        "trigger_id": "1337.42.abcd",
         "actions": [action or button(fake, channel, action_id)],
     }
     return post_signed(payload, **sign)
@@ -112,11 +111,9 @@ def press(fake, channel: str, action_id: str, slack_user: str, *, action: dict |
 def post_signed(
     payload: dict, *, secret: str = SECRET, timestamp: int | None = None, body: bytes | None = None
 ):
-    """A request as Slack sends it, signed now: each one a second apart from the last
-    (Slack signs every request afresh; the same payload signed in the same second is a
-    replay, which the endpoint refuses)."""
-    if timestamp is None:
-        timestamp = int(time.time()) - next(SECONDS_APART) % 240
+    """A request as Slack sends it, signed now, with a trigger id of its own (Slack gives
+    every interaction one): the same request sent again is a replay, refused."""
+    payload = {**payload, "trigger_id": f"{next(TRIGGERS)}.1337.abcd"}
     signed, headers = signed_interaction(payload, secret, timestamp=timestamp)
     return Client().post(
         "/slack/interactions",
@@ -497,7 +494,7 @@ def test_decline_opens_a_modal_and_its_reason_declines(fake, users):
     assert press(fake, REVIEWERS, DECLINE, "U0REV").json() == {}
     (opened,) = fake.calls("views.open")
     view = opened.args["view"]
-    assert opened.args["trigger_id"] == "1337.42.abcd"
+    assert opened.args["trigger_id"].endswith(".1337.abcd")  # the press's own
     decided_nothing(approval)
     submission = {
         "type": "view_submission",
@@ -571,15 +568,30 @@ def test_a_429_is_tried_again_after_its_retry_after_and_the_message_arrives_once
     assert [c.status for c in fake.calls("chat.postMessage")] == [429, 200]
 
 
-def test_a_500_backs_off_and_a_refusal_gives_up(fake, users):
+def test_a_500_backs_off_and_the_retry_looks_for_the_post_before_posting(fake, users):
     fake.fail("chat.postMessage", 500)
+    fake.fail("conversations.history", 200, error="missing_scope")  # no history scope: post anyway
     start(REFUND_600, requester=users["requester"])
     assert send_all() == ["retry"]
     row = SlackMessage.objects.get()
     assert row.next_attempt_at > timezone.now() + timedelta(seconds=4)
+    assert row.last_error == "HTTP 500: fatal_error"
     SlackMessage.objects.filter(pk=row.pk).update(next_attempt_at=timezone.now())
     assert send_all() == ["sent"]
     assert len(fake.messages(REVIEWERS)) == 1
+    assert [c.method for c in fake.log] == ["chat.postMessage", "conversations.history", "chat.postMessage"]
+
+
+def test_slacks_refusal_gives_up_and_its_updates_with_it(fake, users):
+    fake.fail("chat.postMessage", 200, error="channel_not_found")
+    run = start(REFUND_600, requester=users["requester"])
+    assert send_all() == ["failed"]
+    post_decision(client_for(users["reviewer"]), pending(run), "approve")
+    # Nothing to update: the approval had no post left to rewrite.
+    assert list(SlackMessage.objects.values_list("kind", "status", "last_error")) == [
+        ("post", "failed", "HTTP 200: channel_not_found")
+    ]
+    assert fake.messages(REVIEWERS) == []
 
 
 def test_a_worker_killed_mid_send_the_message_arrives_once(fake, users, monkeypatch):

@@ -700,3 +700,19 @@ def test_a_run_that_ends_while_its_approval_waits_leaves_no_message_asking_for_a
     (message,) = fake.messages(REVIEWERS)
     assert "refund_item: cancelled" in texts(message) and "nothing is left to decide" in texts(message)
     assert APPROVE not in json.dumps(message.blocks)
+
+
+def test_the_endpoint_takes_only_signed_posts_of_a_reasonable_size(fake, settings):
+    assert Client().get("/slack/interactions").status_code == 405
+    big, headers = signed_interaction({"type": "block_actions", "pad": "x" * 300_000}, SECRET)
+    response = Client().post(
+        "/slack/interactions", data=big, content_type="application/x-www-form-urlencoded", headers=headers
+    )
+    assert response.status_code == 413
+    unsigned = Client().post(
+        "/slack/interactions", data=b"payload=%7B%7D", content_type="application/x-www-form-urlencoded"
+    )
+    assert unsigned.status_code == 401
+    assert post_signed({}, body=b"nothing=here").status_code == 401  # signed for another body
+    settings.DESK_SLACK_SIGNING_SECRET = ""
+    assert post_signed({"type": "block_actions"}).status_code == 404  # not configured here

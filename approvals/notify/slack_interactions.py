@@ -40,7 +40,7 @@ from approvals.decisions.bulk import shown_warnings
 from approvals.decisions.decision import Decision
 from approvals.decisions.errors import DecisionInvalid, StaleDecision
 from approvals.decisions.services import approval_decide
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, AuditEvent
 from approvals.notify.models import SlackIdentity, SlackRequestSeen
 from approvals.notify.slack import slack_client
 from approvals.notify.slack_blocks import APPROVE, DECLINE, mrkdwn_escape, slack_approve_refusal
@@ -101,11 +101,22 @@ def slack_link_confirm(*, user, team_id: str, slack_user_id: str) -> SlackIdenti
     that Slack user is linked already (a link works once)."""
     try:
         with transaction.atomic():
-            return SlackIdentity.objects.create(
-                user=user, team_id=team_id, slack_user_id=slack_user_id, via=SlackIdentity.Via.LINK
-            )
+            return _link(user, team_id, slack_user_id, SlackIdentity.Via.LINK)
     except IntegrityError:
         return None
+
+
+def _link(user, team_id: str, slack_user_id: str, via: str) -> SlackIdentity:
+    """The link, and its audit event: who may decide as whom is part of the record."""
+    link = SlackIdentity.objects.create(user=user, team_id=team_id, slack_user_id=slack_user_id, via=via)
+    AuditEvent.objects.create(
+        actor=user,
+        action="slack.linked",
+        after=via,
+        detail=f"Slack user {slack_user_id} of team {team_id} decides as {user.get_username()} "
+        f"({link.get_via_display()})",
+    )
+    return link
 
 
 def slack_reviewer(*, team_id: str, slack_user_id: str):
@@ -137,9 +148,7 @@ def slack_reviewer(*, team_id: str, slack_user_id: str):
         return None  # nobody, or two desk users share it: a link decides which
     try:
         with transaction.atomic():
-            SlackIdentity.objects.create(
-                user=matches[0], team_id=team_id, slack_user_id=slack_user_id, via=SlackIdentity.Via.EMAIL
-            )
+            _link(matches[0], team_id, slack_user_id, SlackIdentity.Via.EMAIL)
     except IntegrityError:
         pass  # a concurrent press linked them first
     return matches[0]

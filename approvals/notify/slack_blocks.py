@@ -69,6 +69,9 @@ def slack_approve_refusal(approval: ApprovalRequest, warnings: list[str]) -> str
     spec = find_tool(approval.tool_call.tool_name)
     if spec is None:
         return f"{approval.tool_call.tool_name} is not loaded here"
+    if len(_arguments_text(approval)) > MAX_TEXT:
+        # Never, whatever the setting: Slack would show them cut, and Approve binds all of them.
+        return "its arguments are too long to show here in full"
     if settings.DESK_SLACK_APPROVE_GUARDED:
         return None
     if spec.is_irreversible:
@@ -88,6 +91,19 @@ def _warnings(approval: ApprovalRequest, *, stored: bool) -> list[str]:
     return shown_warnings(approval)
 
 
+def _arguments_text(approval: ApprovalRequest) -> str:
+    """What would run (the current proposal), as the page lists it: amounts as rupees."""
+    call = approval.tool_call
+    proposal = approval.proposal
+    shown = proposal.input if proposal is not None else call.input
+    lines = [
+        f"*{mrkdwn_escape(k)}*: {mrkdwn_escape(arg_value(v, k))}"
+        for k, v in arguments_in_order(call.tool_name, shown)
+    ]
+    edited = f" (proposal {proposal.number}, a reviewer's edit)" if approval.is_edited else ""
+    return f"*Arguments*{edited}\n" + ("\n".join(lines) or "(none)")
+
+
 def _facts(approval: ApprovalRequest, warnings: list[str]) -> list[dict]:
     """The first screen of the approval page, as blocks."""
     run = approval.run
@@ -104,15 +120,8 @@ def _facts(approval: ApprovalRequest, warnings: list[str]) -> list[dict]:
             _section(f"*{mrkdwn_escape(approval.get_kind_display())}*: {mrkdwn_escape(approval.reason)}")
         )
         return blocks
-    call = approval.tool_call
     proposal = approval.proposal
-    shown = proposal.input if proposal is not None else call.input
-    lines = [
-        f"*{mrkdwn_escape(k)}*: {mrkdwn_escape(arg_value(v, k))}"
-        for k, v in arguments_in_order(call.tool_name, shown)
-    ]
-    edited = f" (proposal {proposal.number}, a reviewer's edit)" if approval.is_edited else ""
-    blocks.append(_section(f"*Arguments*{edited}\n" + ("\n".join(lines) or "(none)")))
+    blocks.append(_section(_arguments_text(approval)))
     if warnings:
         blocks.append(_section("\n".join(f":warning: {mrkdwn_escape(w)}" for w in warnings)))
     rule = rule_as_decided(approval)

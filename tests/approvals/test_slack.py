@@ -350,3 +350,17 @@ def test_a_run_that_ends_while_its_approval_waits_leaves_no_message_asking_for_a
     (message,) = fake.messages(REVIEWERS)
     assert "refund_item: cancelled" in texts(message) and "nothing is left to decide" in texts(message)
     assert APPROVE not in json.dumps(message.blocks)
+
+
+def test_arguments_too_long_to_show_in_full_get_no_approve_button_whatever_the_setting(fake, users, settings):
+    settings.DESK_SLACK_APPROVE_GUARDED = True
+    body = "We are sorry about the case. " * 120  # 3,480 characters
+    email = script(
+        turn(("send_email", {"to": "ada@example.com", "subject": "Your refund", "body": body})),
+        {"text": "Done."},
+    )
+    start(email, requester=users["requester"])
+    send_all()
+    (message,) = fake.messages(REVIEWERS)
+    assert APPROVE not in json.dumps(message.blocks)
+    assert "No Approve here: its arguments are too long to show here in full." in texts(message)

@@ -128,7 +128,8 @@ def slack_reviewer(*, team_id: str, slack_user_id: str):
         .first()
     )
     if link is not None:
-        return link.user if link.user.is_active else None
+        # A deactivated desk user is refused by the decision itself (decide_refusal), in words.
+        return link.user
     try:
         answer = slack_client().users_info(user=slack_user_id)
     except SlackClientError as exc:

@@ -315,3 +315,14 @@ def test_the_endpoint_takes_only_signed_posts_of_a_reasonable_size(fake, setting
     assert post_signed({}, body=b"nothing=here").status_code == 401  # signed for another body
     settings.DESK_SLACK_SIGNING_SECRET = ""
     assert post_signed({"type": "block_actions"}).status_code == 404  # not configured here
+
+
+def test_a_deactivated_desk_user_decides_nothing_from_slack(fake, users):
+    approval = pending(start(REFUND_600, requester=users["requester"]))
+    send_all()
+    link(users["reviewer"], "U0REV")
+    users["reviewer"].is_active = False
+    users["reviewer"].save()
+    said = press(fake, REVIEWERS, APPROVE, "U0REV").json()["text"]
+    assert said == "Nothing was decided: You do not have permission to decide approvals."
+    decided_nothing(approval)

@@ -19,6 +19,7 @@ urlpatterns = [
     path("outbox/slack/", views_slack.outbox_slack, name="outbox-slack"),
     path("outbox/slack/<id:message_id>/", views_slack.outbox_slack_message, name="outbox-slack-message"),
     path("slack/link/<str:token>/", views_slack.slack_link, name="slack-link"),
+    path("slack/unlink/<id:link_id>", views_slack.slack_unlink_view, name="slack-unlink"),
     path("inbox/", views_mail.inbox, name="inbox"),
     path("preferences/", views_mail.preferences, name="notification-preferences"),
     path("analytics/", views_analytics.analytics, name="analytics"),

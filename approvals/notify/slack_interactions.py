@@ -106,6 +106,24 @@ def slack_link_confirm(*, user, team_id: str, slack_user_id: str) -> SlackIdenti
         return None
 
 
+def slack_unlink(*, user, link_id: int) -> bool:
+    """``user`` removes one of their own links (a wrong account, a lost one); False if
+    they have no such link. Audited, like the link."""
+    link = SlackIdentity.objects.filter(pk=link_id, user=user).first()
+    if link is None:
+        return False
+    with transaction.atomic():
+        link.delete()
+        AuditEvent.objects.create(
+            actor=user,
+            action="slack.unlinked",
+            before=link.via,
+            detail=f"Slack user {link.slack_user_id} of team {link.team_id} no longer decides as "
+            f"{user.get_username()}",
+        )
+    return True
+
+
 def _link(user, team_id: str, slack_user_id: str, via: str) -> SlackIdentity:
     """The link, and its audit event: who may decide as whom is part of the record."""
     link = SlackIdentity.objects.create(user=user, team_id=team_id, slack_user_id=slack_user_id, via=via)

@@ -19,7 +19,7 @@ from approvals.notify.inbox import (
     preferences_save,
 )
 from approvals.notify.kinds import PREFERENCE_KINDS
-from approvals.notify.models import DeskEmail, NotificationPreference
+from approvals.notify.models import DeskEmail, NotificationPreference, SlackIdentity
 
 PAGE_SIZE = 50
 # An email's HTML is untrusted (it quotes model output and tool arguments). It is
@@ -98,6 +98,8 @@ def preferences(request):
         "deliveries": NotificationPreference.Delivery.choices,
         "error": error,
         "email": request.user.email,
+        # The Slack accounts that decide as this user (approvals.notify.slack_interactions).
+        "slack_links": SlackIdentity.objects.filter(user=request.user),
         # Not "inbox": the nav marks the page a link leads to, and none leads here.
         "nav_section": "preferences",
     }

@@ -24,6 +24,7 @@ from approvals.notify.slack_interactions import (
     slack_link_confirm,
     slack_link_read,
     slack_request_first_time,
+    slack_unlink,
 )
 from approvals.notify.slack_preview import blocks_shown
 
@@ -88,6 +89,16 @@ def slack_link(request, token: str):
     return render(
         request, "approvals/slack_link.html", {"team_id": found["team"], "slack_user_id": found["user"]}
     )
+
+
+@require_POST
+def slack_unlink_view(request, link_id: int):
+    """A user removes a link of their own (listed on their preferences page)."""
+    if slack_unlink(user=request.user, link_id=link_id):
+        messages.success(request, "Unlinked: that Slack account decides nothing as you any more.")
+    else:
+        messages.error(request, "You have no such Slack link; nothing changed.")
+    return redirect("notification-preferences")
 
 
 def _staff_only(request) -> None:

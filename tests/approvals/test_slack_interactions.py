@@ -326,3 +326,22 @@ def test_a_deactivated_desk_user_decides_nothing_from_slack(fake, users):
     said = press(fake, REVIEWERS, APPROVE, "U0REV").json()["text"]
     assert said == "Nothing was decided: You do not have permission to decide approvals."
     decided_nothing(approval)
+
+
+def test_a_user_sees_their_slack_links_and_removes_one_of_their_own_only(fake, users):
+    link(users["reviewer"], "U0REV")
+    link(users["senior"], "U0SEN")
+    reviewer = client_for(users["reviewer"])
+    page = get_html(reviewer, "/desk/preferences/")
+    assert "U0REV" in page and "U0SEN" not in page
+    theirs = SlackIdentity.objects.get(slack_user_id="U0SEN")
+    reviewer.post(f"/desk/slack/unlink/{theirs.pk}")
+    assert SlackIdentity.objects.filter(slack_user_id="U0SEN").exists()
+    own = SlackIdentity.objects.get(slack_user_id="U0REV")
+    reviewer.post(f"/desk/slack/unlink/{own.pk}")
+    assert not SlackIdentity.objects.filter(slack_user_id="U0REV").exists()
+    assert AuditEvent.objects.get(action="slack.unlinked").actor == users["reviewer"]
+    approval = pending(start(REFUND_600, requester=users["requester"]))
+    send_all()
+    assert "not linked" in press(fake, REVIEWERS, APPROVE, "U0REV").json()["text"]
+    decided_nothing(approval)

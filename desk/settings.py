@@ -570,6 +570,9 @@ if not isinstance(DESK_SLACK_CHANNELS, dict) or not all(
     raise ImproperlyConfigured(
         'DESK_SLACK_CHANNELS: a JSON object of group name -> channel id, e.g. {"reviewers": "C0123"}.'
     )
+# A Slack message "sending" this long counts as cut off (its worker died after Slack
+# may have taken it): the outbox sweep takes it back, and its post looks for itself.
+DESK_SLACK_SENDING_SECONDS = env_int("DESK_SLACK_SENDING_SECONDS", 60)
 # Off: irreversible calls, calls with warnings and calls needing two or more approvers
 # have no Approve button in Slack (they are decided in the desk). On: they do.
 DESK_SLACK_APPROVE_GUARDED = env_bool("DESK_SLACK_APPROVE_GUARDED", False)

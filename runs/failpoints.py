@@ -24,6 +24,7 @@ POINTS = frozenset(
         "after_step_commit",
         "after_compensation",
         "after_rekey_batch",  # rotatekeys, after its Nth batch committed (ops/keys.py)
+        "after_slack_post",  # Slack took a message (its Nth attempt), its ts not recorded yet
     }
 )
 

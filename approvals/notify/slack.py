@@ -43,15 +43,13 @@ from approvals.models import ApprovalRequest
 from approvals.notify.models import SlackChannel, SlackMessage
 from approvals.notify.slack_blocks import approval_blocks, closed_blocks, thread_blocks
 from desk.logs import log_context
+from runs.failpoints import failpoint
 
 log = logging.getLogger(__name__)
 
 EVENT_TYPE = "countersign_approval"
 MAX_ATTEMPTS = 8
 MAX_BACKOFF_SECONDS = 3600
-# A row still "sending" this long after its claim lost its worker (the client's
-# timeout is 10 s per call, a post makes at most two): the sweep tries it again.
-SENDING_DEADLINE = timedelta(seconds=60)
 TIMEOUT_SECONDS = 10
 # An update or a reply whose post has no ts yet waits this long and looks again.
 WAIT_FOR_POST = timedelta(seconds=5)
@@ -62,6 +60,13 @@ TRANSIENT_ERRORS = frozenset(
 )
 Status = SlackMessage.Status
 Kind = SlackMessage.Kind
+
+
+def slack_sending_deadline() -> timedelta:
+    """How long a row may be "sending" before it counts as cut off (its worker died;
+    the client's timeout is 10 s a call, a post makes at most two):
+    ``DESK_SLACK_SENDING_SECONDS``."""
+    return timedelta(seconds=settings.DESK_SLACK_SENDING_SECONDS)
 
 
 def slack_enabled() -> bool:
@@ -320,7 +325,8 @@ def slack_message_send(*, message_id: int) -> str:
         unclaimed.update(status=Status.SUPERSEDED, next_attempt_at=None)
         return "superseded"
     attempt = message.attempts + 1
-    if unclaimed.update(status=Status.SENDING, attempts=attempt, next_attempt_at=now + SENDING_DEADLINE) != 1:
+    deadline = now + slack_sending_deadline()
+    if unclaimed.update(status=Status.SENDING, attempts=attempt, next_attempt_at=deadline) != 1:
         return "skipped"
     message.attempts = attempt
     claimed = SlackMessage.objects.filter(pk=message.pk, status=Status.SENDING, attempts=attempt)
@@ -339,6 +345,7 @@ def slack_message_send(*, message_id: int) -> str:
     except (SlackClientError, OSError, ValueError) as exc:
         error = f"{type(exc).__name__}: {exc}"
     else:
+        failpoint("after_slack_post", attempt)  # Slack has it; its ts is not recorded yet
         claimed.update(status=Status.SENT, ts=ts, sent_at=timezone.now(), next_attempt_at=None, last_error="")
         return "sent"
     if attempt >= MAX_ATTEMPTS:

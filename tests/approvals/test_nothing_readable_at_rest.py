@@ -24,8 +24,10 @@ from django.core.mail import mailers
 
 from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest, Proposal
+from approvals.notify.models import SlackMessage
 from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
+from tests.approvals.slack_kit import REVIEWERS, send_all
 from tests.approvals.test_sealed_at_rest import assert_holds_none, dump_of_the_desk
 from tests.helpers import (
     approve_all,
@@ -88,7 +90,9 @@ def without_stages(monkeypatch, name: str) -> None:
 
 
 @pytest.fixture
-def a_day_at_the_desk(desk, users, settings, monkeypatch):
+def a_day_at_the_desk(desk, users, settings, monkeypatch, fake):
+    """... with Slack on (a fake Slack Web API): every approval is posted, and updated
+    in place as it is decided, by rows of the desk's Slack outbox."""
     settings.MAILERS = {"default": {"BACKEND": "desk.mail.DatabaseBackend"}}
     assert mailers.default.__class__.__name__ == "DatabaseBackend"
     reviewer = users["reviewer"]
@@ -145,6 +149,7 @@ def a_day_at_the_desk(desk, users, settings, monkeypatch):
     assert PROVIDER_ERROR in str(call.result), call.result
     found["failed"] = failed
     assert "sent" in deliver()
+    assert "sent" in send_all()
     return found
 
 
@@ -152,6 +157,10 @@ def test_a_dump_of_the_desk_holds_no_person_task_argument_or_providers_words(a_d
     dump = dump_of_the_desk()
     # What stays clear is there (a dump of nothing would hold none of the rest either).
     assert "refund_item" in dump and "charge_card" in dump and "responded" in dump
+    # Slack's rows are in it: its posts and their updates in place, every one sent.
+    assert SlackMessage.objects.filter(kind="update", status="sent").exists()
+    assert not SlackMessage.objects.exclude(status__in=["sent", "superseded"]).exists()
+    assert REVIEWERS in dump and ":opened:" in dump  # their clear columns: channel, event id
     assert_holds_none(dump, the_world())
 
 

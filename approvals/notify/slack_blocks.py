@@ -23,7 +23,7 @@ from approvals.decisions.arguments import arg_value
 from approvals.decisions.bulk import shown_warnings
 from approvals.decisions.duplicates import warnings_as_made
 from approvals.decisions.guards import action_label
-from approvals.decisions.selectors import group_names, proposal_threshold
+from approvals.decisions.selectors import call_notes, group_names, proposal_threshold
 from approvals.models import ApprovalRequest
 from approvals.policy.decided import rule_as_decided
 from tools.registry import arguments_in_order, find_tool
@@ -104,8 +104,9 @@ def _arguments_text(approval: ApprovalRequest) -> str:
     return f"*Arguments*{edited}\n" + ("\n".join(lines) or "(none)")
 
 
-def _facts(approval: ApprovalRequest, warnings: list[str]) -> list[dict]:
-    """The first screen of the approval page, as blocks."""
+def _facts(approval: ApprovalRequest, warnings: list[str], *, world: bool = False) -> list[dict]:
+    """The first screen of the approval page, as blocks; ``world``: with what the world
+    says about the call now (its tool's facts, read as the page reads them)."""
     run = approval.run
     requester = run.requester
     who = (requester.get_full_name() or requester.get_username()) if requester else "nobody"
@@ -122,6 +123,9 @@ def _facts(approval: ApprovalRequest, warnings: list[str]) -> list[dict]:
         return blocks
     proposal = approval.proposal
     blocks.append(_section(_arguments_text(approval)))
+    if world and (facts := call_notes(approval)[0]):
+        lines = [f"{mrkdwn_escape(str(label))}: {mrkdwn_escape(str(value))}" for label, value in facts]
+        blocks.append(_section("*What the world says*\n" + "\n".join(lines)))
     if warnings:
         blocks.append(_section("\n".join(f":warning: {mrkdwn_escape(w)}" for w in warnings)))
     rule = rule_as_decided(approval)
@@ -152,7 +156,7 @@ def approval_blocks(
     what = approval.tool_call.tool_name if not approval.is_guard else approval.get_kind_display()
     title = f"Approval needed: {what}"
     blocks = [{"type": "header", "text": {"type": "plain_text", "text": title[:150], "emoji": False}}]
-    blocks += _facts(approval, warnings)
+    blocks += _facts(approval, warnings, world=True)
     if approved_so_far:
         blocks.append(_section(f"*{approved_so_far} of {approval.approvers_required}* approvals recorded"))
     value = button_value(approval)

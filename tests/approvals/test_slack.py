@@ -11,6 +11,7 @@ Personas (seeddemo): ``requester`` starts runs; ``reviewer`` decides refunds ove
 
 from __future__ import annotations
 
+import html
 import json
 from datetime import timedelta
 
@@ -18,6 +19,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from approvals.decisions.selectors import call_notes
 from approvals.decisions.services import approval_expire
 from approvals.models import ApprovalRequest, AuditEvent, GateRule
 from approvals.notify import slack as slack_module
@@ -60,6 +62,9 @@ def test_a_waiting_refund_is_posted_once_per_configured_channel_with_what_the_pa
         task="Refund order A-1001 <!channel> see http://evil.example",
     )
     approval = pending(run)
+    facts, _ = call_notes(approval)
+    assert facts  # the refund's order, what was refunded so far
+    page = html.unescape(get_html(client_for(users["reviewer"]), f"/desk/approvals/{approval.pk}/"))
     assert send_all() == ["sent", "sent"]
     assert fake.messages(SENIORS) == []  # not this rule's group
     for channel in (REVIEWERS, "C0EXTRA"):
@@ -69,6 +74,11 @@ def test_a_waiting_refund_is_posted_once_per_configured_channel_with_what_the_pa
         assert "*amount*: ₹600.00" in shown and "*order_id*: A-1001" in shown
         assert "Refunds over ₹500 (v1): amount &gt; ₹500.00" in shown
         assert f"Run #{run.pk}" in shown and "*Due:*" in shown
+        # What the world says about the call, as the page says it.
+        assert "*What the world says*" in shown
+        for label, value in facts:
+            assert f"{label}: {value}" in html.unescape(shown), (label, value)
+            assert str(value) in page
         # The task as text: no mention, no link can be formed by it.
         assert "&lt;!channel&gt;" in shown and "<!channel>" not in shown
         mrkdwn = [t for b in message.blocks for t in [b.get("text") or {}] if t.get("type") == "mrkdwn"]

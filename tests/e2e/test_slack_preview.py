@@ -37,5 +37,10 @@ def test_the_slack_preview_shows_the_message_as_posted(page, desk, users, settin
     assert "Approval needed: refund_item" in preview.inner_text()
     assert "Cracked <screen> & case" in preview.inner_text()
     assert preview.locator("strong", has_text="amount").count() == 1
+    assert "What the world says" in preview.inner_text()
     assert page.get_by_test_id("slack-status").inner_text().startswith("Sent (ts ")
     screenshot(page, "slack-preview", tmp_path)
+    # On a phone: the message fits the screen's width, nothing to scroll sideways.
+    page.set_viewport_size({"width": 400, "height": 800})
+    assert page.evaluate("document.documentElement.scrollWidth") <= 400
+    screenshot(page, "slack-preview-400", tmp_path, full_page=False)

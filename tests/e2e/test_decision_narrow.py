@@ -59,8 +59,9 @@ def assert_approve_on_the_first_screen(page):
 
 
 def approve_while_a_poll_is_in_flight(page, item):
-    """Approve with the status poll held in flight, then let it answer: an answer for a
-    status region the decision replaced would bring fragments with nowhere to land."""
+    """Approve with the status poll held in flight, then let it answer: the decision
+    waits for it (one request of the panel at a time), then lands; no fragment is left
+    with nowhere to land."""
     held = []
 
     def poll(url: str) -> bool:
@@ -73,7 +74,8 @@ def approve_while_a_poll_is_in_flight(page, item):
         page.wait_for_timeout(100)
     assert held, "no status poll came"
     page.get_by_role("button", name="Approve").click()
-    page.get_by_test_id("decided").wait_for()
+    page.wait_for_timeout(300)
+    assert page.get_by_test_id("decided").count() == 0  # queued behind the poll
     for route in held:
         route.continue_()
     page.unroute(poll)
@@ -129,3 +131,31 @@ def test_the_demo_s_customer_email_is_decided_from_the_first_screen(page, desk, 
     page.get_by_role("button", name="Approve").click()
     page.get_by_test_id("decided").wait_for()
     assert not errors, errors
+
+
+def test_a_poll_answered_before_the_decision_does_not_swallow_its_answer(page, desk, users):
+    """The status poll fires while the reviewer's decision is on its way and reaches the
+    server after the decision: it would answer "decided" first and replace the form the
+    decision came from, and the decision's own answer (what became of the call, the
+    edit) would then have nowhere to land. No poll leaves while a decision is in flight,
+    so the reviewer always reads what their decision did."""
+    item = pending(start(requester=users["requester"]))
+    sign_in(page, "reviewer")
+    page.goto(f"/desk/approvals/{item.pk}/")
+    decisions, polls = [], []
+    page.route(f"**/desk/approvals/{item.pk}/decide", lambda route: decisions.append(route))
+    status = f"/desk/approvals/{item.pk}/?shown=pending"
+    page.route(lambda url: url.endswith(status), lambda route: polls.append(route))
+    page.get_by_text("Edit the arguments before approving").click()
+    page.fill("input[name=arg-amount]", "1500")
+    page.get_by_role("button", name="Approve these arguments").click()
+    for _ in range(30):  # the decision is held; a poll would come within a second or two
+        page.wait_for_timeout(100)
+    assert len(decisions) == 1
+    answer = decisions[0].fetch()  # decided on the server; its answer not yet in the page
+    for route in polls:
+        route.continue_()
+    page.wait_for_timeout(500)
+    decisions[0].fulfill(response=answer)
+    page.get_by_text("refund_item approved with the edited arguments").wait_for(timeout=5_000)
+    assert not polls, "a status poll left while the decision was in flight"

@@ -22,7 +22,6 @@ from approvals.decisions.selectors import (
     call_notes,
     decide_refusal,
     group_names,
-    has_approved_current,
 )
 from approvals.models import ApprovalRequest
 from approvals.policy.decided import rule_api_fields
@@ -204,9 +203,7 @@ def approval_document(approval: ApprovalRequest, *, user) -> dict:
     and what the tool says about the arguments (read from the world now, while pending)."""
     proposal = approval.proposal
     pending = approval.status == ApprovalRequest.Status.PENDING
-    refusal = decide_refusal(user=user, approval=approval) if pending else "It is already decided."
-    if refusal is None and has_approved_current(user, approval):
-        refusal = "You approved these arguments; they need another reviewer's approval."
+    refusal = decide_refusal(user=user, approval=approval)
     facts, warnings = call_notes(approval) if pending and approval.tool_call_id else ([], [])
     if pending:
         warnings = [*warnings, *note_quotes(approval)]

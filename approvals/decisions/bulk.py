@@ -158,10 +158,14 @@ def approvals_bulk_preview(*, reviewer, items: list[tuple[int, str]]) -> BulkPre
         if approval.status != ApprovalRequest.Status.PENDING:
             left_out.append(BulkOutcome(approval.pk, False, _decided(approval), what))
             continue
-        why = bulk_approve_refusal(approval) or (
-            "its arguments changed since the queue was shown"
-            if args_hash != approval.args_hash
-            else decide_refusal(user=reviewer, approval=approval)
+        # Whether this person may decide it at all comes first: "decide it on its page"
+        # would send them to a page that refuses them.
+        why = (
+            decide_refusal(user=reviewer, approval=approval)
+            or bulk_approve_refusal(approval)
+            or (
+                "its arguments changed since the queue was shown" if args_hash != approval.args_hash else None
+            )
         )
         if why:
             left_out.append(BulkOutcome(approval.pk, False, f"#{approval.pk} not approved: {why}", what))
@@ -200,6 +204,8 @@ def _decide_one(approval, reviewer, decision, words, args_hash, verb, *, enqueue
 
     if approval.status != ApprovalRequest.Status.PENDING:
         return outcome(False, _decided(approval))
+    if why := decide_refusal(user=reviewer, approval=approval):
+        return refused(why)  # the same words as its page, before "decide it on its page"
     if approval.is_guard:
         # Approve and decline do not apply to a guard: it takes its own actions.
         return refused(f"{bulk_approve_refusal(approval)}, {ON_ITS_PAGE}")

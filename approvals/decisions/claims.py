@@ -14,7 +14,6 @@ from approvals.decisions.errors import AlreadyClaimed, AlreadyDecided
 from approvals.decisions.selectors import (
     ESCALATION_GROUP,
     decide_refusal,
-    has_approved_current,
     may_break_claims,
 )
 from approvals.models import ApprovalRequest, AuditEvent
@@ -33,10 +32,7 @@ def approval_claim(*, approval_id: int, reviewer, seconds: int | None = None) ->
         approval = _load_locked(approval_id)
         if approval.status != ApprovalRequest.Status.PENDING:
             raise AlreadyDecided(approval)
-        refusal = decide_refusal(user=reviewer, approval=approval)
-        if refusal is None and has_approved_current(reviewer, approval):
-            refusal = "You approved these arguments; the claim is for someone who still may."
-        if refusal:
+        if refusal := decide_refusal(user=reviewer, approval=approval):
             raise NotAllowed(refusal)
         free = Q(claimed_by__isnull=True) | Q(claimed_until__lt=now) | Q(claimed_by=reviewer)
         taken = ApprovalRequest.objects.filter(free, pk=approval_id).update(
@@ -68,7 +64,7 @@ def release_claim_if_ineligible(approval: ApprovalRequest) -> None:
     holder = approval.claimed_by
     if holder is None or (approval.claimed_until and approval.claimed_until <= timezone.now()):
         return
-    if decide_refusal(user=holder, approval=approval) is None and not has_approved_current(holder, approval):
+    if decide_refusal(user=holder, approval=approval) is None:
         return
     ApprovalRequest.objects.filter(pk=approval.pk, claimed_by=holder).update(
         claimed_by=None, claimed_until=None

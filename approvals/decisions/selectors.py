@@ -142,8 +142,29 @@ def group_names(approval: ApprovalRequest) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
+APPROVED_ALREADY = "You already approved these arguments; another reviewer decides them now."
+
+
 def decide_refusal(*, user, approval: ApprovalRequest) -> str | None:
-    """Why ``user`` may not decide ``approval`` (as it stands now), or None if they may."""
+    """Why ``user`` may not decide ``approval`` as it stands now, in one sentence, or
+    None if they may: the one answer the page, the API, the CLI, bulk, claims and Slack
+    give (a test asks each). Decided already; not a decider, not in every required
+    group, their own run; arguments that cannot be opened; or they approved what would
+    run (one person's vote and their own answer in the tool's place would settle a
+    two-person rule alone). A claim held by someone else is not a refusal here: it ends
+    on its own, and the page says whose it is."""
+    if approval.status != ApprovalRequest.Status.PENDING:
+        return "It is already decided."
+    refusal = vote_refusal(user=user, approval=approval)
+    if refusal is None and has_approved_current(user, approval):
+        return APPROVED_ALREADY
+    return refusal
+
+
+def vote_refusal(*, user, approval: ApprovalRequest) -> str | None:
+    """Why a vote of ``user`` on ``approval`` would not count now (``decide_refusal``
+    without what they did on it): a reviewer who approved and then left the group,
+    lost the permission or was escalated past no longer counts toward the quorum."""
     if not user.is_active or not user.has_perm(DECIDE_PERMISSION):
         return "You do not have permission to decide approvals."
     if not user.is_superuser and any(not holds(user, group) for group in required_groups_of(approval)):

@@ -14,7 +14,8 @@ people approved exactly what will run.
   proposal; earlier votes stay in history and do not count for it.
 - **Eligible** = active, has the decide permission, is in every required group
   (superusers pass), is not the run's requester unless self-approval is allowed, and
-  (to approve) has not approved this proposal yet (``selectors.decide_refusal``).
+  has not approved this proposal yet (``selectors.decide_refusal``, the one answer
+  every way of deciding gives; a vote counts while ``vote_refusal`` allows it).
   Only eligible people may claim; the escalation group and superusers may break a
   claim. Claims never move expiry.
 
@@ -50,14 +51,15 @@ from approvals.decisions.errors import AlreadyDecided, RunMovedOn, StaleDecision
 from approvals.decisions.guards import actions_text, budget_unit
 from approvals.decisions.opening import proposal_record
 from approvals.decisions.selectors import (
+    APPROVED_ALREADY,
     ESCALATION_GROUP,
     claimed_by_someone_else,
     decide_refusal,
     group_names,
-    has_approved_current,
     input_changes,
     timeout_may_approve,
     tool_not_loaded_refusal,
+    vote_refusal,
 )
 from approvals.decisions.transitions import ApprovalMoved, approval_transition
 from approvals.models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule, GuardAction, Proposal
@@ -180,10 +182,6 @@ def _check_may_decide(approval: ApprovalRequest, reviewer, decision: Decision, *
         raise NotAllowed(_claim_held(approval))
     if decision.args_hash is not None and decision.args_hash != approval.args_hash:
         raise StaleDecision("The arguments changed since this page was loaded; reload and decide again.")
-    if decision.kind != DecisionKind.APPROVE and has_approved_current(reviewer, approval):
-        # Eligible means not having approved these arguments: one person's vote and
-        # their own answer in the tool's place would settle a two-person rule alone.
-        raise NotAllowed("You approved these arguments; someone else decides now.")
     if decision.kind != DecisionKind.APPROVE or approval.is_guard:
         return
     spec = find_tool(approval.tool_call.tool_name)
@@ -438,13 +436,13 @@ def _vote(approval: ApprovalRequest, proposal: Proposal, reviewer, comment: str,
                 approval=approval, proposal=proposal, reviewer=reviewer, comment=comment, note=note
             )
     except IntegrityError:
-        raise NotAllowed("You already approved this proposal; it needs another reviewer.") from None
+        raise NotAllowed(APPROVED_ALREADY) from None  # the same approval, twice at once
     # Only votes of people who may decide it now count: someone who approved and then
     # left the group, lost the permission or was escalated past does not.
     counted = [
         vote
         for vote in proposal.votes.select_related("reviewer")
-        if decide_refusal(user=vote.reviewer, approval=approval) is None
+        if vote_refusal(user=vote.reviewer, approval=approval) is None
     ]
     missing = max(0, approval.approvers_required - len(counted))
     if missing:

@@ -27,7 +27,6 @@ from approvals.decisions.selectors import (
     approval_for_page,
     claimed_by_someone_else,
     decide_refusal,
-    has_approved_current,
     may_break_claims,
 )
 from approvals.decisions.services import approval_decide
@@ -69,8 +68,6 @@ def _page_context(request, approval: ApprovalRequest, *, version: int | None = N
         approval, user=request.user, counts=None if request.htmx else nav_counted(request.user)
     )
     refusal = decide_refusal(user=request.user, approval=approval)
-    if refusal is None and has_approved_current(request.user, approval):
-        refusal = "You approved these arguments; they need another reviewer's approval."
     pending = approval.status == ApprovalRequest.Status.PENDING
     # Decided: what became of the run and what is next for this reviewer, read anew on
     # every refresh of the status (queue.after_decision).

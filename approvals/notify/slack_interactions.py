@@ -18,7 +18,7 @@ to the hash of the arguments the message showed.
   it is in the decision's audit row.
 - A replayed request (the same signature, within its five minutes) is refused before
   it is read (``slack_request_first_time``); were it not, it would find the decision
-  taken: ``AlreadyDecided``, or "you already approved this proposal".
+  taken: ``AlreadyDecided``, or "you approved these arguments" (``decide_refusal``).
 """
 
 from __future__ import annotations

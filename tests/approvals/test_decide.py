@@ -280,7 +280,7 @@ def test_someone_who_approved_may_not_then_decline_alone(users):
     GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2)
     run = start(requester=users["requester"])
     decide(the_approval(run), users["reviewer"])
-    with pytest.raises(NotAllowed, match="You approved these arguments"):
+    with pytest.raises(NotAllowed, match="You already approved these arguments"):
         decide(the_approval(run), users["reviewer"], Decision.decline("changed my mind"))
     assert the_approval(run).status == ApprovalRequest.Status.PENDING
 

@@ -25,7 +25,6 @@ from approvals.decisions.selectors import (
     approvals_decidable_by,
     approvals_visible_to,
     decide_refusal,
-    has_approved_current,
 )
 from approvals.models import ApprovalRequest, GateRule, Proposal
 from runs.models import GuardKind
@@ -109,10 +108,8 @@ def test_yours_to_decide_is_the_query_twin_of_the_decide_check_for_every_person(
         visible = queue_pending(user=user)
         for approval in ApprovalRequest.objects.filter(status="pending"):
             approval = ApprovalRequest.objects.get(pk=approval.pk)
-            may = (
-                decide_refusal(user=user, approval=approval) is None
-                and not has_approved_current(user, approval)
-                and not (approval.claimed_by_id not in (None, user.pk) and approval.claimed_until > now)
+            may = decide_refusal(user=user, approval=approval) is None and not (
+                approval.claimed_by_id not in (None, user.pk) and approval.claimed_until > now
             )
             assert (approval.pk in yours) == may, (user.username, approval.pk)
         # Each row of "all waiting" says why exactly when it is not in "yours to decide".

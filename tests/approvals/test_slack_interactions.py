@@ -19,6 +19,7 @@ import pytest
 from django.test import Client
 
 from approvals.decisions.decision import Decision
+from approvals.decisions.selectors import APPROVED_ALREADY
 from approvals.models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule
 from approvals.notify.models import SlackIdentity
 from approvals.notify.slack_blocks import APPROVE, DECLINE
@@ -104,7 +105,7 @@ def test_a_replayed_request_decides_nothing_more(fake, users, settings):
     assert AuditEvent.objects.filter(approval=approval, action="approval.vote").count() == 1
     # Signed anew (a replay with a fresh timestamp needs the secret): the vote is taken already.
     said = post_signed(payload).json()["text"]
-    assert said == "Nothing was decided: You already approved this proposal; it needs another reviewer."
+    assert said == f"Nothing was decided: {APPROVED_ALREADY}"
     assert ApprovalVote.objects.filter(approval=approval).count() == 1
     approval.refresh_from_db()
     assert approval.status == ApprovalRequest.Status.PENDING

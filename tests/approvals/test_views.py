@@ -326,7 +326,7 @@ def test_a_two_person_rule_needs_two_distinct_approvers(users):
     approval.refresh_from_db()
     assert approval.status == "pending" and approval.votes.count() == 1
     again = post_decision(reviewer, approval, "approve")
-    assert "You already approved this" in again.content.decode()
+    assert "You already approved these arguments; another reviewer" in again.content.decode()
     post_decision(client_for(users["senior"]), approval, "approve")
     approval.refresh_from_db()
     assert approval.status == "approved"

@@ -22,7 +22,7 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
-import vs_langgraph as base
+import vs_langgraph_common as base
 
 ORDER_SQL = """
 SELECT o.order_id, o.item, o.amount, o.status, c.name, c.email, t.ticket_id,

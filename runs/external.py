@@ -46,8 +46,8 @@ from tools.registry import find_tool, get_agent, input_hash
 from .engine import Outcome, lease_claim, new_lease_owner, run_advance
 from .llm import CallerTurns, Reply
 from .models import RESOLVED_CALL_STATUSES, CallStatus, Message, Run, RunStatus, ToolCall
-from .services import TransitionConflict, run_transition
 from .signals import run_transitioned
+from .transitions import TransitionConflict, run_transition
 
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,80}$")
 SESSION_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,100}$")

@@ -8,7 +8,7 @@ call and ``not_done_filter`` / ``_not_done_expression`` the same rule in SQL.
 
 "Done" is said only of a run that did what it was asked: one whose failed verification
 a person accepted reads "Accepted by senior: not verified (T-1 is open)" (``Accepted``,
-from the acceptance recorded on the run by ``runs.services.run_guard_accept``), and a
+from the acceptance recorded on the run by ``runs.guard_decisions.run_guard_accept``), and a
 done run none of whose writes took effect says "Done, nothing changed".
 """
 

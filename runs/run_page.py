@@ -18,8 +18,8 @@ from django.utils import timezone
 from tools.registry import NOT_LOADED, find_tool
 
 from .models import ApprovalStatus, Message, Run, RunGuard, RunStatus, Step, ToolCall
+from .repin import version_mismatch
 from .selectors import DECIDE_PERMISSION, call_would, is_amount
-from .services import version_mismatch
 
 
 @dataclass

@@ -26,8 +26,9 @@ from .engine.execution import ToolMisbehaved, call_hook
 from .failpoints import failpoint
 from .gate import get_gate
 from .models import CallStatus, Message, Run, RunStatus, Step, ToolCall
-from .services import TransitionConflict, call_transition, run_enqueue, run_transition
+from .services import run_enqueue
 from .signals import ROLLED_BACK_TO_STEP, run_transitioned
+from .transitions import TransitionConflict, call_transition, run_transition
 
 log = logging.getLogger(__name__)
 PERMISSION = "runs.rollback_run"

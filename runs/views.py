@@ -23,8 +23,10 @@ from django_htmx.http import trigger_client_event
 from tools.registry import find_tool
 
 from .forms import RunFilterForm, RunStartForm
+from .guard_decisions import GuardConflict, run_hand_over
 from .models import Run, Step, ToolCall
 from .outcome import outcome_lines_of_calls, outcome_of_calls, run_outcome, run_outcomes
+from .repin import may_repin, run_repin
 from .run_page import (
     HAND_OVER_STATUSES,
     final_reply_step,
@@ -53,15 +55,7 @@ from .selectors import (
     run_search,
     run_step_checkpoint,
 )
-from .services import (
-    BudgetRefused,
-    GuardConflict,
-    may_repin,
-    run_cancel,
-    run_create,
-    run_hand_over,
-    run_repin,
-)
+from .services import BudgetRefused, run_cancel, run_create
 from .tasks import undo_request
 
 RUNS_PER_PAGE = 50

@@ -68,19 +68,21 @@ from approvals.policy.standing import standing_grant, standing_grant_refusal
 from approvals.record.audit import approval_with_facts
 from approvals.record.queue_index import queue_index_write
 from runs.gate import DENY, GUARD_ACTIONS, review_call
-from runs.models import GuardKind, Run, RunGuard, RunStatus, ToolCall
-from runs.services import (
+from runs.guard_decisions import (
     GuardConflict,
     call_outcome_happened,
     call_outcome_not_happened,
-    nudges_first,
-    run_enqueue,
     run_guard_accept,
     run_guard_continue,
     run_guard_grant,
     run_guard_send_back,
     run_hand_over,
     run_stop,
+)
+from runs.models import GuardKind, Run, RunGuard, RunStatus, ToolCall
+from runs.services import (
+    nudges_first,
+    run_enqueue,
     run_wake_if_ready,
     tool_call_approve,
     tool_call_resolve_without_running,

@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from ..llm import LLM, AwaitingCaller, PermanentLLMError, TransientLLMError
 from ..models import Run, RunGuard
-from ..services import AgentNotLoaded, agent_of, version_mismatch
+from ..repin import version_mismatch
+from ..services import AgentNotLoaded, agent_of
 from .lease import lease_claim, new_lease_owner
 from .loop import RunStepper
 from .outcomes import CARRY_ON, AdvanceResult, KeyNotLoaded, LeaseLost, Outcome, fail_run, wait_for_person

@@ -24,7 +24,7 @@ from tools.registry import ToolContext, ToolError, ToolSpec, UnknownOutcome, fin
 
 from ..failpoints import failpoint
 from ..models import CallStatus, GuardKind, Run, ToolCall
-from ..services import TransitionConflict, call_transition
+from ..transitions import TransitionConflict, call_transition
 from .outcomes import CARRY_ON, AdvanceResult, LeaseLost, Outcome, StepResult, wait_for_person
 
 log = logging.getLogger("runs.engine")

@@ -18,7 +18,7 @@ from tools.registry import CallRecord, Check, RunRecord, input_hash
 
 from ..llm import Reply
 from ..models import CallStatus, Effect, GuardKind, RunGuard, RunStatus, ToolCall, stood_in
-from ..services import run_transition
+from ..transitions import run_transition
 from .outcomes import CARRY_ON, AdvanceResult, Outcome, StepResult, wait_for_person
 
 log = logging.getLogger("runs.engine")

@@ -53,8 +53,8 @@ from ..llm import (
 )
 from ..models import CallStatus, Message, Run, RunStatus, Step, ToolCall, stood_in
 from ..rawsql import insert_objects, insert_rows
-from ..services import run_transition
 from ..signals import tool_call_transitioned
+from ..transitions import run_transition
 from .execution import Executing
 from .guards import Guarding
 from .lease import lease_renew

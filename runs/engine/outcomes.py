@@ -16,7 +16,7 @@ from django.db import transaction
 from tools.sealing import find_locked
 
 from ..models import CallStatus, Run, RunStatus
-from ..services import TransitionConflict, run_transition
+from ..transitions import TransitionConflict, run_transition
 
 log = logging.getLogger("runs.engine")
 

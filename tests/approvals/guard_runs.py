@@ -10,7 +10,8 @@ from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest, AuditEvent
 from runs.gate import get_gate, review_call
 from runs.models import GuardKind, Message, Run, RunStatus, ToolCall
-from runs.services import run_create, run_transition
+from runs.services import run_create
+from runs.transitions import run_transition
 from tools.registry import find_tool, idempotency_key, input_hash
 
 TOKENS_SPENT = {"budget": "tokens", "limit": 200000, "used": 201345, "next_worst_case": 4096}

@@ -161,7 +161,7 @@ def test_a_runs_task_version_or_params_changed_in_the_database_is_named(users, c
 def test_a_repin_is_a_legitimate_change_of_agent_version(users, monkeypatch):
     import dataclasses
 
-    from runs.services import run_repin
+    from runs.repin import run_repin
     from tools import registry
 
     run = a_waiting_refund(users)

@@ -15,7 +15,8 @@ from approvals.decisions.transitions import ApprovalMoved, IllegalApprovalTransi
 from approvals.models import ApprovalRequest, AuditEvent
 from runs.models import Run, ToolCall
 from runs.saga import run_rewind
-from runs.services import IllegalTransition, TransitionConflict, call_transition, run_cancel
+from runs.services import run_cancel
+from runs.transitions import IllegalTransition, TransitionConflict, call_transition
 from tests.helpers import pending, script, start, turn
 from tools.models import Payment
 
@@ -28,9 +29,9 @@ REFUND = ("refund_item", {"order_id": "A-1001", "amount": 2900, "reason": "damag
 
 # The only functions that may write a status column of these models, and why.
 TRANSITION_FUNCTIONS = {
-    "run_transition",  # runs/services.py: the run's table
+    "run_transition",  # runs/transitions.py: the run's table
     "lease_claim",  # runs/engine/lease.py: queued/running -> running with the lease, in one UPDATE
-    "call_transition",  # runs/services.py: the tool call's table
+    "call_transition",  # runs/transitions.py: the tool call's table
     "approval_transition",  # approvals/transitions.py: the approval's table
 }
 GUARDED_MODELS = {"Run", "ToolCall", "ApprovalRequest"}

@@ -10,7 +10,8 @@ from approvals.models import ApprovalRequest
 from runs import services
 from runs.models import Run
 from runs.saga import undo_preview
-from runs.services import TransitionConflict, run_cancel
+from runs.services import run_cancel
+from runs.transitions import TransitionConflict
 from tests.helpers import hold_lease, run_command, start
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from runs.services import GuardConflict, run_repin
+from runs.guard_decisions import GuardConflict
+from runs.repin import run_repin
 
 from ._common import run_by_id, user_by_name
 

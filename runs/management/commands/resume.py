@@ -9,7 +9,8 @@ from django.utils import timezone
 
 from runs.engine import run_advance_until_settled
 from runs.models import Run, RunGuard
-from runs.services import lease_release_for_resume, run_enqueue, run_wake_if_ready, version_mismatch
+from runs.repin import version_mismatch
+from runs.services import lease_release_for_resume, run_enqueue, run_wake_if_ready
 
 from ._common import run_by_id
 

@@ -23,6 +23,23 @@ def sandbox(settings, tmp_path):
 
 
 @pytest.fixture
+def outbox_backend(settings):
+    """This process's emails go to the database outbox, as with `make run`."""
+    settings.MAILERS = {"default": {"BACKEND": "desk.mail.DatabaseBackend"}}
+
+
+@pytest.fixture
+def append_only_triggers():
+    """The audit trail's append-only triggers, as migrations install them: a test that
+    flushed the database before this one dropped them (tests/support.py)."""
+    from django.db import connection
+
+    from approvals.record.audit import install_append_only_triggers
+
+    install_append_only_triggers(connection)
+
+
+@pytest.fixture
 def plain_refund_desk(monkeypatch):
     """refund-desk without its stages and its requirements over the world, in this
     process: for tests of the gate, the saga, the desk and the step protocol whose

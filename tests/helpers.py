@@ -9,12 +9,13 @@ tests/conftest.py; the cross-process machinery itself is in tests/support.py.
 from __future__ import annotations
 
 import io
+import json
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connections
 from django.test import Client
 from django.utils import timezone
@@ -53,6 +54,16 @@ def turn(*calls, text: str = "Working on it.") -> dict:
 def script(*turns) -> dict:
     """A scenario for the scripted model; a turn without tool calls ends the run."""
     return {"turns": list(turns)}
+
+
+def refund_call(amount, order: str = "A-1001", reason: str = "Partial refund") -> tuple[str, dict]:
+    """The model's call of refund_item, for ``turn(...)``."""
+    return ("refund_item", {"order_id": order, "amount": amount, "reason": reason})
+
+
+def refund_script(amount=600, order: str = "A-1001", reason: str = "Scratched case") -> dict:
+    """A model that asks for one refund, then says it is done."""
+    return script(turn(refund_call(amount, order, reason)), {"text": "Done."})
 
 
 def hold_lease(run: Run, owner: str, *, seconds: float, status: str | None = None) -> None:
@@ -207,6 +218,23 @@ def run_command(*args) -> str:
 
 
 # --- waiting -------------------------------------------------------------------------
+def verify_error(*args) -> str:
+    """`manage.py verify ARGS`: the error it exits with ("" if the record holds)."""
+    try:
+        run_command("verify", *args)
+    except CommandError as exc:
+        return str(exc)
+    return ""
+
+
+def verify_report(*args) -> tuple[dict | None, str]:
+    """`manage.py verify ARGS --json`: its report, and the error it exits with ("" if none)."""
+    try:
+        return json.loads(run_command("verify", *args, "--json")), ""
+    except CommandError as exc:
+        return None, str(exc)
+
+
 def wait_until(
     predicate: Callable[[], Any],
     *,

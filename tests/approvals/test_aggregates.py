@@ -18,7 +18,7 @@ from approvals.models import GateRule
 from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
 from runs.saga import run_rollback
-from tests.helpers import client_for, decide, get_html, script, start, the_approval, turn
+from tests.helpers import client_for, decide, get_html, refund_call, script, start, the_approval, turn
 from tools.models import Payment
 
 # The gate, not the agent's workflow, is under test here: refund-desk without stages.
@@ -30,13 +30,9 @@ pytestmark = [
 PER_ORDER = "Refunds per order over ₹500 in total"
 
 
-def refund(amount, order="A-1001", reason="Partial refund"):
-    return ("refund_item", {"order_id": order, "amount": amount, "reason": reason})
-
-
 def test_a_model_splitting_a_refund_is_paused_when_the_order_total_passes_the_limit(users):
     run = start(
-        script(*[turn(refund(a)) for a in (490, 450, 490, 450, 490, 450)], {"text": "Done."}),
+        script(*[turn(refund_call(a)) for a in (490, 450, 490, 450, 490, 450)], {"text": "Done."}),
         requester=users["requester"],
     )
     assert run.status == Run.Status.WAITING_APPROVAL
@@ -52,7 +48,8 @@ def test_a_model_splitting_a_refund_is_paused_when_the_order_total_passes_the_li
 def test_two_refunds_in_one_reply_are_added_up_before_either_runs(users):
     run = start(
         script(
-            turn(refund(300, reason="Chipped lid"), refund(300, reason="Scratched case")), {"text": "Done."}
+            turn(refund_call(300, reason="Chipped lid"), refund_call(300, reason="Scratched case")),
+            {"text": "Done."},
         ),
         requester=users["requester"],
     )
@@ -65,8 +62,8 @@ def test_two_refunds_in_one_reply_are_added_up_before_either_runs(users):
 def test_other_orders_and_other_tools_do_not_count(users):
     run = start(
         script(
-            turn(refund(400, "A-1001")),
-            turn(refund(400, "A-1003")),
+            turn(refund_call(400, "A-1001")),
+            turn(refund_call(400, "A-1003")),
             turn(("add_note", {"order_id": "A-1001", "text": "Refunded 400"})),
             {"text": "Done."},
         ),
@@ -77,27 +74,27 @@ def test_other_orders_and_other_tools_do_not_count(users):
 
 
 def test_earlier_runs_count_toward_the_order_total(users):
-    start(script(turn(refund(400)), {"text": "Done."}), requester=users["requester"])
-    second = start(script(turn(refund(200)), {"text": "Done."}), requester=users["requester"])
+    start(script(turn(refund_call(400)), {"text": "Done."}), requester=users["requester"])
+    second = start(script(turn(refund_call(200)), {"text": "Done."}), requester=users["requester"])
     assert second.status == Run.Status.WAITING_APPROVAL
     assert "₹400.00 so far on order_id A-1001 + ₹200.00 = ₹600.00" in the_approval(second).reason
 
 
 def test_a_declined_or_compensated_refund_no_longer_counts(users):
-    first = start(script(turn(refund(450)), {"text": "Done."}), requester=users["requester"])
+    first = start(script(turn(refund_call(450)), {"text": "Done."}), requester=users["requester"])
     run_rollback(run=Run.objects.get(pk=first.pk), by=users["admin"])  # reversed: the money went back
-    second = start(script(turn(refund(450)), {"text": "Done."}), requester=users["requester"])
+    second = start(script(turn(refund_call(450)), {"text": "Done."}), requester=users["requester"])
     assert second.status == Run.Status.DONE  # 0 so far + 450: under the limit again
-    third = start(script(turn(refund(300)), {"text": "Done."}), requester=users["requester"])
+    third = start(script(turn(refund_call(300)), {"text": "Done."}), requester=users["requester"])
     decide(the_approval(third), users["reviewer"], Decision.decline("No"))
-    fourth = start(script(turn(refund(40)), {"text": "Done."}), requester=users["requester"])
+    fourth = start(script(turn(refund_call(40)), {"text": "Done."}), requester=users["requester"])
     assert fourth.status == Run.Status.DONE  # 450 + 40: the declined 300 does not count
 
 
 def test_an_approved_refund_counts_before_it_has_run(users):
-    first = start(script(turn(refund(600)), {"text": "Done."}), requester=users["requester"])
+    first = start(script(turn(refund_call(600)), {"text": "Done."}), requester=users["requester"])
     decide(the_approval(first), users["reviewer"])  # approved; its worker has not run it yet
-    second = start(script(turn(refund(10)), {"text": "Done."}), requester=users["requester"])
+    second = start(script(turn(refund_call(10)), {"text": "Done."}), requester=users["requester"])
     assert "₹600.00 so far on order_id A-1001 + ₹10.00 = ₹610.00" in the_approval(second).reason
 
 
@@ -105,10 +102,10 @@ def test_a_window_counts_only_recent_calls(users):
     rule = GateRule.objects.get(name=PER_ORDER)
     rule.window_minutes = 60
     rule.save()
-    start(script(turn(refund(450)), {"text": "Done."}), requester=users["requester"])
+    start(script(turn(refund_call(450)), {"text": "Done."}), requester=users["requester"])
     two_hours_ago = timezone.now() - timedelta(hours=2)
     ToolCall.objects.update(created_at=two_hours_ago, started_at=two_hours_ago)
-    later = start(script(turn(refund(450)), {"text": "Done."}), requester=users["requester"])
+    later = start(script(turn(refund_call(450)), {"text": "Done."}), requester=users["requester"])
     assert later.status == Run.Status.DONE
 
 
@@ -144,9 +141,9 @@ def test_an_agent_scope_adds_up_every_run_of_the_agent(users):
         effect="deny",
         priority=50,
     )
-    start(script(turn(refund(400, "A-1001")), {"text": "Done."}))
-    start(script(turn(refund(400, "A-1003")), {"text": "Done."}))
-    third = start(script(turn(refund(300, "A-1002")), {"text": "Done."}))
+    start(script(turn(refund_call(400, "A-1001")), {"text": "Done."}))
+    start(script(turn(refund_call(400, "A-1003")), {"text": "Done."}))
+    third = start(script(turn(refund_call(300, "A-1002")), {"text": "Done."}))
     call = ToolCall.objects.get(run=third, tool_name="refund_item")
     assert call.status == ToolCall.Status.DENIED
     expected = "amount ₹800.00 so far on agent refund-desk in the last 24 h + ₹300.00 = ₹1,100.00 > ₹1,000.00"
@@ -213,11 +210,13 @@ def test_amounts_with_paise_add_up_exactly(users):
     rule.value = "940.30"
     rule.save()
     start(
-        script(turn(refund(490.10)), turn(refund(450.20, reason="Scratched case")), {"text": "Done."}),
+        script(
+            turn(refund_call(490.10)), turn(refund_call(450.20, reason="Scratched case")), {"text": "Done."}
+        ),
         requester=users["requester"],
     )
     run = start(
-        script(turn(refund(0.01, reason="Rounding")), {"text": "Done."}), requester=users["requester"]
+        script(turn(refund_call(0.01, reason="Rounding")), {"text": "Done."}), requester=users["requester"]
     )
     # 940.30 so far is not over 940.30; with the cent it is.
     assert the_approval(run).reason == (
@@ -229,23 +228,23 @@ def test_a_window_counts_a_refund_from_when_it_ran_not_when_it_was_asked_for(use
     rule = GateRule.objects.get(name=PER_ORDER)
     rule.window_minutes = 60
     rule.save()
-    first = start(script(turn(refund(600)), {"text": "Done."}), requester=users["requester"])
+    first = start(script(turn(refund_call(600)), {"text": "Done."}), requester=users["requester"])
     ToolCall.objects.filter(run=first).update(created_at=timezone.now() - timedelta(hours=2))
     decide(the_approval(first), users["reviewer"])
     run_advance_until_settled(first.pk)  # asked for two hours ago, ran just now
-    second = start(script(turn(refund(100)), {"text": "Done."}), requester=users["requester"])
+    second = start(script(turn(refund_call(100)), {"text": "Done."}), requester=users["requester"])
     expected = "₹600.00 so far on order_id A-1001 in the last 1 h + ₹100.00 = ₹700.00"
     assert expected in the_approval(second).reason
 
 
 @pytest.mark.parametrize("edited", [450, 700])
 def test_a_reviewers_edit_counts_at_the_amount_that_was_approved_not_the_one_asked_for(users, edited):
-    first = start(script(turn(refund(600)), {"text": "Done."}), requester=users["requester"])
+    first = start(script(turn(refund_call(600)), {"text": "Done."}), requester=users["requester"])
     approval = the_approval(first)
     decide(approval, users["reviewer"], Decision.approve(edit={**approval.proposal.input, "amount": edited}))
     call = ToolCall.objects.get(run=first, tool_name="refund_item")
     assert call.input["amount"] == edited and call.facts["amount"] == edited  # what SQL adds up
-    second = start(script(turn(refund(10)), {"text": "Done."}), requester=users["requester"])
+    second = start(script(turn(refund_call(10)), {"text": "Done."}), requester=users["requester"])
     if edited + 10 <= 500:
         assert second.status == Run.Status.DONE  # 450 + 10: under the limit, whatever was asked
     else:

@@ -22,25 +22,14 @@ from approvals.models import (
     WebhookEndpoint,
 )
 from approvals.notify.tasks import anchor_chains
-from approvals.record.audit import drop_append_only_triggers, install_append_only_triggers
+from approvals.record.audit import drop_append_only_triggers
 from runs.models import Run
-from tests.helpers import finished_demo, run_command, start
+from tests.helpers import finished_demo, run_command, start, verify_error
 
-pytestmark = pytest.mark.django_db(databases=["default", "world"])
-
-
-@pytest.fixture(autouse=True)
-def triggers():
-    install_append_only_triggers(connection)
-
-
-def verify(*args) -> str:
-    """`manage.py verify ARGS`: the error it exits with ("" if the record holds)."""
-    try:
-        run_command("verify", *args)
-    except CommandError as exc:
-        return str(exc)
-    return ""
+pytestmark = [
+    pytest.mark.django_db(databases=["default", "world"]),
+    pytest.mark.usefixtures("append_only_triggers"),
+]
 
 
 def erase_run(run: Run) -> None:
@@ -62,12 +51,12 @@ def test_a_run_erased_whole_with_its_chain_is_reported_against_the_last_anchor(u
     anchor = tmp_path / "anchor.json"
     out = run_command("verify", "--anchor", str(anchor))
     assert f"to {anchor}" in out and "audit chain(s)" in out
-    assert verify("--against", str(anchor)) == ""
+    assert verify_error("--against", str(anchor)) == ""
 
     erase_run(victim)
     # Without the anchor, nothing in the database remembers the run.
-    assert verify() == ""
-    error = verify("--against", str(anchor))
+    assert verify_error() == ""
+    error = verify_error("--against", str(anchor))
     assert f"first broken link: run {victim.pk}: existed at the anchor" in error
     report = json.loads(run_command_failing("verify", "--against", str(anchor), "--json"))
     [checked] = [c for c in report["checked"] if c["subject"] == f"anchor {anchor}"]
@@ -104,7 +93,7 @@ def test_a_chains_newest_events_deleted_and_its_head_moved_back_is_reported(user
             "UPDATE approvals_auditchain SET seq = %s, head = %s WHERE subject = %s",
             [previous.seq, previous.hash, chain.subject],
         )
-    error = verify("--against", str(anchor))
+    error = verify_error("--against", str(anchor))
     assert f"audit chain run:{run.pk}: is shorter than at the anchor" in error
 
 
@@ -115,14 +104,14 @@ def test_a_changed_anchor_is_refused_by_its_signature(users, tmp_path):
     data = json.loads(anchor.read_text())
     data["runs"] = [pk for pk in data["runs"] if pk != run.pk]  # hide a run from the anchor
     anchor.write_text(json.dumps(data))
-    assert "its signature does not match" in verify("--against", str(anchor))
+    assert "its signature does not match" in verify_error("--against", str(anchor))
 
 
 def test_a_file_that_is_no_anchor_gets_a_clear_error(tmp_path):
     junk = tmp_path / "junk.json"
     junk.write_text("not json at all")
-    assert "holds no anchor" in verify("--against", str(junk))
-    assert "cannot read the anchor file" in verify("--against", str(tmp_path / "missing.json"))
+    assert "holds no anchor" in verify_error("--against", str(junk))
+    assert "cannot read the anchor file" in verify_error("--against", str(tmp_path / "missing.json"))
 
 
 def test_the_beat_task_appends_signed_heads_and_verify_checks_the_latest(users, tmp_path, settings):
@@ -135,7 +124,7 @@ def test_the_beat_task_appends_signed_heads_and_verify_checks_the_latest(users, 
     assert len(lines) == 2 and all(json.loads(line)["signature"] for line in lines)
     assert second.pk in json.loads(lines[-1])["runs"] and second.pk not in json.loads(lines[0])["runs"]
     erase_run(second)
-    error = verify("--against", str(tmp_path / "anchors" / "anchors.jsonl"))
+    error = verify_error("--against", str(tmp_path / "anchors" / "anchors.jsonl"))
     assert f"run {second.pk}: existed at the anchor" in error and f"run {first.pk}:" not in error
 
 

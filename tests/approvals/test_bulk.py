@@ -23,7 +23,17 @@ from approvals.models import ApprovalRequest, AuditEvent, GateRule, Proposal
 from runs.engine import run_advance_until_settled
 from runs.models import GuardKind, Run
 from runs.services import run_create
-from tests.helpers import client_for, decide, get_html, pending, script, start, tool_results, turn
+from tests.helpers import (
+    client_for,
+    decide,
+    get_html,
+    pending,
+    refund_script,
+    script,
+    start,
+    tool_results,
+    turn,
+)
 from tools.models import Payment
 
 pytestmark = [
@@ -32,15 +42,8 @@ pytestmark = [
 ]
 
 
-def refund(amount=600, order="A-1001") -> dict:
-    return script(
-        turn(("refund_item", {"order_id": order, "amount": amount, "reason": "Scratched case"})),
-        {"text": "Done."},
-    )
-
-
 def waiting(requester, the_script=None, **kwargs) -> ApprovalRequest:
-    return pending(start(the_script or refund(), requester=requester, **kwargs))
+    return pending(start(the_script or refund_script(), requester=requester, **kwargs))
 
 
 def item(approval: ApprovalRequest, args_hash: str | None = None) -> str:
@@ -97,7 +100,7 @@ def status(approval: ApprovalRequest) -> str:
 
 # --- bulk decline ---------------------------------------------------------------------
 def test_three_items_are_declined_with_one_comment_and_each_run_is_told(users):
-    approvals = [waiting(users["requester"], refund(600 + i)) for i in range(3)]
+    approvals = [waiting(users["requester"], refund_script(600 + i)) for i in range(3)]
     response = post_bulk(
         client_for(users["reviewer"]), "decline", approvals, comment="Duplicate tickets", htmx=True
     )
@@ -119,7 +122,7 @@ def test_three_items_are_declined_with_one_comment_and_each_run_is_told(users):
 
 
 def test_a_bulk_decline_needs_a_comment_and_loses_nothing(users):
-    approvals = [waiting(users["requester"], refund(600 + i)) for i in range(2)]
+    approvals = [waiting(users["requester"], refund_script(600 + i)) for i in range(2)]
     client = client_for(users["reviewer"])
     response = post_bulk(client, "decline", approvals, comment="   ")
     assert response.status_code == 400
@@ -156,12 +159,12 @@ def test_nothing_ticked_decides_nothing(users):
 # --- bulk approve: only the plain cases -----------------------------------------------
 def test_bulk_approve_leaves_out_what_needs_its_own_page_and_says_why(users, settings):
     plain = waiting(users["requester"])
-    edited = waiting(users["requester"], refund(900))
+    edited = waiting(users["requester"], refund_script(900))
     # The reviewer edits it onto ₹6,000: a proposal only a senior may approve.
     decide(edited, users["reviewer"], Decision.approve(edit={**edited.proposal.input, "amount": 6000}))
     edited.refresh_from_db()
     GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2)
-    two_person = waiting(users["requester"], refund(700))
+    two_person = waiting(users["requester"], refund_script(700))
     GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=1)
     irreversible = waiting(
         users["requester"],
@@ -267,11 +270,11 @@ def test_the_service_leaves_out_a_warned_item_whoever_calls_it(users):
 def test_a_warning_that_appears_after_the_confirmation_keeps_the_item_out(users):
     """The page reads the world when it is shown: a refund made since the row was
     proposed (another run's, here) is a warning the confirmed post meets too."""
-    approval = waiting(users["requester"], refund(2900))
+    approval = waiting(users["requester"], refund_script(2900))
     client = client_for(users["reviewer"])
     shown = post_bulk(client, "approve", [approval], htmx=True)
     assert confirmed_items(shown) == [item(approval)]
-    other = waiting(users["requester"], refund(2900))
+    other = waiting(users["requester"], refund_script(2900))
     decide(other, users["reviewer"])
     run_advance_until_settled(other.run_id)
     assert Payment.objects.count() == 1
@@ -283,7 +286,7 @@ def test_a_warning_that_appears_after_the_confirmation_keeps_the_item_out(users)
 
 
 def test_an_item_edited_after_the_confirmation_is_not_approved(users):
-    approval = waiting(users["requester"], refund(900))
+    approval = waiting(users["requester"], refund_script(900))
     client = client_for(users["senior"])
     shown = post_bulk(client, "approve", [approval], htmx=True)
     assert confirmed_items(shown) == [item(approval)]
@@ -362,7 +365,7 @@ def test_a_requester_cannot_bulk_approve_their_own_run(users):
 
 def test_a_reviewer_cannot_bulk_approve_the_run_they_requested(users):
     own = waiting(users["reviewer"])
-    other = waiting(users["requester"], refund(650))  # not the same refund: that would be held back
+    other = waiting(users["requester"], refund_script(650))  # not the same refund: that would be held back
     response = post_bulk(client_for(users["reviewer"]), "approve", [own, other], htmx=True, confirmed=True)
     assert outcomes(response)[0].startswith(
         f"#{own.pk} not approved: You requested this run; someone else must decide it."
@@ -372,7 +375,7 @@ def test_a_reviewer_cannot_bulk_approve_the_run_they_requested(users):
 
 
 def test_a_senior_only_item_posted_by_a_plain_reviewer_is_refused(users):
-    senior_only = waiting(users["requester"], refund(6000, "A-1003"), task="Refund order A-1003")
+    senior_only = waiting(users["requester"], refund_script(6000, "A-1003"), task="Refund order A-1003")
     response = post_bulk(client_for(users["reviewer"]), "approve", [senior_only], htmx=True, confirmed=True)
     assert outcomes(response)[0].startswith(
         f"#{senior_only.pk} not approved: Only members of senior-reviewers may decide this approval."
@@ -404,7 +407,7 @@ def test_ids_a_reviewer_may_not_see_are_answered_like_ids_that_do_not_exist(user
 
 
 def test_a_double_posted_form_decides_once_and_says_who_did(users):
-    approvals = [waiting(users["requester"], refund(600 + i)) for i in range(2)]
+    approvals = [waiting(users["requester"], refund_script(600 + i)) for i in range(2)]
     client = client_for(users["reviewer"])
     post_bulk(client, "decline", approvals, comment="First", htmx=True)
     again = post_bulk(
@@ -434,7 +437,7 @@ def test_the_same_row_ticked_twice_is_decided_once(users):
 
 
 def test_an_item_edited_after_the_queue_was_shown_is_refused_as_stale(users):
-    approval = waiting(users["requester"], refund(900))
+    approval = waiting(users["requester"], refund_script(900))
     shown = approval.args_hash  # what the senior's queue row showed
     decide(approval, users["reviewer"], Decision.approve(edit={**approval.proposal.input, "amount": 6000}))
     approval.refresh_from_db()
@@ -557,7 +560,7 @@ def test_the_bulk_preview_leaves_out_the_second_of_two_identical_refunds_and_say
 def test_a_refund_repeating_one_approved_and_not_yet_run_stays_out_of_a_bulk_approve(users):
     first = waiting(users["requester"])
     decide(first, users["reviewer"])  # approved; its run has not run it yet
-    second = waiting(users["requester"], refund(600.0))  # the same amount, written otherwise
+    second = waiting(users["requester"], refund_script(600.0))  # the same amount, written otherwise
     [result] = approvals_bulk_decide(
         reviewer=users["reviewer"],
         decision="approve",
@@ -580,8 +583,10 @@ def test_once_the_first_is_declined_the_second_may_be_approved_in_bulk(users):
 
 
 def test_refunds_of_other_amounts_or_orders_are_approved_together(users):
-    approvals = [waiting(users["requester"], refund(600 + i)) for i in range(2)]
-    approvals.append(waiting(users["requester"], refund(600, order="A-1003"), task="Refund order A-1003"))
+    approvals = [waiting(users["requester"], refund_script(600 + i)) for i in range(2)]
+    approvals.append(
+        waiting(users["requester"], refund_script(600, order="A-1003"), task="Refund order A-1003")
+    )
     response = post_bulk(client_for(users["reviewer"]), "approve", approvals, htmx=True, confirmed=True)
     assert [line.split(" refund_item")[0] for line in outcomes(response)] == [
         f"#{a.pk} approved" for a in approvals

@@ -13,12 +13,10 @@ import json
 import pytest
 from django.conf import settings
 from django.core.management.base import CommandError
-from django.db import connection
 from django.test import Client
 
 from api.tokens import apitoken_create, apitoken_revoke
 from approvals.models import ApprovalRequest, ApprovalVote, AuditEvent, Proposal
-from approvals.record.audit import install_append_only_triggers
 from approvals.record.errors import ImportRefused
 from approvals.record.export import FORMAT, HEADER_TYPE
 from approvals.record.importer import read_import_file
@@ -28,12 +26,10 @@ from runs.saga import RollbackRefused, run_fork, run_rewind, run_rollback
 from tests.helpers import finished_demo, run_command, start
 from tools.models import Payment
 
-pytestmark = pytest.mark.django_db(databases=["default", "world"])
-
-
-@pytest.fixture(autouse=True)
-def triggers():
-    install_append_only_triggers(connection)
+pytestmark = [
+    pytest.mark.django_db(databases=["default", "world"]),
+    pytest.mark.usefixtures("append_only_triggers"),
+]
 
 
 def export(run) -> list[str]:

@@ -21,7 +21,17 @@ from approvals.record.verify import verify_run
 from runs.models import Run, ToolCall
 from runs.reasons import money_reason
 from tests.api.api_client import Api
-from tests.helpers import client_for, deliver, get_html, run_command, script, start, the_approval, turn
+from tests.helpers import (
+    client_for,
+    deliver,
+    get_html,
+    refund_call,
+    run_command,
+    script,
+    start,
+    the_approval,
+    turn,
+)
 
 pytestmark = [
     pytest.mark.django_db(databases=["default", "world"]),
@@ -29,10 +39,6 @@ pytestmark = [
 ]
 
 SPLIT = "amount ₹490.00 so far on order_id A-1001 + ₹450.00 = ₹940.00 > ₹500.00"
-
-
-def refund(amount, order="A-1001", reason="Partial refund"):
-    return ("refund_item", {"order_id": order, "amount": amount, "reason": reason})
 
 
 def split_refund(users) -> Run:
@@ -43,7 +49,10 @@ def split_refund(users) -> Run:
         aggregate="sum", scope="fact", scope_fact="order_id", operator="gt", value="500",
         effect="needs_approval", priority=1000,
     )  # fmt: skip
-    run = start(script(turn(refund(490)), turn(refund(450)), {"text": "Done."}), requester=users["requester"])
+    run = start(
+        script(turn(refund_call(490)), turn(refund_call(450)), {"text": "Done."}),
+        requester=users["requester"],
+    )
     assert run.status == Run.Status.WAITING_APPROVAL
     return run
 
@@ -75,7 +84,7 @@ def test_a_count_rule_s_reason_keeps_plain_numbers(users):
 
 
 def test_a_single_call_s_reason_names_the_amount_and_the_threshold_in_rupees(users):
-    run = start(script(turn(refund(2900)), {"text": "Done."}), requester=users["requester"])
+    run = start(script(turn(refund_call(2900)), {"text": "Done."}), requester=users["requester"])
     assert the_approval(run).reason == "amount ₹2,900.00 > ₹500.00"
 
 
@@ -136,7 +145,7 @@ def test_the_api_keeps_the_figures_as_plain_numbers_beside_the_words(users):
 
 def test_a_single_call_has_no_figures_in_the_api(users):
     approval = the_approval(
-        start(script(turn(refund(2900)), {"text": "Done."}), requester=users["requester"])
+        start(script(turn(refund_call(2900)), {"text": "Done."}), requester=users["requester"])
     )
     document = Api(users["reviewer"]).get(f"/approvals/{approval.pk}").json()
     assert document["proposal"]["reason"] == "amount ₹2,900.00 > ₹500.00"
@@ -204,7 +213,7 @@ def test_an_old_denial_reads_in_rupees_under_the_run_in_runstatus_and_the_reques
         "approvals.policy.rules.single_reason",
         lambda field, actual, op, value, money: f"{field} {actual} {op} {value}",
     )
-    run = start(script(turn(refund(12000)), {"text": "Refunded."}), requester=users["requester"])
+    run = start(script(turn(refund_call(12000)), {"text": "Refunded."}), requester=users["requester"])
     monkeypatch.undo()
     denied = ToolCall.objects.get(run=run, tool_name="refund_item")
     assert denied.verdict_reason == "amount 12000 > 10000"  # as recorded then

@@ -5,7 +5,7 @@ a person's inbox (/desk/inbox/, only their own) and their email preferences
 from __future__ import annotations
 
 import pytest
-from django.core.mail import EmailMultiAlternatives, mailers
+from django.core.mail import EmailMultiAlternatives
 from django.urls import reverse
 
 from approvals.models import DeskEmail, Notification, NotificationPreference
@@ -20,12 +20,6 @@ pytestmark = [
 ]
 
 HOSTILE = '<p>Hi</p><script>parent.document.title="owned"</script><img src=x onerror="alert(1)">'
-
-
-@pytest.fixture
-def outbox_backend(settings):
-    settings.MAILERS = {"default": {"BACKEND": "desk.mail.DatabaseBackend"}}
-    assert isinstance(mailers.default, DatabaseBackend)
 
 
 def stored_email(**overrides) -> DeskEmail:

@@ -29,18 +29,12 @@ from approvals.decisions.selectors import (
 from approvals.models import ApprovalRequest, GateRule, Proposal
 from runs.models import GuardKind
 from runs.services import run_create
-from tests.helpers import client_for, decide, get_html, pending, script, start, turn
+from tests.helpers import client_for, decide, get_html, pending, refund_script, script, start, turn
 
 pytestmark = [
     pytest.mark.django_db(databases=["default", "world"]),
     pytest.mark.usefixtures("plain_refund_desk"),
 ]
-
-
-def refund(amount=600, order="A-1001", reason="Scratched case") -> dict:
-    return script(
-        turn(("refund_item", {"order_id": order, "amount": amount, "reason": reason})), {"text": "Done."}
-    )
 
 
 def email(to="grace@example.com", subject="Hi", body="Hello") -> dict:
@@ -49,7 +43,7 @@ def email(to="grace@example.com", subject="Hi", body="Hello") -> dict:
 
 def waiting(requester, the_script=None, *, task="Refund order A-1001") -> ApprovalRequest:
     """A run of ``requester`` that waits on one gated call: its approval."""
-    return pending(start(the_script or refund(), requester=requester, task=task))
+    return pending(start(the_script or refund_script(), requester=requester, task=task))
 
 
 def a_guard(requester) -> ApprovalRequest:
@@ -79,12 +73,12 @@ def mixed(users):
     one the senior escalated to themselves."""
     plain = waiting(users["requester"])
     own = waiting(users["reviewer"])
-    senior_only = waiting(users["requester"], refund(6000, "A-1003"))
+    senior_only = waiting(users["requester"], refund_script(6000, "A-1003"))
     GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2)
-    two_person = waiting(users["requester"], refund(700))
+    two_person = waiting(users["requester"], refund_script(700))
     decide(two_person, users["reviewer"])
     GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=1)
-    claimed = waiting(users["requester"], refund(800))
+    claimed = waiting(users["requester"], refund_script(800))
     approval_claim(approval_id=claimed.pk, reviewer=users["senior"])
     guard = a_guard(users["requester"])
     GateRule.objects.filter(name="Emails to customers").update(allow_self_approval=True)
@@ -195,9 +189,9 @@ def test_each_row_says_when_it_is_due_and_the_most_urgent_come_first(users, sett
     GateRule.objects.filter(name="Refunds over ₹500").update(sla_minutes=30)
     no_sla_old = waiting(users["requester"], email("old@example.com"))
     no_sla_new = waiting(users["requester"], email("new@example.com"))
-    due = waiting(users["requester"], refund(610))
-    overdue = waiting(users["requester"], refund(620))
-    escalated = waiting(users["requester"], refund(630))
+    due = waiting(users["requester"], refund_script(610))
+    overdue = waiting(users["requester"], refund_script(620))
+    escalated = waiting(users["requester"], refund_script(630))
     age(no_sla_old, 300)
     age(no_sla_new, 200)
     age(due, 18)
@@ -237,9 +231,9 @@ def test_the_order_is_the_databases_so_pages_continue_it(users, monkeypatch):
     monkeypatch.setattr(views_queue, "PAGE_SIZE", 2)
     GateRule.objects.filter(name="Refunds over ₹500").update(sla_minutes=60)
     plain = waiting(users["requester"], email())  # no SLA: last
-    later = waiting(users["requester"], refund(610))
-    sooner = waiting(users["requester"], refund(620))
-    first = waiting(users["requester"], refund(630))
+    later = waiting(users["requester"], refund_script(610))
+    sooner = waiting(users["requester"], refund_script(620))
+    first = waiting(users["requester"], refund_script(630))
     age(later, 10)  # due in 50 min
     age(sooner, 40)  # due in 20 min
     age(first, 70)  # overdue
@@ -255,8 +249,8 @@ def test_the_order_is_the_databases_so_pages_continue_it(users, monkeypatch):
 def test_j_and_k_on_the_approval_page_follow_the_queues_order(users):
     GateRule.objects.filter(name="Refunds over ₹500").update(sla_minutes=60)
     plain = waiting(users["requester"], email())
-    due = waiting(users["requester"], refund(610))
-    overdue = waiting(users["requester"], refund(620))
+    due = waiting(users["requester"], refund_script(610))
+    overdue = waiting(users["requester"], refund_script(620))
     age(plain, 600)
     age(due, 10)
     age(overdue, 90)
@@ -275,8 +269,8 @@ def test_search_finds_by_task_customer_arguments_and_run_id(users):
         email("ada@example.com", "Your refund"),
         task="Customer Ada Lovelace: broken teapot",
     )
-    order = waiting(users["requester"], refund(900, "A-1002"), task="Refund the second order")
-    other = waiting(users["requester"], refund(800, "A-1001"), task="Something else")
+    order = waiting(users["requester"], refund_script(900, "A-1002"), task="Refund the second order")
+    other = waiting(users["requester"], refund_script(800, "A-1001"), task="Something else")
     client = client_for(users["reviewer"])
 
     def found(q):
@@ -306,7 +300,7 @@ def test_search_reads_the_proposal_that_would_run_and_text_in_any_script(users):
     assert f'data-approval="{plain.pk}"' in get_html(client, "/desk/", {"q": "für Zoë"})
     assert f'data-approval="{quoted.pk}"' in get_html(client, "/desk/", {"q": 'said "hi'})
     # An edit is a new proposal: its arguments are searched too.
-    approval = waiting(users["requester"], refund(900, "A-1001"))
+    approval = waiting(users["requester"], refund_script(900, "A-1001"))
     decide(approval, users["reviewer"], _edit_to_senior(approval))
     page = get_html(client_for(users["senior"]), "/desk/", {"q": "Edited by reviewer"})
     assert f'data-approval="{approval.pk}"' in page
@@ -316,7 +310,7 @@ def test_search_and_the_tool_filter_read_what_the_approval_keeps(users):
     """Equalities on the approval's own tool and tokens, each along an index, not a LIKE
     over the runs', calls' and proposals' indexes of every pending approval."""
     ada = waiting(users["requester"], email("ada@example.com", "Your refund"), task="Customer Ada Lovelace")
-    waiting(users["requester"], refund(900, "A-1002"), task="Refund Lovelace")
+    waiting(users["requester"], refund_script(900, "A-1002"), task="Refund Lovelace")
     narrowed = queue._queue_narrowed(user=users["reviewer"], q="lovelace", tool="send_email")
     assert list(narrowed.values_list("pk", flat=True)) == [ada.pk]
     where = str(narrowed.query).split(" WHERE ", 1)[1]
@@ -350,12 +344,12 @@ def test_a_search_too_long_is_named_and_ignored(users):
 
 # --- warnings and facts in the row ----------------------------------------------------
 def test_a_row_shows_the_warnings_stored_with_its_proposal_escaped(users):
-    approval = waiting(users["requester"], refund(2900))
+    approval = waiting(users["requester"], refund_script(2900))
     evil = "<script>alert(1)</script>"
     Proposal.objects.filter(pk=approval.proposal_id).update(
         warnings=["Repeats an earlier refund: ₹2,900.00 to order A-1001", evil]
     )
-    quiet = waiting(users["requester"], refund(700))
+    quiet = waiting(users["requester"], refund_script(700))
     page = get_html(client_for(users["reviewer"]), "/desk/")
     row = page.split(f'data-approval="{approval.pk}"', 1)[1].split("</tr>", 1)[0]
     assert 'data-testid="row-warnings"' in row
@@ -434,7 +428,7 @@ def spread(users, settings):
     settings.DESK_GUARD_SLA_MINUTES = 45
     GateRule.objects.filter(name="Refunds over ₹500").update(sla_minutes=60)
     requester = users["requester"]
-    items = [waiting(requester, refund(600 + i)) for i in range(3)]
+    items = [waiting(requester, refund_script(600 + i)) for i in range(3)]
     items += [waiting(requester, email(f"c{i}@example.com")) for i in range(2)]
     items.append(a_guard(requester))
     for minutes, approval in zip((50, 5, 30, 300, 20, 10), items, strict=True):
@@ -622,7 +616,7 @@ def test_a_count_past_the_bound_says_so_and_one_at_the_bound_is_exact(users, mix
     assert "more than 3: the count stops there" in page
     assert count_in(get_html(client, "/desk/nav"), "nav-pending") == "3"
     # One more for the reviewer to decide: now theirs is past the bound too.
-    waiting(users["requester"], refund(900, "A-1009"))
+    waiting(users["requester"], refund_script(900, "A-1009"))
     page = get_html(client, "/desk/")
     assert count_in(page, "tab-yours-count") == "3+" and count_in(page, "nav-pending") == "3+"
     assert "<title>Queue (3+) · Countersign</title>" in page

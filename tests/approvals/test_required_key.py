@@ -21,18 +21,12 @@ from approvals.notify.sla import approvals_sweep_sla
 from approvals.record.verify import verify_run
 from runs.models import Run
 from tests.approvals.test_views import many_pending
-from tests.helpers import client_for, decide, get_html, pending, script, start, turn
+from tests.helpers import client_for, decide, get_html, pending, refund_script, start
 
 pytestmark = [
     pytest.mark.django_db(databases=["default", "world"]),
     pytest.mark.usefixtures("plain_refund_desk"),
 ]
-
-
-def refund(amount: int, order: str = "A-1001"):
-    return script(
-        turn(("refund_item", {"order_id": order, "amount": amount, "reason": "Scratched"})), {"text": "Done."}
-    )
 
 
 def key_of(*names: str) -> str:
@@ -57,7 +51,7 @@ def test_the_key_follows_the_groups_through_opening_escalation_an_edit_and_a_cle
     finance = Group.objects.create(name="finance")
     GateRule.objects.filter(name="Refunds over ₹5,000").update(required_group=finance)
     GateRule.objects.filter(name="Refunds over ₹500").update(sla_minutes=30)
-    approval = pending(start(refund(600), requester=users["requester"]))
+    approval = pending(start(refund_script(600), requester=users["requester"]))
     assert stored_key(approval) == key_of("reviewers") != ""
     approvals_sweep_sla(now=approval.created_at + timedelta(minutes=61))  # escalated: seniors too
     assert stored_key(approval) == key_of("reviewers", "senior-reviewers")
@@ -81,7 +75,7 @@ def test_a_reviewer_who_may_decide_none_of_the_queue_is_told_none_and_sees_what_
     users, bystander
 ):
     reviewers = Group.objects.get(name="reviewers")
-    for approval in [pending(start(refund(600 + i), requester=users["requester"])) for i in range(3)]:
+    for approval in [pending(start(refund_script(600 + i), requester=users["requester"])) for i in range(3)]:
         assert approval.required_groups.filter(pk=reviewers.pk).exists()
     assert approvals_decidable_by(bystander).count() == 0
     assert 'data-testid="nav-pending">0<' in get_html(client_for(bystander), "/desk/nav")
@@ -94,7 +88,7 @@ def test_a_reviewer_who_may_decide_none_of_the_queue_is_told_none_and_sees_what_
 
 
 def test_a_key_edited_in_the_database_lets_no_one_decide_and_verify_reports_it(users):
-    senior_only = pending(start(refund(6000, "A-1003"), requester=users["requester"]))
+    senior_only = pending(start(refund_script(6000, "A-1003"), requester=users["requester"]))
     reviewer = users["reviewer"]
     assert decide_refusal(user=reviewer, approval=senior_only) is not None
     # Claims to need no group: the reviewer would find it by the key...
@@ -117,9 +111,9 @@ def test_past_the_keyed_groups_the_queue_is_as_exact_as_the_decide_check(
 ):
     monkeypatch.setattr(selectors, "MAX_KEYED_GROUPS", max_keyed)
     approvals = [
-        pending(start(refund(600), requester=users["requester"])),
-        pending(start(refund(6000, "A-1003"), requester=users["requester"])),
-        pending(start(refund(700), requester=users["reviewer"])),
+        pending(start(refund_script(600), requester=users["requester"])),
+        pending(start(refund_script(6000, "A-1003"), requester=users["requester"])),
+        pending(start(refund_script(700), requester=users["reviewer"])),
     ]
     for user in [*users.values(), bystander]:
         user = type(user).objects.get(pk=user.pk)  # no groups cached from another setting
@@ -131,8 +125,8 @@ def test_past_the_keyed_groups_the_queue_is_as_exact_as_the_decide_check(
 
 def test_the_migration_gives_every_existing_approval_its_key(users):
     approvals = [
-        pending(start(refund(600), requester=users["requester"])),
-        pending(start(refund(6000, "A-1003"), requester=users["requester"])),
+        pending(start(refund_script(600), requester=users["requester"])),
+        pending(start(refund_script(6000, "A-1003"), requester=users["requester"])),
     ]
     expected = {a.pk: stored_key(a) for a in approvals}
     ApprovalRequest.objects.update(required_key="")

@@ -25,6 +25,7 @@ from tests.helpers import (
     decide_and_advance,
     get_html,
     pending,
+    refund_call,
     script,
     start,
     the_approval,
@@ -50,10 +51,6 @@ def raise_to(name: str, value: str) -> GateRule:
     changed.value = value
     changed.save()
     return changed
-
-
-def refund(amount, order="A-1003", reason="Partial refund"):
-    return ("refund_item", {"order_id": order, "amount": amount, "reason": reason})
 
 
 def decisions(overlap) -> dict[Decimal, str]:
@@ -239,10 +236,10 @@ def post_rule(client, changed: GateRule, **fields):
 
 
 def test_after_a_change_the_page_says_what_the_last_30_days_would_have_looked_like(users):
-    kept = start(script(turn(refund(900, "A-1001")), {"text": "Done."}), requester=users["requester"])
+    kept = start(script(turn(refund_call(900, "A-1001")), {"text": "Done."}), requester=users["requester"])
     decide(the_approval(kept), users["reviewer"], Decision.decline("Not this one"))
-    start(script(turn(refund(4000, "A-1003")), {"text": "Done."}), requester=users["requester"])
-    start(script(turn(refund(300, "A-1002")), {"text": "Done."}), requester=users["requester"])
+    start(script(turn(refund_call(4000, "A-1003")), {"text": "Done."}), requester=users["requester"])
+    start(script(turn(refund_call(300, "A-1002")), {"text": "Done."}), requester=users["requester"])
     response = post_rule(client_for(users["admin"]), rule(OVER_500), value="3,000")
     page = response.content.decode()
     assert response.status_code == 200
@@ -255,7 +252,7 @@ def test_after_a_change_the_page_says_what_the_last_30_days_would_have_looked_li
 
 
 def test_a_change_of_priority_is_replayed_too(users):
-    start(script(turn(refund(900, "A-1001")), {"text": "Done."}), requester=users["requester"])
+    start(script(turn(refund_call(900, "A-1001")), {"text": "Done."}), requester=users["requester"])
     # "Other refunds" (allow, every call) tried before "Refunds over ₹500": nothing over ₹500 waits.
     response = post_rule(client_for(users["admin"]), rule("Other refunds"), priority="12")
     effect = response.content.decode()
@@ -345,7 +342,9 @@ def test_raising_the_demo_threshold_to_3000_lets_a_new_2900_refund_run(users):
 def test_a_split_of_3_x_2000_on_one_order_still_reaches_senior_reviewers(users):
     raise_to(OVER_500, "3000")
     run = start(
-        script(*[turn(refund(2000, reason=f"Part {n}")) for n in (1, 2, 3)], {"text": "Done."}),
+        script(
+            *[turn(refund_call(2000, "A-1003", reason=f"Part {n}")) for n in (1, 2, 3)], {"text": "Done."}
+        ),
         requester=users["requester"],
     )
     assert run.status == Run.Status.WAITING_APPROVAL
@@ -359,7 +358,9 @@ def test_with_the_demo_thresholds_a_split_still_reaches_senior_reviewers(users):
     # Each part is over ₹500 (reviewers); the third takes the order over ₹5,000 in
     # total, and the total rule is tried before "Refunds over ₹500".
     run = start(
-        script(*[turn(refund(2000, reason=f"Part {n}")) for n in (1, 2, 3)], {"text": "Done."}),
+        script(
+            *[turn(refund_call(2000, "A-1003", reason=f"Part {n}")) for n in (1, 2, 3)], {"text": "Done."}
+        ),
         requester=users["requester"],
     )
     assert pending(run).rule.name == OVER_500
@@ -409,9 +410,11 @@ def test_seeddemo_disables_its_earlier_shadowing_rule_only_if_nobody_edited_it(u
 
 # --- the effect before the save (issue 33) ----------------------------------------------
 def test_the_form_shows_the_effect_of_an_edit_before_saving_and_the_save_says_if_it_changed(users):
-    declined = start(script(turn(refund(900, "A-1001")), {"text": "Done."}), requester=users["requester"])
+    declined = start(
+        script(turn(refund_call(900, "A-1001")), {"text": "Done."}), requester=users["requester"]
+    )
     decide(the_approval(declined), users["reviewer"], Decision.decline("Not this one"))
-    start(script(turn(refund(4000, "A-1003")), {"text": "Done."}), requester=users["requester"])
+    start(script(turn(refund_call(4000, "A-1003")), {"text": "Done."}), requester=users["requester"])
     client = client_for(users["admin"])
     over_500 = rule(OVER_500)
     url = f"/admin/approvals/gaterule/{over_500.pk}/effect/"
@@ -441,7 +444,7 @@ def test_the_form_shows_the_effect_of_an_edit_before_saving_and_the_save_says_if
     assert rule(OVER_500).value == "500" and rule(OVER_500).version == 1  # nothing saved
     assert client.get(url).status_code == 405
     # Another call is recorded between the preview and the save: the save says so.
-    start(script(turn(refund(1200, "A-1003")), {"text": "Done."}), requester=users["requester"])
+    start(script(turn(refund_call(1200, "A-1003")), {"text": "Done."}), requester=users["requester"])
     figures = shown.split('name="shown_effect" value="')[1].split('"')[0]
     page = post_rule(client, over_500, value="3000", shown_effect=figures).content.decode()
     assert 'data-testid="effect-changed"' in page and "at the save 3 → 1" in page

@@ -13,7 +13,7 @@ from approvals.analytics import Period, shadow_figures
 from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest, GateRule, RuleMode
 from runs.models import Run, ToolCall
-from tests.helpers import client_for, decide_and_advance, get_html, script, start, turn
+from tests.helpers import client_for, decide_and_advance, get_html, refund_call, script, start, turn
 from tools.models import Payment
 
 pytestmark = [
@@ -27,12 +27,8 @@ def last_week() -> Period:
     return Period(now - timedelta(days=7), now + timedelta(seconds=1), "Last 7 days")
 
 
-def refund(amount, order="A-1001"):
-    return ("refund_item", {"order_id": order, "amount": amount, "reason": "Broken on arrival"})
-
-
 def refund_run(users, amount, order="A-1001") -> Run:
-    return start(script(turn(refund(amount, order)), {"text": "Done."}), requester=users["requester"])
+    return start(script(turn(refund_call(amount, order)), {"text": "Done."}), requester=users["requester"])
 
 
 def shadow_rule(**fields) -> GateRule:

@@ -25,6 +25,7 @@ from tests.helpers import (
     get_html,
     pending,
     post_decision,
+    refund_call,
     run_command,
     script,
     start,
@@ -38,13 +39,11 @@ pytestmark = [
 ]
 
 
-def refund(amount, order="A-1003"):
-    return ("refund_item", {"order_id": order, "amount": amount, "reason": "Broken in transit"})
-
-
 def refunds(*amounts) -> dict:
     """A model that refunds A-1003 once per step (each over ₹500: "Refunds over ₹500")."""
-    return script(*(turn(refund(a), text=f"Refunding {a}.") for a in amounts), turn(text="Done."))
+    return script(
+        *(turn(refund_call(a, "A-1003"), text=f"Refunding {a}.") for a in amounts), turn(text="Done.")
+    )
 
 
 def count_of(n: int) -> Decision:
@@ -219,7 +218,11 @@ def test_a_refund_split_into_pieces_in_one_reply_counts_every_piece(users):
     # The exact repeat of the approved refund is settled by the engine (not run twice,
     # not counted); each piece counts against the cap, even within one reply.
     run = start(
-        script(turn(refund(600)), turn(refund(600), refund(400), refund(601)), turn(text="Done.")),
+        script(
+            turn(refund_call(600, "A-1003")),
+            turn(refund_call(600, "A-1003"), refund_call(400, "A-1003"), refund_call(601, "A-1003")),
+            turn(text="Done."),
+        ),
         requester=users["requester"],
     )
     decide_and_advance(
@@ -270,7 +273,10 @@ def test_a_grant_allows_nothing_in_another_run(users):
 
 def test_a_grant_allows_no_other_tool(users):
     email = ("send_email", {"to": "linus@example.com", "subject": "Your refund", "body": "Done."})
-    run = start(script(turn(refund(600)), turn(email), turn(text="Done.")), requester=users["requester"])
+    run = start(
+        script(turn(refund_call(600, "A-1003")), turn(email), turn(text="Done.")),
+        requester=users["requester"],
+    )
     decide_and_advance(run, users["reviewer"], count_of(5))
     assert ToolCall.objects.get(run=run, tool_name="send_email").status == ToolCall.Status.AWAITING_APPROVAL
 

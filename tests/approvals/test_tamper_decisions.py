@@ -11,13 +11,10 @@ from decimal import Decimal
 
 import pytest
 from django.contrib.auth.models import Group
-from django.core.management.base import CommandError
-from django.db import connection
 
 from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest, GateRule, Proposal, StandingApproval
 from approvals.policy.standing import StandingTerms, standing_revoke
-from approvals.record.audit import install_append_only_triggers
 from approvals.record.verify import verify_everything, verify_run
 from runs.models import Run, ToolCall
 from tests.helpers import (
@@ -30,26 +27,14 @@ from tests.helpers import (
     script,
     start,
     turn,
+    verify_error,
 )
 
 pytestmark = [
     pytest.mark.django_db(databases=["default", "world"]),
     pytest.mark.usefixtures("plain_refund_desk"),
+    pytest.mark.usefixtures("append_only_triggers"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def triggers():
-    install_append_only_triggers(connection)
-
-
-def verify(*args) -> str:
-    """`manage.py verify`: the error it exits with ("" if the record holds)."""
-    try:
-        run_command("verify", *args, "--json")
-    except CommandError as exc:
-        return str(exc)
-    return ""
 
 
 def first_broken(run) -> str:
@@ -77,7 +62,7 @@ def test_the_models_own_proposal_changed_in_the_database_is_named(users):
     assert first_broken(run) == ""
     Proposal.objects.filter(pk=first.pk).update(input={**first.input, "amount": 590})
     assert first_broken(run).startswith(f"run {run.pk} approval {approval.pk}: proposal 1")
-    assert f"first broken link: run {run.pk} approval {approval.pk}: proposal 1" in verify(str(run.pk))
+    assert f"first broken link: run {run.pk} approval {approval.pk}: proposal 1" in verify_error(str(run.pk))
 
 
 def test_the_models_proposal_changed_with_its_hash_recomputed_is_named(users):
@@ -90,7 +75,7 @@ def test_the_models_proposal_changed_with_its_hash_recomputed_is_named(users):
     Proposal.objects.filter(pk=first.pk).update(input=changed, input_hash=input_hash(changed))
     ApprovalRequest.objects.filter(pk=approval.pk).update(args_hash=input_hash(changed))
     assert first_broken(run).startswith(f"run {run.pk} approval {approval.pk}: ")
-    assert f"run {run.pk} approval {approval.pk}" in verify(str(run.pk))
+    assert f"run {run.pk} approval {approval.pk}" in verify_error(str(run.pk))
 
 
 # --- who may decide ----------------------------------------------------------------
@@ -113,7 +98,7 @@ def test_a_pending_approvals_authority_changed_in_the_database_is_named(users, c
         approval.required_groups.clear()
     broken = first_broken(run)
     assert broken.startswith(f"run {run.pk} approval {approval.pk}: ") and "who may decide" in broken, broken
-    assert f"first broken link: run {run.pk} approval {approval.pk}" in verify(str(run.pk))
+    assert f"first broken link: run {run.pk} approval {approval.pk}" in verify_error(str(run.pk))
 
 
 def test_an_escalation_and_an_edit_are_legitimate_changes_of_authority(users):
@@ -155,7 +140,7 @@ def test_a_runs_task_version_or_params_changed_in_the_database_is_named(users, c
     Run.objects.filter(pk=run.pk).update(**{change: value[change]})
     broken = first_broken(run)
     assert broken.startswith(f"run {run.pk}: ") and change.replace("_", " ") in broken, broken
-    assert f"first broken link: run {run.pk}: " in verify(str(run.pk))
+    assert f"first broken link: run {run.pk}: " in verify_error(str(run.pk))
 
 
 def test_a_repin_is_a_legitimate_change_of_agent_version(users, monkeypatch):
@@ -215,7 +200,7 @@ def test_a_standing_approvals_terms_changed_in_the_database_are_named(users, cha
         StandingApproval.objects.filter(pk=grant.pk).update(**{change: value})
     broken = first_broken(run)
     assert broken.startswith(f"run {run.pk} standing approval #{grant.pk}: "), broken
-    assert f"standing approval #{grant.pk}" in verify(str(run.pk))
+    assert f"standing approval #{grant.pk}" in verify_error(str(run.pk))
 
 
 # --- rules ------------------------------------------------------------------------------
@@ -230,7 +215,7 @@ def test_a_rules_threshold_changed_outside_the_admin_is_named(users):
     GateRule.objects.filter(pk=rule.pk).update(value="3000")
     [broken] = rule_findings(rule)
     assert broken.startswith(f"rule {rule.pk} (Refunds over ₹500): ") and "last recorded version" in broken
-    assert f"rule {rule.pk}" in verify()
+    assert f"rule {rule.pk}" in verify_error()
 
 
 @pytest.mark.parametrize("change", [{"effect": "allow"}, {"operator": "lt"}, {"enabled": False}])

@@ -8,8 +8,6 @@ triggers dropped where they are in the way.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from django.core.management.base import CommandError
 from django.db import DatabaseError, IntegrityError, connection, transaction
@@ -30,23 +28,13 @@ from tests.helpers import (
     run_command,
     start,
     the_approval,
+    verify_report,
 )
 
-pytestmark = pytest.mark.django_db(databases=["default", "world"])
-
-
-@pytest.fixture(autouse=True)
-def triggers():
-    # A test that flushed the database before this one dropped them (tests/support.py).
-    install_append_only_triggers(connection)
-
-
-def verify(*args) -> tuple[dict | None, str]:
-    """`manage.py verify --json`: its report, and the error it exits with ("" if none)."""
-    try:
-        return json.loads(run_command("verify", *args, "--json")), ""
-    except CommandError as exc:
-        return None, str(exc)
+pytestmark = [
+    pytest.mark.django_db(databases=["default", "world"]),
+    pytest.mark.usefixtures("append_only_triggers"),
+]
 
 
 def broken_links(run) -> list[str]:
@@ -55,11 +43,11 @@ def broken_links(run) -> list[str]:
 
 def test_an_untouched_run_verifies_from_the_command_line_and_on_its_page(users):
     run = finished_demo(users)
-    report, error = verify(str(run.pk))
+    report, error = verify_report(str(run.pk))
     assert error == "" and report["ok"] is True
     [checked] = report["checked"]
     assert checked["steps"] == run.step == 6 and checked["events"] > 20 and checked["first_broken"] is None
-    everything, error = verify()
+    everything, error = verify_report()
     assert error == "" and everything["ok"] is True
     assert {c["subject"] for c in everything["checked"]} >= {f"run:{run.pk}"}
     page = get_html(client_for(users["reviewer"]), f"/runs/{run.pk}/integrity")
@@ -73,7 +61,7 @@ def test_a_changed_message_is_named_and_the_page_says_the_record_was_changed(use
     content[0]["text"] = "The customer asked for double. Refunding ₹5,800."
     Message.objects.filter(pk=reply.pk).update(content=content)
     assert broken_links(run)[0].startswith(f"run {run.pk} step 1: its record was changed after the step")
-    report, error = verify(str(run.pk))
+    report, error = verify_report(str(run.pk))
     assert report is None and f"first broken link: run {run.pk} step 1" in error
     page = get_html(client_for(users["reviewer"]), f"/runs/{run.pk}/integrity")
     assert "The record was changed after it was written" in page and f"run {run.pk} step 1" in page
@@ -318,7 +306,7 @@ def test_a_fresh_demo_with_its_seeded_history_verifies_and_says_what_it_did_not_
     run_command("seedhistory", "--calls", "20")
     history = Run.objects.filter(agent_version="history")
     assert history.count() > 1
-    report, error = verify()
+    report, error = verify_report()
     assert error == "" and report["ok"] is True
     shown = {c["subject"]: c for c in report["checked"]}
     assert shown[f"run:{run.pk}"]["checked"] is True
@@ -339,7 +327,7 @@ def test_a_real_run_passed_off_as_seeded_history_after_its_chain_was_deleted_is_
     install_append_only_triggers(connection)
     # Its checkpoints and its chain's head are still there: not seeded history.
     assert broken_links(run)
-    report, error = verify(str(run.pk))
+    report, error = verify_report(str(run.pk))
     assert report is None and f"run:{run.pk}" in error
 
 
@@ -367,7 +355,7 @@ def test_a_calls_facts_lowered_in_the_database_are_named_and_the_next_total_is_n
         f"run {run.pk} call {refund.pk}: its facts do not match its arguments: "
         "aggregate rules add up what the facts say"
     ]
-    report, error = verify()
+    report, error = verify_report()
     assert report is None and f"first broken link: run {run.pk} call {refund.pk}" in error
     page = get_html(client_for(users["reviewer"]), f"/runs/{run.pk}/integrity")
     assert "The record was changed after it was written" in page

@@ -12,25 +12,28 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import Group
-from django.core.management.base import CommandError
-from django.db import connection
 
 from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest, ApprovalVote, GateRule, Proposal
-from approvals.record.audit import install_append_only_triggers
 from runs.models import Run, ToolCall
-from tests.helpers import decide, decide_and_advance, finished_demo, pending, run_command, script, start, turn
+from tests.helpers import (
+    decide,
+    decide_and_advance,
+    finished_demo,
+    pending,
+    run_command,
+    script,
+    start,
+    turn,
+    verify_error,
+)
 from tools.models import Payment
 
 pytestmark = [
     pytest.mark.django_db(databases=["default", "world"]),
     pytest.mark.usefixtures("plain_refund_desk"),
+    pytest.mark.usefixtures("append_only_triggers"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def triggers():
-    install_append_only_triggers(connection)
 
 
 @pytest.fixture
@@ -46,23 +49,13 @@ def anchor(tmp_path):
     return Anchor()
 
 
-def verify(*args) -> str:
-    """`manage.py verify ARGS`: the error it exits with ("" if the record holds)."""
-    try:
-        run_command("verify", *args)
-    except CommandError as exc:
-        assert exc.returncode == 1
-        return str(exc)
-    return ""
-
-
 def caught(run: Run, anchor, where: str, *words: str) -> str:
     """The attack is named by `verify RUN` and by `verify --against` the anchor taken
     before it, as the first broken link, at ``where``, in ``words``. Returns the error."""
-    error = verify(str(run.pk))
+    error = verify_error(str(run.pk))
     assert f"first broken link: {where}" in error, error
     assert all(word in error for word in words), error
-    against = verify("--against", str(anchor.path))
+    against = verify_error("--against", str(anchor.path))
     assert f"first broken link: {where}" in against, against
     return error
 
@@ -90,7 +83,7 @@ def edited_and_paid(users) -> tuple[Run, ApprovalRequest]:
     approval.refresh_from_db()
     assert approval.status == "approved" and approval.proposal.number == 2
     assert Payment.objects.get(order__order_id="A-1003").amount == 10000
-    assert verify(str(run.pk)) == ""
+    assert verify_error(str(run.pk)) == ""
     return run, approval
 
 
@@ -113,7 +106,7 @@ def test_a_vote_moved_onto_another_proposal_is_named(users, anchor):
     assert decide(approval, users["reviewer"]).approvals_missing == 1
     # An edit under the same rule: a second proposal, still waiting for two approvals.
     decide(pending(run), users["senior"], Decision.approve(edit={**approval.tool_call.input, "amount": 520}))
-    assert verify(str(run.pk)) == ""
+    assert verify_error(str(run.pk)) == ""
     anchor.take()
     edit = Proposal.objects.get(approval=approval, number=2)
     ApprovalVote.objects.filter(approval=approval, reviewer=users["reviewer"]).update(proposal=edit)

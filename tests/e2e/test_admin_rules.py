@@ -9,25 +9,18 @@ from playwright.sync_api import expect
 
 from approvals.decisions.decision import Decision
 from approvals.models import GateRule
-from tests.helpers import decide, script, start, the_approval, turn
+from tests.helpers import decide, refund_script, start, the_approval
 
 from .conftest import screenshot, sign_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(databases=["default", "world"], transaction=True)]
 
 
-def refund(amount, order):
-    return script(
-        turn(("refund_item", {"order_id": order, "amount": amount, "reason": "Partial refund"})),
-        {"text": "Done."},
-    )
-
-
 @pytest.mark.usefixtures("plain_refund_desk")
 def test_raising_a_threshold_shows_the_overlap_the_samples_and_the_30_day_effect(page, users, tmp_path):
-    declined = start(refund(900, "A-1001"), requester=users["requester"])
+    declined = start(refund_script(900, "A-1001"), requester=users["requester"])
     decide(the_approval(declined), users["reviewer"], Decision.decline("Not this one"))
-    start(refund(4000, "A-1003"), requester=users["requester"])
+    start(refund_script(4000, "A-1003"), requester=users["requester"])
     rule = GateRule.objects.get(name="Refunds over ₹500")
 
     page.set_viewport_size({"width": 1366, "height": 768})
@@ -73,9 +66,9 @@ def test_raising_a_threshold_shows_the_overlap_the_samples_and_the_30_day_effect
 
 @pytest.mark.usefixtures("plain_refund_desk")
 def test_editing_a_value_shows_its_effect_before_the_save(page, users, tmp_path):
-    declined = start(refund(900, "A-1001"), requester=users["requester"])
+    declined = start(refund_script(900, "A-1001"), requester=users["requester"])
     decide(the_approval(declined), users["reviewer"], Decision.decline("Not this one"))
-    start(refund(4000, "A-1003"), requester=users["requester"])
+    start(refund_script(4000, "A-1003"), requester=users["requester"])
     rule = GateRule.objects.get(name="Refunds over ₹500")
 
     sign_in(page, "admin")

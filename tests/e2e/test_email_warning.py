@@ -23,12 +23,6 @@ TASK = "Ada (ticket T-1): order A-1001 arrived broken, refund it."
 REFUND = {"order_id": "A-1001", "amount": 2900.0, "reason": "Item arrived broken"}
 
 
-@pytest.fixture
-def outbox_backend(settings):
-    """This process's emails go to the database outbox, as with `make run`."""
-    settings.MAILERS = {"default": {"BACKEND": "desk.mail.DatabaseBackend"}}
-
-
 def test_a_repeated_refund_s_email_shows_its_warnings_above_the_facts(
     page, desk, users, outbox_backend, tmp_path
 ):

@@ -13,12 +13,6 @@ from .conftest import screenshot, sign_in
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(databases=["default", "world"], transaction=True)]
 
 
-@pytest.fixture
-def outbox_backend(settings):
-    """This process's emails go to the database outbox, as with `make run`."""
-    settings.MAILERS = {"default": {"BACKEND": "desk.mail.DatabaseBackend"}}
-
-
 def test_the_outbox_lists_an_email_and_opens_it(page, desk, users, outbox_backend, tmp_path):
     approval = the_approval(start(requester=users["requester"]))
     assert deliver() == ["sent", "sent", "sent"]

@@ -19,12 +19,6 @@ TOKEN = "Q7" * 100  # 200 characters with nowhere to break
 NARROW = {"width": 400, "height": 800}
 
 
-@pytest.fixture
-def outbox_backend(settings):
-    """This process's emails go to the database outbox, as with `make run`."""
-    settings.MAILERS = {"default": {"BACKEND": "desk.mail.DatabaseBackend"}}
-
-
 def finished_run_with_the_token(users):
     """A refund of A-1003 to the end, the token in the task, the arguments, the email
     and every reviewer's comment."""

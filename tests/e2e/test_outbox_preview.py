@@ -14,12 +14,6 @@ from .conftest import screenshot, sign_in
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(databases=["default", "world"], transaction=True)]
 
 
-@pytest.fixture
-def outbox_backend(settings):
-    """This process's emails go to the database outbox, as with `make run`."""
-    settings.MAILERS = {"default": {"BACKEND": "desk.mail.DatabaseBackend"}}
-
-
 @pytest.mark.parametrize("width", [1366, 400])
 def test_the_email_preview_shows_the_whole_email(page, desk, users, outbox_backend, tmp_path, width):
     approval = pending(start(requester=users["requester"]))

@@ -8,7 +8,7 @@ import pytest
 from approvals.models import StandingApproval
 from runs.engine import run_advance_until_settled
 from runs.models import ToolCall
-from tests.helpers import pending, script, start, turn
+from tests.helpers import pending, refund_call, script, start, turn
 
 from .conftest import screenshot, sign_in
 
@@ -20,13 +20,14 @@ pytestmark = [
 ]
 
 
-def refund(amount):
-    return ("refund_item", {"order_id": "A-1003", "amount": amount, "reason": "Broken in transit"})
-
-
 def test_a_reviewer_grants_a_standing_approval_then_revokes_it_from_the_run_page(page, desk, users, tmp_path):
     run = start(
-        script(turn(refund(600)), turn(refund(700)), turn(refund(800)), turn(text="Done.")),
+        script(
+            turn(refund_call(600, "A-1003")),
+            turn(refund_call(700, "A-1003")),
+            turn(refund_call(800, "A-1003")),
+            turn(text="Done."),
+        ),
         task="Refund order A-1003 (arrived broken) in parts as the items come back",
         requester=users["requester"],
     )

@@ -15,7 +15,6 @@ from django.core.management.base import CommandError
 from django.db import connection, connections
 
 from approvals.models import ApprovalRequest, AuditEvent
-from approvals.record.audit import install_append_only_triggers
 from ops.keys import census
 from runs.models import Message, Run, ToolCall
 from tests.helpers import finished_demo, run_command
@@ -23,12 +22,10 @@ from tools.models import OutboxEmail
 from tools.sealed import index_match
 from tools.sealing import new_key
 
-pytestmark = pytest.mark.django_db(databases=["default", "world"])
-
-
-@pytest.fixture(autouse=True)
-def triggers():
-    install_append_only_triggers(connection)
+pytestmark = [
+    pytest.mark.django_db(databases=["default", "world"]),
+    pytest.mark.usefixtures("append_only_triggers"),
+]
 
 
 def verified() -> bool:

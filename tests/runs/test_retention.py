@@ -23,6 +23,7 @@ from tests.helpers import (
     finished_demo,
     finished_refund,
     get_html,
+    refund_call,
     run_command,
     script,
     start,
@@ -69,10 +70,6 @@ def outcomes(run: Run) -> list[tuple]:
 
 def digests(run: Run) -> list[str]:
     return list(Step.objects.filter(run=run).order_by("pk").values_list("digest", flat=True))
-
-
-def refund(amount, order="A-1001"):
-    return ("refund_item", {"order_id": order, "amount": amount, "reason": "Partial refund"})
 
 
 def test_a_finished_old_run_is_purged_keeping_its_outcomes_and_it_still_verifies(users):
@@ -138,7 +135,7 @@ def test_a_purged_run_says_so_on_its_page_in_runstatus_and_in_showcheckpoint(use
 
 
 def test_a_purged_run_cannot_be_exported_rolled_back_or_forked(users, plain_refund_desk):
-    run = age(start(script(turn(refund(300)), {"text": "Done."}), requester=users["requester"]), 100)
+    run = age(start(script(turn(refund_call(300)), {"text": "Done."}), requester=users["requester"]), 100)
     run_command("purgeruns", "--older-than", "90d")
     run.refresh_from_db()
     with pytest.raises(ExportRefused, match="cannot be exported: Transcript and tool payloads purged"):
@@ -153,7 +150,9 @@ def test_a_purged_run_cannot_be_exported_rolled_back_or_forked(users, plain_refu
 
 
 def test_unfinished_and_recent_runs_are_left_alone(users, plain_refund_desk):
-    waiting = age(start(script(turn(refund(2000)), {"text": "Done."}), requester=users["requester"]), 100)
+    waiting = age(
+        start(script(turn(refund_call(2000)), {"text": "Done."}), requester=users["requester"]), 100
+    )
     assert waiting.status == Run.Status.WAITING_APPROVAL
     queued = age(run_create(agent_name="refund-desk", task="Refund order A-1002", enqueue=False), 100)
     recent = age(start(script(LOOKUP, {"text": "Done."}), requester=users["requester"]), 30)
@@ -213,13 +212,13 @@ def test_a_parent_keeps_the_messages_a_live_fork_shares(users, plain_refund_desk
 
 @pytest.mark.usefixtures("per_order_over_500")  # a total over ₹500 (tests/conftest.py)
 def test_a_purged_refund_still_counts_in_its_orders_total(users, plain_refund_desk):
-    first = age(start(script(turn(refund(400)), {"text": "Done."}), requester=users["requester"]), 100)
+    first = age(start(script(turn(refund_call(400)), {"text": "Done."}), requester=users["requester"]), 100)
     assert first.status == Run.Status.DONE
     run_command("purgeruns", "--older-than", "90d")
     first.refresh_from_db()
     assert first.purged_at is not None
 
-    second = start(script(turn(refund(200)), {"text": "Done."}), requester=users["requester"])
+    second = start(script(turn(refund_call(200)), {"text": "Done."}), requester=users["requester"])
 
     # 400 + 200 passes the ₹500 per-order total: the purged refund was counted.
     assert second.status == Run.Status.WAITING_APPROVAL

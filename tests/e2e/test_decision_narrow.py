@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from approvals.models import ApprovalRequest
 from tests.helpers import decide_and_advance, pending, start
 
 from .conftest import screenshot, sign_in
@@ -159,3 +160,31 @@ def test_a_poll_answered_before_the_decision_does_not_swallow_its_answer(page, d
     decisions[0].fulfill(response=answer)
     page.get_by_text("refund_item approved with the edited arguments").wait_for(timeout=5_000)
     assert not polls, "a status poll left while the decision was in flight"
+
+
+def test_a_claim_made_while_a_poll_is_in_flight_is_made(page, desk, users):
+    """The Claim button lives in the status region the poll replaces: a claim made while
+    a poll is in flight, whose answer brings a new status region (the desk moved on),
+    is sent at once, not queued behind the poll and lost with the button it came from."""
+    item = pending(start(requester=users["requester"]))
+    sign_in(page, "reviewer")
+    page.goto(f"/desk/approvals/{item.pk}/")
+    held = []
+
+    def poll(url: str) -> bool:
+        return url.endswith(f"/desk/approvals/{item.pk}/?shown=pending")
+
+    page.route(poll, lambda route: held.append(route))
+    for _ in range(100):
+        if held:
+            break
+        page.wait_for_timeout(100)
+    assert held, "no status poll came"
+    page.get_by_role("button", name="Claim").click()
+    start(requester=users["requester"])  # the desk moves on: the poll's answer is a new region
+    page.wait_for_timeout(300)
+    for route in held:
+        route.continue_()
+    page.unroute(poll)
+    page.get_by_text("You are working on this until").wait_for(timeout=5_000)
+    assert ApprovalRequest.objects.get(pk=item.pk).claimed_by == users["reviewer"]

@@ -138,3 +138,68 @@ def test_the_run_list_and_a_run_page_fit_a_400_px_screen(page, refund_declined, 
     page.locator("#step-2").get_by_test_id("undo-menu").locator("summary").click()
     page.get_by_test_id("kind-legend").locator("summary").click()
     assert page.evaluate(PAGE_WIDTH) <= 400
+
+
+def test_a_status_poll_does_not_swallow_the_answer_of_cancel(page, users):
+    """The run page polls its status every 2 s and the Cancel, Hand over and Repin forms
+    live in the region the poll replaces. A poll that left while the cancel was on its
+    way and answered first would replace the form the cancel came from, and the cancel's
+    own answer ("Run N cancelled. It will not resume ...") would have nowhere to
+    land. No poll leaves while one of those forms is in flight."""
+    run = start(requester=users["requester"])
+    assert run.status == Run.Status.WAITING_APPROVAL
+    sign_in(page, "requester")
+    page.goto(f"/runs/{run.pk}/")
+    page.evaluate("window.confirm = () => true")  # the requester means it (the fixture dismisses)
+    cancels, polls = [], []
+    page.route(f"**/runs/{run.pk}/cancel", lambda route: cancels.append(route))
+    page.route(lambda url: f"/runs/{run.pk}/?shown=" in url, lambda route: polls.append(route))
+    page.get_by_role("button", name="Cancel run").click()
+    for _ in range(40):  # the cancel is held; a poll would come within 2 s
+        page.wait_for_timeout(100)
+    assert len(cancels) == 1
+    answer = cancels[0].fetch()  # cancelled on the server; its answer not yet in the page
+    for route in polls:
+        route.continue_()
+    page.wait_for_timeout(500)
+    cancels[0].fulfill(response=answer)
+    expect(page.get_by_role("status")).to_contain_text(
+        f"Run {run.pk} cancelled. It will not resume", timeout=5_000
+    )
+    expect(page.get_by_test_id("run-status")).to_have_text("Cancelled")
+    assert not polls, "a status poll left while the cancel was in flight"
+
+
+def test_a_hand_over_sent_while_a_poll_is_in_flight_is_made_with_its_note(page, users):
+    """The other order: a poll is in flight when the reviewer hands the run over. The
+    hand-over waits for the poll, whose answer replaces the status region; the form (and
+    the note typed in it, across every poll) is kept, so the waiting hand-over is still
+    sent, with its note."""
+    run = start(requester=users["requester"])
+    sign_in(page, "reviewer")
+    page.goto(f"/runs/{run.pk}/")
+    page.evaluate("window.confirm = () => true")
+    page.fill("#hand-over-note", "I will call the customer")
+    page.wait_for_timeout(4_500)  # two polls have replaced the region around it
+    held = []
+
+    def poll(url: str) -> bool:
+        return f"/runs/{run.pk}/?shown=" in url
+
+    page.route(poll, lambda route: held.append(route))
+    for _ in range(40):
+        if held:
+            break
+        page.wait_for_timeout(100)
+    assert held, "no status poll came"
+    page.get_by_role("button", name="Hand over").click()
+    page.wait_for_timeout(300)
+    for route in held:
+        route.continue_()
+    page.unroute(poll)
+    expect(page.get_by_test_id("handed-over")).to_contain_text("Handed over to reviewer", timeout=5_000)
+    expect(page.get_by_role("status")).to_contain_text(
+        f"Run {run.pk} handed over to reviewer: I will call the customer. The agent stops here"
+    )
+    run.refresh_from_db()
+    assert run.status == Run.Status.HANDED_OVER

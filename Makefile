@@ -30,7 +30,7 @@ install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
 # DEBUG is off unless set, and with DEBUG off the desk will not start without
-# SECRET_KEY and ALLOWED_HOSTS (README.md "Configuration"). The local desk runs with
+# SECRET_KEY and ALLOWED_HOSTS (docs/operators.md "Configuration"). The local desk runs with
 # DEBUG on: exported here, so honcho's web, worker and beat processes inherit it, and
 # written to var/local.env, which desk/settings.py reads (the environment wins), so
 # `manage.py` commands on this desk need no `export DEBUG=1`.

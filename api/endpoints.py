@@ -1,7 +1,7 @@
 """The JSON API at /api/v1/: one NinjaAPI, one router per part, errors with stable codes.
 
 Every error answers ``{"error": {"code": "...", "message": "..."}}``; the codes are
-listed in the README ("JSON API") and never change meaning.
+listed in docs/api.md ("The JSON API") and never change meaning.
 """
 
 from __future__ import annotations

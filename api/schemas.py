@@ -42,7 +42,7 @@ class ErrorBody(Schema):
     # Some errors say more (``details`` of an invalid request, the call a session waits on).
     model_config = ConfigDict(extra="allow")
 
-    code: str = Field(description="Stable: what went wrong, for code to act on (README, 'JSON API').")
+    code: str = Field(description="Stable: what went wrong, for code to act on (docs/api.md).")
     message: str = Field(description="What went wrong, for people.")
 
 

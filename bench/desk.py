@@ -324,7 +324,7 @@ def free_port() -> int:
 def serve(port: int) -> subprocess.Popen:
     """gunicorn as production runs it (desk/gunicorn.conf.py: gthread workers, the access
     log, the broker warmed), 2 workers, each thread keeping its database connection as
-    README "Running it for real" recommends (CONN_MAX_AGE=60): a new PostgreSQL connection
+    docs/operators.md "Running it for real" recommends (CONN_MAX_AGE=60): a new PostgreSQL connection
     per request costs the web process ~8 ms of CPU (its password exchange)."""
     env = {
         **os.environ,

@@ -2,7 +2,7 @@
 
     gunicorn desk.wsgi --config desk/gunicorn.conf.py
 
-Read from the environment, like the desk's settings (README.md "Running it for real").
+Read from the environment, like the desk's settings (docs/operators.md "Running it for real").
 
 gthread workers, not sync: the JSON API's long poll (GET /api/v1/calls/{id}?wait=N, up
 to DESK_API_MAX_WAIT_SECONDS) and the MCP gateway's gated calls (DESK_MCP_WAIT_SECONDS)

@@ -124,7 +124,7 @@ if not DEBUG and not TESTING:
         raise ImproperlyConfigured(
             f"DEBUG is off, so Countersign will not start without {' and '.join(missing)}. "
             "In production set SECRET_KEY (50+ random characters) and ALLOWED_HOSTS (the desk's "
-            'host names, comma-separated); see README.md, "Production environment". '
+            'host names, comma-separated); see docs/operators.md, "Production environment". '
             "For a local desk set DEBUG=1 instead (make run does, in var/local.env)."
         )
 
@@ -280,7 +280,7 @@ AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 
 # --- HTTPS -------------------------------------------------------------------
 # Each variable is named as the setting it sets. Off by default, so the local
-# desk works over plain HTTP; README.md "Production environment" turns them on.
+# desk works over plain HTTP; docs/operators.md "Production environment" turns them on.
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT")
 # Health checks and the metrics scrape come from inside the network, over plain HTTP.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
@@ -498,7 +498,7 @@ DESK_GUARD_SLA_MINUTES = env_int("DESK_GUARD_SLA_MINUTES", 30)
 DESK_INTEGRITY_KEY = env_str("DESK_INTEGRITY_KEY").strip() or SECRET_KEY
 # Encryption at rest (tools/sealing.py): "id:key,id:key", the first key seals what is
 # written, every key opens; separate from SECRET_KEY and DESK_INTEGRITY_KEY, and kept
-# out of the database and its backups (README "Backups"). With DEBUG off the desk will
+# out of the database and its backups (docs/operators.md "Backups"). With DEBUG off the desk will
 # not start without it. A local desk (DEBUG) reads var/encryption-keys, which make run
 # writes; tests get a random key (tests/support.py hands it on). "off": clear text, for
 # benchmarks that measure what sealing costs.
@@ -513,7 +513,7 @@ if not DESK_ENCRYPTION_KEYS:
         raise ImproperlyConfigured(
             "DEBUG is off, so Countersign will not start without DESK_ENCRYPTION_KEYS (id:key, "
             "the key 32 random bytes in URL-safe base64: python -m tools.sealing newkey prints one); "
-            'see README.md, "Encryption at rest".'
+            'see docs/operators.md, "Encryption at rest".'
         )
     DESK_ENCRYPTION_KEYS = "off"
 try:

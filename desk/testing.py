@@ -325,7 +325,7 @@ def run_agent(
     max_steps: int | None = None,
 ) -> AgentRun:
     """Start a run of ``agent`` whose model replays ``scenario`` (a dict, or the path of
-    a scenario file: README "The command line"), requested by ``by``, and advance it
+    a scenario file: docs/operators.md "The command line"), requested by ``by``, and advance it
     in this process until it waits for a person or ends."""
     if agent not in agent_names():
         raise LookupError(

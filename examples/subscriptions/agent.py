@@ -1,6 +1,6 @@
 """The subscriptions agent, with the ``tool`` decorator: a read, and a cancellation that
 a rollback compensates. Load it with DESK_AGENTS=subscriptions.agent and the folder
-examples/ on PYTHONPATH (README: "Run your own agent in the desk")."""
+examples/ on PYTHONPATH (docs/agent-authors.md)."""
 
 from __future__ import annotations
 

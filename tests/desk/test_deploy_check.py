@@ -1,4 +1,4 @@
-"""The environment of README.md "Running it for real" passes Django's deployment checks,
+"""The environment of docs/operators.md "Running it for real" passes Django's deployment checks,
 and gives the Celery settings that make a killed worker cost a run no more than a lease
 and a sweep. Each test loads the settings in a fresh process that sees only that
 environment: not pytest, no DESK_TESTING, no DEBUG."""
@@ -35,11 +35,11 @@ print(json.dumps({
 
 
 def running_it_for_real(tmp_path: Path) -> dict[str, str]:
-    """The README's environment block for "Running it for real", fresh secrets for its
+    """The operators' guide's environment block for "Running it for real", fresh secrets for its
     <placeholders>, var/ in a folder of the test's own."""
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "operators.md").read_text()
     block = re.search(r"\n## Running it for real\n.*?\*\*The environment\*\*.*?```sh\n(.*?)```", readme, re.S)
-    assert block, 'README.md has no environment block in "Running it for real"'
+    assert block, 'docs/operators.md has no environment block in "Running it for real"'
     env = dict(line.split("=", 1) for line in block.group(1).splitlines() if line.strip())
     assert "DEBUG" not in env
     for name, value in env.items():

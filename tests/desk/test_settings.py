@@ -22,15 +22,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def production_environment() -> dict[str, str]:
-    """The README's "Production environment" block, a fresh key for its placeholder."""
-    readme = (ROOT / "README.md").read_text()
+    """The operators' guide's "Production environment" block, a fresh key for its placeholder."""
+    readme = (ROOT / "docs" / "operators.md").read_text()
     block = re.search(r"### Production environment\n.*?```sh\n(.*?)```", readme, re.S)
-    assert block, 'README.md has no "Production environment" block'
+    assert block, 'docs/operators.md has no "Production environment" block'
     env = dict(line.split("=", 1) for line in block.group(1).splitlines() if line.strip())
     assert "DEBUG" not in env
-    assert env["SECRET_KEY"].startswith("<"), "the README must not publish a key"
+    assert env["SECRET_KEY"].startswith("<"), "the guide must not publish a key"
     env["SECRET_KEY"] = secrets.token_urlsafe(50)
-    assert env["DESK_ENCRYPTION_KEYS"].startswith("<"), "the README must not publish a key"
+    assert env["DESK_ENCRYPTION_KEYS"].startswith("<"), "the guide must not publish a key"
     env["DESK_ENCRYPTION_KEYS"] = new_key("prod1")
     return env
 

@@ -1,7 +1,7 @@
 """examples/subscriptions: the service deduplicates on its Idempotency-Key and says what
 a key did; the agent's hooks keep the contract the walkthrough relies on (reconcile by
 key, a compensation that looks first); agent.py and agent_plain.py are one agent, and
-the README says their sizes as they are.
+docs/agent-authors.md says their sizes as they are.
 
 The modules are loaded through tools.loading into a registry of this test's own; the
 service runs in a thread of this process on a free port, with its data in tmp_path.
@@ -99,7 +99,7 @@ def test_both_versions_are_one_agent_and_the_readme_says_their_sizes(load):
         assert registry.source_of("agent", "subscriptions") == module
     assert made["subscriptions.agent"] == made["subscriptions.agent_plain"]
     decorated, plain = (lines_of_code(EXAMPLE / f"{name}.py") for name in ("agent", "agent_plain"))
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "agent-authors.md").read_text()
     assert f"({plain} lines to `agent.py`'s {decorated}, blank lines and" in readme
 
 

@@ -122,7 +122,7 @@ def production_environment(tmp_path: Path, port: int) -> dict[str, str]:
 def test_the_production_process_set_serves_the_desk_and_carries_a_demo_run(desk, tmp_path):
     port = free_port()
     env = production_environment(tmp_path, port)
-    # The release steps of README.md "Running it for real", then the demo.
+    # The release steps of docs/operators.md "Running it for real", then the demo.
     desk.manage("migrate", "--noinput", env=env)
     desk.manage("migrate", "--database", "world", "--noinput", env=env)
     desk.manage("collectstatic", "--noinput", env=env)

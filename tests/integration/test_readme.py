@@ -1,9 +1,9 @@
-"""README.md's API session works verbatim on a desk seeded as `make run` seeds it (a
-demo run waiting, a month of history, so no id is 1), after what the README tells a
+"""The API session of docs/api.md works verbatim on a desk seeded as `make run` seeds it (a
+demo run waiting, a month of history, so no id is 1), after what README.md tells a
 newcomer to do before it: approve the demo run's refund and its email (its A-1001 is
 then refunded in full, so a session on A-1001 would trip the per-order total and wait
 for a senior). Its shell blocks marked `<!-- readme-session -->` then run in order in
-one bash against a live web process and a worker, with only the line the README says
+one bash against a live web process and a worker, with only the line the guide says
 to set (`export DESK=...`) pointed at it. Every block exits 0, and the approval the
 session decides is the one it opened, not the demo's."""
 
@@ -28,8 +28,8 @@ DESK_LINE = re.compile(r"^export DESK=\S+", re.M)
 
 
 def session_blocks() -> list[str]:
-    """The marked ```sh blocks of README.md, in order."""
-    readme = (ROOT / "README.md").read_text()
+    """The marked ```sh blocks of docs/api.md, in order."""
+    readme = (ROOT / "docs" / "api.md").read_text()
     blocks = re.findall(re.escape(MARK) + r"\n```(?:sh|bash)\n(.*?)```", readme, re.S)
     assert len(blocks) == readme.count(MARK), "a readme-session mark without a ```sh block right under it"
     return blocks

@@ -1,15 +1,15 @@
-"""README.md's "Run your own agent in the desk" works as written, on a desk seeded as
+"""docs/agent-authors.md (your own agent in the desk) works as written, on a desk seeded as
 `make run` seeds it, with processes like those `make run` starts (the web, beat, and
 one worker on both of its queues), each given the DESK_AGENTS and PYTHONPATH the
-README's `make run` block exports, and nothing of the example in the test's own process.
+guide's `make run` block exports, and nothing of the example in the test's own process.
 
 The shell blocks marked `<!-- readme-agent -->` run in order in one bash, which starts
-without those variables (the README's first block exports them). Only two lines are set
+without those variables (the guide's first block exports them). Only two lines are set
 here: the desk's address (`export DESK=`) and the service's address and data file
 (`export SUBSCRIPTIONS_URL=`); the second test names `subscriptions.agent_plain`
 instead, in the DESK_AGENTS line and for the desk's processes. Between the blocks the
 script echoes markers, and it waits once, while the approval is pending, for the test to
-open the address the README prints as reviewer on the web process.
+open the address the guide prints as reviewer on the web process.
 
 The kill is real: `decide --sync` with DESK_FAILPOINTS exits 137 right after the
 service made the cancellation. The test then reads the desk's database and the service's
@@ -58,11 +58,11 @@ PASSWORD = "correct-horse-battery"  # seeddemo's under test (desk/settings.py)
 
 
 def readme() -> str:
-    return (ROOT / "README.md").read_text()
+    return (ROOT / "docs" / "agent-authors.md").read_text()
 
 
 def walkthrough_blocks() -> list[str]:
-    """The marked ```sh blocks of README.md, in order."""
+    """The marked ```sh blocks of docs/agent-authors.md, in order."""
     text = readme()
     blocks = re.findall(re.escape(MARK) + r"\n```sh\n(.*?)```", text, re.S)
     assert len(blocks) == text.count(MARK), "a readme-agent mark without a ```sh block right under it"
@@ -137,7 +137,7 @@ def walk(desk, tmp_path: Path, *, module: str) -> None:
         block = AGENTS_LINE.sub(lambda line: line[0].replace("subscriptions.agent", module), block)
         script += [block, f'echo "::block {number} done::"']
         if "APPROVAL=" in block:
-            # The approval waits: the test opens the address the README printed, then goes on.
+            # The approval waits: the test opens the address the guide printed, then goes on.
             script += ['echo "::pending $RUN $APPROVAL::"', f"while [ ! -e {go} ]; do sleep 0.1; done"]
     out, err = tmp_path / "walkthrough.out", tmp_path / "walkthrough.err"
     with out.open("w") as stdout, err.open("w") as stderr:

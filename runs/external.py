@@ -45,9 +45,8 @@ from tools.registry import find_tool, get_agent, input_hash
 
 from .engine import Outcome, lease_claim, new_lease_owner, run_advance
 from .llm import CallerTurns, Reply
-from .models import RESOLVED_CALL_STATUSES, CallStatus, Message, Run, RunStatus, ToolCall
-from .signals import run_transitioned
-from .transitions import TransitionConflict, run_transition
+from .models import RESOLVED_CALL_STATUSES, CallStatus, Run, RunStatus, ToolCall
+from .transitions import TransitionConflict, run_begin, run_transition
 
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,80}$")
 SESSION_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,100}$")
@@ -125,7 +124,9 @@ def external_session_open(*, user, agent_name: str, session: str, kind: str = Ru
     )
     try:
         with transaction.atomic():
-            run = Run.objects.create(
+            run = run_begin(
+                actor=user,
+                reason="session opened",
                 agent=agent.name,
                 agent_version=agent.version,
                 kind=kind,
@@ -136,12 +137,6 @@ def external_session_open(*, user, agent_name: str, session: str, kind: str = Ru
                 message_count=1,
                 max_steps=2**31 - 1,
                 stage=agent.first_stage,
-            )
-            Message.objects.create(
-                run=run, seq=0, role=Message.Role.USER, content=[{"type": "text", "text": task}]
-            )
-            run_transitioned.send(
-                Run, run_id=run.pk, old="", new=RunStatus.RUNNING, actor=user, reason="session opened"
             )
     except IntegrityError:
         # Two first calls of one session at once: the other one opened it.

@@ -28,7 +28,7 @@ from .gate import get_gate
 from .models import CallStatus, Message, Run, RunStatus, Step, ToolCall
 from .services import run_enqueue
 from .signals import ROLLED_BACK_TO_STEP, run_transitioned
-from .transitions import TransitionConflict, call_transition, run_transition
+from .transitions import TransitionConflict, call_transition, run_begin, run_transition
 
 log = logging.getLogger(__name__)
 PERMISSION = "runs.rollback_run"
@@ -602,7 +602,10 @@ def run_fork(*, run: Run, step: int, by=None, enqueue: bool = True) -> Run:
     if checkpoint is None:
         raise SagaError(f"Run {run.pk} has no checkpoint for step {step}.")
     with transaction.atomic():
-        fork = Run.objects.create(
+        fork = run_begin(
+            actor=by,
+            reason=f"forked from run {run.pk} at step {step}",
+            task_message=False,  # it shares its parent's transcript to the step
             agent=run.agent,
             agent_version=run.agent_version,
             task=run.task,
@@ -621,14 +624,6 @@ def run_fork(*, run: Run, step: int, by=None, enqueue: bool = True) -> Run:
             shared_messages=checkpoint.message_count,
             step=step,
             message_count=checkpoint.message_count,
-        )
-        run_transitioned.send(
-            Run,
-            run_id=fork.pk,
-            old="",
-            new=RunStatus.QUEUED,
-            actor=by,
-            reason=f"forked from run {run.pk} at step {step}",
         )
         if enqueue:
             run_enqueue(fork.pk)

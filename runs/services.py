@@ -24,9 +24,9 @@ from tools.loading import not_loaded_here
 from tools.registry import Budget, get_agent, idempotency_key, input_hash
 
 from .llm import validate_scenario
-from .models import MAX_TASK_CHARS, Message, Run, RunStatus, ToolCall
+from .models import MAX_TASK_CHARS, Run, RunStatus, ToolCall
 from .signals import run_transitioned
-from .transitions import IllegalTransition, TransitionConflict, call_transition, run_transition
+from .transitions import IllegalTransition, TransitionConflict, call_transition, run_begin, run_transition
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,9 @@ def run_create(
     if refusal := llm_refusal(agent, llm=kind, script=script):
         raise refusal
     with transaction.atomic():
-        run = Run.objects.create(
+        run = run_begin(
+            actor=requester,
+            reason="created",
             agent=agent.name,
             agent_version=agent.version,
             model=model_id(kind, agent),
@@ -162,12 +164,6 @@ def run_create(
             dry_run=dry_run,
             stage=agent.first_stage,
             message_count=1,
-        )
-        Message.objects.create(
-            run=run, seq=0, role=Message.Role.USER, content=[{"type": "text", "text": task}]
-        )
-        run_transitioned.send(
-            Run, run_id=run.pk, old="", new=RunStatus.QUEUED, actor=requester, reason="created"
         )
         if enqueue:
             run_enqueue(run.pk)

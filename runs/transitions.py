@@ -2,8 +2,10 @@
 table of allowed moves (``RUN_TRANSITIONS``, ``CALL_TRANSITIONS``) and one function
 (``run_transition``, ``call_transition``) that makes the move as a conditional UPDATE
 filtered on the status that was loaded, its row count checked: a process that lost
-a race finds out (``TransitionConflict``) instead of overwriting.
-``tests/runs/test_transitions.py`` fails on any other writer of a status.
+a race finds out (``TransitionConflict``) instead of overwriting. A run begins in one
+place too, ``run_begin``, whatever begins it (the web, the API and the CLI through
+``services.run_create``, an external session, a fork).
+``tests/runs/test_transitions.py`` fails on any other writer of a status or creator of a run.
 """
 
 from __future__ import annotations
@@ -14,8 +16,26 @@ from django.utils import timezone
 from tools.sealed import derived_updates, for_row
 
 from .gate import get_gate
-from .models import FINISHED_RUN_STATUSES, Run, RunStatus, ToolCall
+from .models import FINISHED_RUN_STATUSES, Message, Run, RunStatus, ToolCall
 from .signals import run_transitioned, tool_call_transitioned
+
+
+def run_begin(*, actor, reason: str, task_message: bool = True, **fields) -> Run:
+    """The one way a run comes to be: its row (``fields``; queued unless ``status``
+    says it starts running), its first message, the task as the user's turn (unless
+    ``task_message`` is False: a fork shares its parent's), and its "run.created" audit
+    row naming ``actor`` and ``reason``, all in the caller's transaction. Queueing it
+    for a worker is the caller's (``services.run_enqueue``), after this."""
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("run_begin runs inside the transaction that begins the run")
+    run = Run.objects.create(**fields)
+    if task_message:
+        Message.objects.create(
+            run=run, seq=0, role=Message.Role.USER, content=[{"type": "text", "text": run.task}]
+        )
+    run_transitioned.send(Run, run_id=run.pk, old="", new=run.status, actor=actor, reason=reason)
+    return run
+
 
 # source -> allowed targets; anything else raises IllegalTransition.
 RUN_TRANSITIONS: dict[str, frozenset[str]] = {

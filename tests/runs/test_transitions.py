@@ -110,6 +110,87 @@ def test_the_scan_would_catch_a_status_written_behind_the_transition_functions(t
     assert len(calls) == 4
 
 
+def _creates_a_run(call: ast.Call) -> bool:
+    """``Run(...)``, or ``Run.objects.create / get_or_create / bulk_create (...)``."""
+    func = call.func
+    if isinstance(func, ast.Name):
+        return func.id == "Run"
+    return (
+        isinstance(func, ast.Attribute)
+        and func.attr in {"create", "get_or_create", "update_or_create", "bulk_create"}
+        and isinstance(func.value, ast.Attribute)
+        and func.value.attr == "objects"
+        and isinstance(func.value.value, ast.Name)
+        and func.value.value.id == "Run"
+    )
+
+
+# Rows that are a record, not a run beginning, and why.
+RECORDED_ROWS = {
+    # A month of finished history for the analytics page, written as rows (no engine,
+    # no email, no audit: its docstring says so).
+    "ops/management/commands/seedhistory.py",
+}
+
+
+def runs_created_outside_run_begin() -> list[str]:
+    found = []
+    for folder in ("runs", "approvals", "api", "ops", "tools", "desk"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if "migrations" in path.parts or str(path.relative_to(ROOT)) in RECORDED_ROWS:
+                continue
+            for function in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if not isinstance(function, ast.FunctionDef) or function.name == "run_begin":
+                    continue
+                for node in ast.walk(function):
+                    if isinstance(node, ast.Call) and _creates_a_run(node):
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno} in {function.name}()")
+    return found
+
+
+def test_a_run_begins_in_run_begin_and_nowhere_else():
+    """Whatever begins a run (the web, the API, the CLI, an external session, a fork)
+    goes through ``run_begin``, which writes its first message and its audit row: a
+    new way to begin a run cannot forget either. (An import restores a recorded run
+    with the audit events it came with, through the models' base managers.)"""
+    assert runs_created_outside_run_begin() == []
+    sneaky = ast.parse("def sneaky():\n    Run.objects.create(task='x')\n    Run(task='y').save()\n")
+    assert sum(isinstance(n, ast.Call) and _creates_a_run(n) for n in ast.walk(sneaky)) == 2
+
+
+def test_every_way_a_run_begins_leaves_one_created_event_naming_who_and_why(users):
+    from runs.external import external_session_open
+    from runs.saga import run_fork
+
+    parent = start(script(turn(ORDER), turn(text="Done.")), requester=users["requester"])
+    session = external_session_open(user=users["reviewer"], agent_name="refund-desk", session="T-9")
+    fork = run_fork(run=parent, step=1, by=users["admin"], enqueue=False)
+    for run, actor, reason, first in (
+        (parent, "requester", "created", "Refund order A-1001"),
+        (session, "reviewer", "session opened", "External agent refund-desk, session T-9"),
+        (fork, "admin", f"forked from run {parent.pk} at step 1", None),
+    ):
+        created = AuditEvent.objects.filter(run_id=run.pk, action="run.created")
+        assert created.count() == 1, run
+        event = created.get()
+        assert event.actor.username == actor and event.detail.startswith(reason), (run, event.detail)
+        messages = list(run.messages.order_by("seq"))
+        if first is None:  # a fork's transcript is its parent's, shared, until it runs
+            assert messages == [] and run.shared_messages > 0
+        else:
+            assert messages[0].seq == 0 and messages[0].role == "user"
+            assert messages[0].content[0]["text"].startswith(first)
+
+
+@pytest.mark.django_db(databases=["default", "world"], transaction=True)
+def test_a_run_is_not_begun_outside_a_transaction():
+    from runs.transitions import run_begin
+
+    with pytest.raises(RuntimeError, match="inside the transaction"):
+        run_begin(actor=None, reason="created", agent="refund-desk", agent_version="x", task="t")
+    assert not Run.objects.exists()
+
+
 def _refund_waiting(users) -> Run:
     return start(script(turn(REFUND), turn(text="Done.")), requester=users["requester"])
 

@@ -78,20 +78,25 @@ def _writes_status(call: ast.Call) -> bool:
     return False
 
 
-def status_writes_outside_transitions() -> list[str]:
+def calls_outside(allowed: set[str], matches, *, skip: frozenset[str] = frozenset()) -> list[str]:
+    """Where a call ``matches`` (an ``ast.Call`` predicate) in a function not named in
+    ``allowed``, across the project's code (migrations and the files in ``skip`` aside)."""
     found = []
-    for folder in ("runs", "approvals", "api", "tools", "desk"):
+    for folder in ("runs", "approvals", "api", "ops", "tools", "desk"):
         for path in sorted((ROOT / folder).rglob("*.py")):
-            if "migrations" in path.parts:
+            if "migrations" in path.parts or str(path.relative_to(ROOT)) in skip:
                 continue
-            tree = ast.parse(path.read_text(), filename=str(path))
-            for function in ast.walk(tree):
-                if not isinstance(function, ast.FunctionDef) or function.name in TRANSITION_FUNCTIONS:
+            for function in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if not isinstance(function, ast.FunctionDef) or function.name in allowed:
                     continue
                 for node in ast.walk(function):
-                    if isinstance(node, ast.Call) and _writes_status(node):
+                    if isinstance(node, ast.Call) and matches(node):
                         found.append(f"{path.relative_to(ROOT)}:{node.lineno} in {function.name}()")
     return found
+
+
+def status_writes_outside_transitions() -> list[str]:
+    return calls_outside(TRANSITION_FUNCTIONS, _writes_status)
 
 
 def test_no_code_but_the_transition_functions_writes_a_status_column():
@@ -134,18 +139,7 @@ RECORDED_ROWS = {
 
 
 def runs_created_outside_run_begin() -> list[str]:
-    found = []
-    for folder in ("runs", "approvals", "api", "ops", "tools", "desk"):
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            if "migrations" in path.parts or str(path.relative_to(ROOT)) in RECORDED_ROWS:
-                continue
-            for function in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-                if not isinstance(function, ast.FunctionDef) or function.name == "run_begin":
-                    continue
-                for node in ast.walk(function):
-                    if isinstance(node, ast.Call) and _creates_a_run(node):
-                        found.append(f"{path.relative_to(ROOT)}:{node.lineno} in {function.name}()")
-    return found
+    return calls_outside({"run_begin"}, _creates_a_run, skip=frozenset(RECORDED_ROWS))
 
 
 def test_a_run_begins_in_run_begin_and_nowhere_else():

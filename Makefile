@@ -55,7 +55,7 @@ $(LOCAL_ENV):
 LOCAL_KEYS := var/encryption-keys
 $(LOCAL_KEYS): | $(VENV)/.installed
 	@mkdir -p $(@D)
-	@umask 077 && $(BIN)/python -m tools.sealing newkey local1 > $@.tmp && mv $@.tmp $@
+	@umask 077 && $(BIN)/python -m core.sealing newkey local1 > $@.tmp && mv $@.tmp $@
 
 # The address this desk answers on (DESK_BASE_URL, for the links in emails and the
 # header of an export), rewritten in var/local.env on every `make run`: after

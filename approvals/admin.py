@@ -16,7 +16,6 @@ from django.utils.html import format_html, format_html_join
 from approvals.models import (
     ApprovalRequest,
     ApprovalVote,
-    AuditEvent,
     GateRule,
     Notification,
     RuleEffect,
@@ -30,9 +29,10 @@ from approvals.policy.agents import rule_tools
 from approvals.policy.overlap import name_contradiction, number_refusal, plain_threshold, rule_overlap
 from approvals.record.audit import rule_record
 from approvals.tuning import change_effect
+from core.models import AuditEvent
+from core.money import rupees
 from runs.admin import ReadOnlyAdmin
 from runs.reasons import money_reason
-from tools.money import rupees
 
 # The figures the change form showed (``ChangeEffect.figures``), posted with the save.
 SHOWN_FIELD = "shown_effect"

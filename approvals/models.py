@@ -1,6 +1,7 @@
-"""The app's models: rules, approvals, proposals, votes, standing approvals, the audit trail, and their
-enums; notify's models are defined in ``approvals.notify.models`` and registered here. Imports only
-the ground pieces (``record.chain``, ``notify.models``), runs and tools."""
+"""The app's models: rules, approvals, proposals, votes, standing approvals, and their enums;
+notify's models are defined in ``approvals.notify.models`` and the record's (``AuditEvent``,
+``AuditChain``) in ``core.models``, both registered here. Imports only ``notify.models``,
+the ground floor (``core``), runs and tools."""
 
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ from decimal import Decimal, InvalidOperation
 from django.conf import settings
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, models, router, transaction
+from django.db import models
 from django.db.models import Q
 from django.db.models.signals import m2m_changed
 from django.dispatch import receiver
-from django.utils import timezone
 
 # The notify room's models, defined in its own module and registered here, under
 # this app's label (Django imports only approvals.models).
@@ -28,15 +28,16 @@ from approvals.notify.models import (  # noqa: F401
     WebhookEndpoint,
     webhook_secret,
 )
-from approvals.record.chain import event_content, event_hash, event_subject, head_locked, head_move_sql
+
+# The record's models live on the ground floor (every room writes the record) under
+# this app's label: imported here so Django registers them with it.
+from core.models import AuditChain, AuditEvent  # noqa: F401
+from core.sealed import SealedJSONField, SealedRow, SealedTextField, SearchIndexField
 from runs.gate import GUARD_ACTIONS
 from runs.models import ApprovalStatus, Effect, GuardKind, Run, ToolCall
-from runs.rawsql import insert_object
 from runs.reasons import window_text
 from tools.loading import agents_loaded_here
-from tools.locks import lock_scope
 from tools.registry import find_tool
-from tools.sealed import SealedJSONField, SealedRow, SealedTextField, SearchIndexField
 
 # Choices used by database constraints are module-level: a model's Meta cannot see
 # the classes nested in its model. Each model names its own as before
@@ -303,11 +304,6 @@ def finite_number(value) -> Decimal | None:
     return number if number.is_finite() else None
 
 
-def plain_number(number: Decimal) -> str:
-    """2450, 2940.5: no exponent, no trailing zeros."""
-    return format(number.normalize(), "f")
-
-
 def as_comparable(value):
     """A rule's value or a call's fact as it is compared: a finite number as a
     Decimal, anything else as text."""
@@ -483,7 +479,7 @@ class Proposal(SealedRow):
     approval = models.ForeignKey(ApprovalRequest, on_delete=models.CASCADE, related_name="proposals")
     number = models.PositiveSmallIntegerField()
     input = SealedJSONField()
-    search = SearchIndexField(sources=("input",))  # its words, keyed (tools.sealing)
+    search = SearchIndexField(sources=("input",))  # its words, keyed (core.sealing)
     input_hash = models.CharField(max_length=64)
     # None: the model asked for it.
     proposed_by = models.ForeignKey(
@@ -582,108 +578,6 @@ class StandingApproval(models.Model):
     def label(self) -> str:
         """How an allowed call names it (``ToolCall.verdict_rule``)."""
         return f"standing approval #{self.pk}"
-
-
-class AuditQuerySet(models.QuerySet):
-    """Audit rows are written one at a time (each links to the one before) and never
-    changed: bulk writes are refused here, and UPDATE/DELETE by the database."""
-
-    def update(self, **kwargs):
-        raise ValueError("audit events are append-only")
-
-    def delete(self):
-        raise ValueError("audit events are append-only")
-
-    def bulk_create(self, *args, **kwargs):
-        raise ValueError("audit events are chained: create them one at a time")
-
-    def bulk_update(self, *args, **kwargs):
-        raise ValueError("audit events are append-only")
-
-
-class AuditEvent(SealedRow):
-    """Append-only, hash-chained record of every transition and decision.
-
-    Events form one chain per subject (``run:12``, ``rule:3``, ``desk``): each row
-    stores its place in the chain (``seq``), its predecessor's hash and the SHA-256
-    of that hash and its own canonical content (``approvals.record.audit``). Chains per
-    subject, so unrelated writes never wait on each other; ``AuditChain`` keeps each
-    chain's head, so a deleted last row is noticed too.
-    """
-
-    created_at = models.DateTimeField(default=timezone.now)
-    actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
-    )
-    action = models.CharField(max_length=50)
-    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.PROTECT, related_name="audit")
-    tool_call = models.ForeignKey(ToolCall, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    approval = models.ForeignKey(
-        ApprovalRequest, null=True, blank=True, on_delete=models.PROTECT, related_name="audit"
-    )
-    before = models.CharField(max_length=30, blank=True)
-    after = models.CharField(max_length=30, blank=True)
-    detail = SealedTextField(blank=True)
-    subject = models.CharField(max_length=40, default="desk")
-    seq = models.PositiveIntegerField(default=0)
-    prev_hash = models.CharField(max_length=64, blank=True)
-    hash = models.CharField(max_length=64, blank=True)
-
-    objects = AuditQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["id"]
-        constraints = [
-            # A fork in a chain is impossible, whatever a bug or a race tries.
-            models.UniqueConstraint(fields=["subject", "seq"], name="auditevent_chain_seq_unique"),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.action} {self.before}->{self.after}"
-
-    def save(self, *args, using=None, **kwargs):
-        if self.pk is not None:
-            raise ValueError("audit events are append-only")
-        self._append(using=using or router.db_for_write(type(self)))
-
-    def _append(self, *, using: str) -> None:
-        """Append this event to its subject's chain: the chain's head locked (so it never
-        forks), the event hashed over its content and the head before it."""
-        self.subject, table = event_subject(self), AuditChain._meta.db_table
-        with transaction.atomic(using=using, savepoint=False):
-            head = head_locked(using, table, self.subject)
-            if head is None:
-                # A chain's first event has no row to lock yet (PostgreSQL): a lock on
-                # its name instead, taken only then (one round trip less per event).
-                lock_scope(f"audit:{self.subject}")
-                head = head_locked(using, table, self.subject)
-            if head is None:
-                try:
-                    with transaction.atomic(using=using):
-                        AuditChain.objects.using(using).create(subject=self.subject, seq=0, head="")
-                    head = (0, "")
-                except IntegrityError:
-                    head = head_locked(using, table, self.subject)
-            seq, self.prev_hash = head
-            self.seq, self.created_at = seq + 1, timezone.now()
-            self.hash = event_hash(self.prev_hash, event_content(self))
-            # As save() would, without compiling it; the head moved on with it.
-            move = head_move_sql(using, table, self.subject, seq=seq, new_seq=self.seq, new_head=self.hash)
-            insert_object(self, using=using, then=move)
-
-
-class AuditChain(models.Model):
-    """The head of one subject's audit chain: its last ``seq`` and hash. Locked while
-    an event is appended (so a chain never forks), and moved on by exactly one each
-    time (the database refuses anything else), so deleting the newest events of a
-    chain leaves a head that points past them."""
-
-    subject = models.CharField(max_length=40, primary_key=True)
-    seq = models.PositiveIntegerField(default=0)
-    head = models.CharField(max_length=64, blank=True)
-
-    def __str__(self) -> str:
-        return f"{self.subject} #{self.seq}"
 
 
 @receiver(m2m_changed, sender=ApprovalRequest.required_groups.through)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Whether runs/rawsql.py earns its place: a reads-only step's writes, raw SQL against the ORM.
+"""Whether core/rawsql.py earns its place: a reads-only step's writes, raw SQL against the ORM.
 
 Run from the project root:  .venv/bin/python bench/rawsql.py [--steps 2000] [--rounds 5]
 
@@ -9,7 +9,7 @@ tool_result message, the call and the Step checkpoint. This script writes exactl
 those rows for N steps of one run, in one process on fresh SQLite files (the
 project's durable settings, DEBUG off), two ways:
 
-- ``raw``: ``runs.rawsql.insert_rows`` (the messages, the checkpoint), ``insert_objects``
+- ``raw``: ``core.rawsql.insert_rows`` (the messages, the checkpoint), ``insert_objects``
   (the call) and ``update_rows``, as the engine does;
 - ``orm``: ``Model.objects.bulk_create`` and ``QuerySet.update`` for the same rows.
 
@@ -47,8 +47,8 @@ def one_round(run, start: int, n: int, *, raw: bool) -> float:
     from django.db import transaction
     from django.utils import timezone
 
+    from core.rawsql import insert_objects, insert_rows, update_rows
     from runs.models import Message, Run, Step, ToolCall
-    from runs.rawsql import insert_objects, insert_rows, update_rows
 
     t0 = time.perf_counter()
     for step in range(start, start + n):
@@ -134,7 +134,7 @@ def main() -> None:
         "(lease renewal, 2 messages, 1 call, 1 checkpoint), median of the rounds"
     )
     print(
-        f"  raw (runs.rawsql)     {raw:8.1f} µs/step   rounds: "
+        f"  raw (core.rawsql)     {raw:8.1f} µs/step   rounds: "
         + ", ".join(f"{t * 1e6:.0f}" for t in times["raw"])
     )
     print(

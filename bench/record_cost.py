@@ -73,7 +73,8 @@ def worker(root: Path, kind: str, n: int, out: Path) -> None:
         from approvals.decisions.services import approval_decide
     except ImportError:  # --against a checkout from before approvals had its rooms
         from approvals.services import Decision, approval_decide
-    from approvals.models import ApprovalRequest, AuditEvent
+    from approvals.models import ApprovalRequest
+    from core.models import AuditEvent
     from runs.engine import run_advance_until_settled
     from runs.services import run_create
     from tools import registry

@@ -63,7 +63,7 @@ def one_run(n: int, ring: str) -> tuple[float, float]:
 
 
 def per_value(number: int) -> dict[str, float]:
-    from tools.sealing import parse_ring, seal, unseal
+    from core.sealing import parse_ring, seal, unseal
 
     keyring = parse_ring(BENCH_RING)
     text = '[{"type": "text", "text": "' + FILLER[:400] + '"}]'

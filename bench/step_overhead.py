@@ -546,7 +546,7 @@ def cprofile_summary(profiler, steps: int, path: Path) -> dict:
         ("runs/engine/loop.py", "_close_reads_only"),
         ("runs/engine/proposals.py", "_propose"),
         ("runs/engine/loop.py", "_renew_lease"),
-        ("runs/rawsql.py", "insert_objects"),
+        ("core/rawsql.py", "insert_objects"),
         ("runs/llm.py", "reply"),
         ("runs/llm.py", "_estimate_tokens"),
         ("tools/registry.py", "validation_errors"),

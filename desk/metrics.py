@@ -39,7 +39,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from approvals.models import ApprovalRequest, AuditEvent, Notification, WebhookDelivery
+from approvals.models import ApprovalRequest, Notification, WebhookDelivery
+from core.models import AuditEvent
 from runs.models import Run, RunStatus, Step
 from runs.outcome import NOT_DONE, not_done_counts_of_finished_runs
 from runs.signals import ROLLED_BACK_TO_STEP

@@ -29,7 +29,7 @@ from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
-from tools.sealing import KeyRingError, new_key, parse_ring
+from core.sealing import KeyRingError, new_key, parse_ring
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("DESK_VAR_DIR", BASE_DIR / "var"))
@@ -496,7 +496,7 @@ DESK_GUARD_SLA_MINUTES = env_int("DESK_GUARD_SLA_MINUTES", 30)
 # someone who can write to the database cannot recompute them after changing a row.
 # Kept outside the database, and stable: with another key every record fails verify.
 DESK_INTEGRITY_KEY = env_str("DESK_INTEGRITY_KEY").strip() or SECRET_KEY
-# Encryption at rest (tools/sealing.py): "id:key,id:key", the first key seals what is
+# Encryption at rest (core/sealing.py): "id:key,id:key", the first key seals what is
 # written, every key opens; separate from SECRET_KEY and DESK_INTEGRITY_KEY, and kept
 # out of the database and its backups (docs/operators.md "Backups"). With DEBUG off the desk will
 # not start without it. A local desk (DEBUG) reads var/encryption-keys, which make run
@@ -512,7 +512,7 @@ if not DESK_ENCRYPTION_KEYS:
     if not DEBUG:
         raise ImproperlyConfigured(
             "DEBUG is off, so Countersign will not start without DESK_ENCRYPTION_KEYS (id:key, "
-            "the key 32 random bytes in URL-safe base64: python -m tools.sealing newkey prints one); "
+            "the key 32 random bytes in URL-safe base64: python -m core.sealing newkey prints one); "
             'see docs/operators.md, "Encryption at rest".'
         )
     DESK_ENCRYPTION_KEYS = "off"
@@ -603,7 +603,7 @@ ANTHROPIC_MODEL = env_str("ANTHROPIC_MODEL", "claude-sonnet-4-6")
 # The desk's loggers print through the root's handler, once: a Celery worker replaces
 # the root's handlers with its own (a handler on each logger as well printed every line
 # twice in the worker).
-# LOG_FORMAT=json: one JSON object per line (desk.logs.JsonFormatter), with the run,
+# LOG_FORMAT=json: one JSON object per line (core.logs.JsonFormatter), with the run,
 # step and call a line is about.
 LOG_FORMAT = env_str("LOG_FORMAT", "text").strip().lower()
 if LOG_FORMAT not in ("text", "json"):
@@ -611,7 +611,7 @@ if LOG_FORMAT not in ("text", "json"):
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"json": {"()": "desk.logs.JsonFormatter"}},
+    "formatters": {"json": {"()": "core.logs.JsonFormatter"}},
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",

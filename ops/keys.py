@@ -26,9 +26,9 @@ from django.db.models.functions import Cast, Substr
 from approvals.models import ApprovalRequest
 from approvals.record.queue_index import queue_index_write
 from approvals.record.verify import raw_column, sealed_models, stored_values
+from core.sealed import BLANK_JSON, ROW_FIELD, ForRow, SealedJSONField, SearchIndexField, index_of, row_field
+from core.sealing import ROW_PREFIX, KeyRing, Locked, key_id_of, ring
 from runs.failpoints import failpoint, pausepoint
-from tools.sealed import BLANK_JSON, ROW_FIELD, ForRow, SealedJSONField, SearchIndexField, index_of, row_field
-from tools.sealing import ROW_PREFIX, KeyRing, Locked, key_id_of, ring
 
 CLEAR = "clear"
 

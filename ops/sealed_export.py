@@ -17,7 +17,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.core.management.base import CommandError
 
-from tools.sealing import NONCE_BYTES, KeyRingError, parse_ring
+from core.sealing import NONCE_BYTES, KeyRingError, parse_ring
 
 MAGIC = "countersign-export-sealed v1 "
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from tools.sealed import index_match
+from core.sealed import index_match
 
 from .models import Run, Step, ToolCall
 

@@ -72,7 +72,7 @@ def tool_result_block(call: ToolCall) -> dict:
                 for key in sorted(set(before) | set(after))
                 if before.get(key) != after.get(key)
             )
-        else:  # arguments that cannot be read (a tools.sealing.Locked text says why)
+        else:  # arguments that cannot be read (a core.sealing.Locked text says why)
             changes = str(after if not isinstance(after, dict) else before)
         text = (
             f"A reviewer edited the arguments before this ran ({changes}). It ran once, with "

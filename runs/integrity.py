@@ -13,16 +13,12 @@ matches: a message, a tool result, arguments changed after the fact.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import json
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from django.conf import settings
-
-from tools.registry import canonical_json
+from core.hashing import canonical_json, keyed_hash
 
 from .history import tool_result_block, transcript_messages
 from .models import Message, Run, Step, ToolCall
@@ -40,13 +36,6 @@ class Finding:
 
     def as_dict(self) -> dict:
         return {"where": self.where, "problem": self.problem}
-
-
-def keyed_hash(text: str) -> str:
-    """HMAC-SHA-256 under ``DESK_INTEGRITY_KEY``: a plain hash could be recomputed by
-    anyone who can change the rows; this one needs a key the database does not hold."""
-    key = settings.DESK_INTEGRITY_KEY.encode()
-    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 
 
 def genesis(run_id: int) -> str:

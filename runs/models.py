@@ -4,7 +4,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from tools.sealed import (
+from core.sealed import (
     DerivedField,
     FactsField,
     SealedJSONField,
@@ -13,7 +13,7 @@ from tools.sealed import (
     SealedTextField,
     SearchIndexField,
 )
-from tools.sealing import Locked
+from core.sealing import Locked
 
 
 # Module-level so the models' CHECK constraints can name them (a Meta cannot see
@@ -119,7 +119,7 @@ class Run(SealedRow):
     # Hash of the system prompt and tool schemas the run started with.
     agent_version = models.CharField(max_length=16)
     task = SealedTextField()
-    # The task's words as keyed digests (tools.sealing): what the desk's search reads.
+    # The task's words as keyed digests (core.sealing): what the desk's search reads.
     search = SearchIndexField(sources=("task",))
     kind = models.CharField(max_length=20, choices=RunKind.choices, default=RunKind.AGENT)
     # External and gateway runs: the caller's name for its session (one run each).

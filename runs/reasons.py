@@ -1,5 +1,5 @@
 """A gate's reason in words, one way everywhere (the page, the timeline, emails and
-their subjects, runstatus): every money figure as rupees (``tools.money.rupees``),
+their subjects, runstatus): every money figure as rupees (``core.money.rupees``),
 counts as plain numbers.
 
 The gate writes its reasons this way when it decides (``approvals.policy.rules``
@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection
 
-from tools.money import rupees
+from core.money import rupees
 
 
 def is_amount(name) -> bool:

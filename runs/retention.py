@@ -38,8 +38,8 @@ from django.db import transaction
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
-from tools.sealed import index_of
-from tools.sealing import clear_facts
+from core.sealed import index_of
+from core.sealing import clear_facts
 
 from .integrity import checkpoint_seal, verify_steps
 from .models import FINISHED_RUN_STATUSES, Message, Run, ToolCall

@@ -13,9 +13,9 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
-from tools.money import rupees
+from core.money import rupees
+from core.sealed import index_match
 from tools.registry import AgentSpec, Budget, all_agents, arguments_in_order, find_tool
-from tools.sealed import index_match
 
 from .history import transcript_messages
 from .integrity import retention_note

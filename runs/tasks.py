@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from desk.logs import log_context
+from core.logs import log_context
 
 from .engine import Outcome, run_advance
 from .external import external_sessions_close_idle

@@ -13,7 +13,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from tools.sealed import derived_updates, for_row
+from core.sealed import derived_updates, for_row
 
 from .gate import get_gate
 from .models import FINISHED_RUN_STATUSES, Message, Run, RunStatus, ToolCall

@@ -34,7 +34,7 @@ def append_only_triggers():
     flushed the database before this one dropped them (tests/support.py)."""
     from django.db import connection
 
-    from approvals.record.audit import install_append_only_triggers
+    from core.triggers import install_append_only_triggers
 
     install_append_only_triggers(connection)
 

@@ -117,7 +117,7 @@ class Desk:
         that need the triggers install them again)."""
         for worker in self.workers:
             worker.stop()
-        from approvals.record.audit import drop_append_only_triggers
+        from core.triggers import drop_append_only_triggers
 
         connection = connections["default"]
         if connection.vendor == "sqlite":

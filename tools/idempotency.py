@@ -4,27 +4,9 @@ tools.registry, their public home): one derivation for every key."""
 from __future__ import annotations
 
 import hashlib
-import json
-from decimal import Decimal
 from typing import Any
 
-
-def _canonical(value: Any) -> Any:
-    # 2900, 2900.0 and Decimal("2900.00") are the same amount: one key.
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return value
-    if isinstance(value, (int, float, Decimal)):
-        number = Decimal(str(value)).normalize()
-        return int(number) if number == number.to_integral_value() else str(number)
-    if isinstance(value, dict):
-        return {str(k): _canonical(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
-    return str(value)
-
-
-def canonical_json(value: Any) -> str:
-    return json.dumps(_canonical(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+from core.hashing import canonical_json as canonical_json
 
 
 def input_hash(value: Any) -> str:

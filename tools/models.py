@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from tools.sealed import SealedJSONField, SealedQuerySet, SealedRow, SealedTextField
+from core.sealed import SealedJSONField, SealedQuerySet, SealedRow, SealedTextField
 
 
 class KeyedQuerySet(SealedQuerySet):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 
+from core.money import rupees
 from runs.reasons import is_amount
-from tools.money import rupees
 
 
 def arg_text(value) -> str:

@@ -33,8 +33,8 @@ from approvals.decisions.selectors import approvals_visible_to, call_notes, deci
 from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest
 from approvals.policy.errors import DecisionError
+from core.locks import lock_scope
 from tools.loading import not_loaded_here
-from tools.locks import lock_scope
 from tools.registry import find_tool
 
 APPROVE, DECLINE = "approve", "decline"

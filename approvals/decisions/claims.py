@@ -16,8 +16,9 @@ from approvals.decisions.selectors import (
     decide_refusal,
     may_break_claims,
 )
-from approvals.models import ApprovalRequest, AuditEvent
+from approvals.models import ApprovalRequest
 from approvals.policy.errors import DecisionError, NotAllowed
+from core.models import AuditEvent
 
 
 # --- claims -----------------------------------------------------------------------

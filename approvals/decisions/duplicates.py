@@ -41,11 +41,11 @@ from django.db.models import BooleanField, F, Q
 from django.db.models.expressions import RawSQL
 
 from approvals.models import ApprovalRequest, Proposal
+from core.money import rupees
+from core.sealing import fact_value
 from runs.models import GuardKind, Run, ToolCall
 from tools.idempotency import canonical_json
-from tools.money import rupees
 from tools.registry import ToolSpec, find_tool
-from tools.sealing import fact_value
 
 # A call in flight, by its status, in words ("Repeats the refund_item call <state> in
 # run 12"). Waiting counts only while its approval is pending.

@@ -31,7 +31,7 @@ from django.db.models import IntegerField, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.http import HttpResponse, HttpResponseNotModified
 
-from approvals.models import AuditEvent
+from core.models import AuditEvent
 
 BUCKET_SECONDS = 10
 

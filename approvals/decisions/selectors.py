@@ -23,13 +23,13 @@ from approvals.decisions.freshness import desk_version_read
 from approvals.decisions.quoting import note_quotes
 from approvals.models import ApprovalRequest, ApprovalVote, GateRule, Proposal
 from approvals.policy.decided import RULE_NONE, RULE_RECORDED, DecidedRule, rule_as_decided
+from core.sealing import find_locked
 from runs.history import through_reply, transcript_messages
 from runs.models import CallStatus, Message, ToolCall
 from runs.reasons import money_reason
 from runs.selectors import VIEW_ALL_PERMISSION
 from tools.loading import not_loaded_here
 from tools.registry import NOT_LOADED, ReviewContext, arguments_in_order, canonical_json, find_tool
-from tools.sealing import find_locked
 
 # Which groups an approval requires (the many-to-many's table).
 REQUIRED_GROUPS = ApprovalRequest.required_groups.through

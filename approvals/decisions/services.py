@@ -62,11 +62,12 @@ from approvals.decisions.selectors import (
     vote_refusal,
 )
 from approvals.decisions.transitions import ApprovalMoved, approval_transition
-from approvals.models import ApprovalRequest, ApprovalVote, AuditEvent, GateRule, GuardAction, Proposal
+from approvals.models import ApprovalRequest, ApprovalVote, GateRule, GuardAction, Proposal
 from approvals.policy.errors import DecisionError, NotAllowed, UnconfirmedIrreversible
 from approvals.policy.standing import standing_grant, standing_grant_refusal
 from approvals.record.audit import approval_with_facts
 from approvals.record.queue_index import queue_index_write
+from core.models import AuditEvent
 from runs.gate import DENY, GUARD_ACTIONS, review_call
 from runs.guard_decisions import (
     GuardConflict,

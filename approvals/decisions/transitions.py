@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from approvals.models import ApprovalRequest, AuditEvent
+from approvals.models import ApprovalRequest
 from approvals.record.audit import approval_with_facts
-from tools.sealed import for_row
+from core.models import AuditEvent
+from core.sealed import for_row
 
 Status = ApprovalRequest.Status
 

@@ -8,13 +8,13 @@ from django.db import migrations, models
 
 def install_triggers(apps, schema_editor):
     """The audit trail is append-only in the database itself (approvals/record/audit.py)."""
-    from approvals.record.audit import install_append_only_triggers
+    from core.triggers import install_append_only_triggers
 
     install_append_only_triggers(schema_editor.connection)
 
 
 def remove_triggers(apps, schema_editor):
-    from approvals.record.audit import drop_append_only_triggers
+    from core.triggers import drop_append_only_triggers
 
     drop_append_only_triggers(schema_editor.connection)
 

@@ -2,9 +2,9 @@
 
 from django.db import migrations, models
 
-import tools.sealed
-import tools.sealing
-from tools.sealed import number_rows, seal_rows
+import core.sealed
+import core.sealing
+from core.sealed import number_rows, seal_rows
 
 ROWS = (
     "approvalrequest",
@@ -26,14 +26,14 @@ SEALED_NOW = {
 def drop_triggers(apps, schema_editor):
     """The audit trail's triggers refuse a change of anything but an event's detail
     (PostgreSQL), and its rows get their ids here; put back at the end."""
-    from approvals.record.audit import drop_append_only_triggers
+    from core.triggers import drop_append_only_triggers
 
     drop_append_only_triggers(schema_editor.connection)
 
 
 def reinstall_triggers(apps, schema_editor):
     """SQLite rebuilds a table to add a column, and its triggers go with the old one."""
-    from approvals.record.audit import drop_append_only_triggers, install_append_only_triggers
+    from core.triggers import drop_append_only_triggers, install_append_only_triggers
 
     drop_append_only_triggers(schema_editor.connection)
     install_append_only_triggers(schema_editor.connection)
@@ -60,68 +60,68 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="approvalrequest",
             name="seal_id",
-            field=models.CharField(default=tools.sealing.new_row_id, editable=False, max_length=24),
+            field=models.CharField(default=core.sealing.new_row_id, editable=False, max_length=24),
         ),
         migrations.AddField(
             model_name="approvalvote",
             name="seal_id",
-            field=models.CharField(default=tools.sealing.new_row_id, editable=False, max_length=24),
+            field=models.CharField(default=core.sealing.new_row_id, editable=False, max_length=24),
         ),
         migrations.AddField(
             model_name="auditevent",
             name="seal_id",
-            field=models.CharField(default=tools.sealing.new_row_id, editable=False, max_length=24),
+            field=models.CharField(default=core.sealing.new_row_id, editable=False, max_length=24),
         ),
         migrations.AddField(
             model_name="deskemail",
             name="seal_id",
-            field=models.CharField(default=tools.sealing.new_row_id, editable=False, max_length=24),
+            field=models.CharField(default=core.sealing.new_row_id, editable=False, max_length=24),
         ),
         migrations.AddField(
             model_name="notification",
             name="seal_id",
-            field=models.CharField(default=tools.sealing.new_row_id, editable=False, max_length=24),
+            field=models.CharField(default=core.sealing.new_row_id, editable=False, max_length=24),
         ),
         migrations.AddField(
             model_name="proposal",
             name="seal_id",
-            field=models.CharField(default=tools.sealing.new_row_id, editable=False, max_length=24),
+            field=models.CharField(default=core.sealing.new_row_id, editable=False, max_length=24),
         ),
         migrations.AddField(
             model_name="webhookdelivery",
             name="seal_id",
-            field=models.CharField(default=tools.sealing.new_row_id, editable=False, max_length=24),
+            field=models.CharField(default=core.sealing.new_row_id, editable=False, max_length=24),
         ),
         migrations.RunPython(number_existing_rows, migrations.RunPython.noop),
         migrations.AlterField(
             model_name="approvalrequest",
             name="rule_snapshot",
-            field=tools.sealed.SealedJSONField(blank=True, null=True),
+            field=core.sealed.SealedJSONField(blank=True, null=True),
         ),
         migrations.AlterField(
             model_name="approvalrequest",
             name="reason",
-            field=tools.sealed.SealedTextField(blank=True),
+            field=core.sealed.SealedTextField(blank=True),
         ),
         migrations.AlterField(
             model_name="notification",
             name="last_error",
-            field=tools.sealed.SealedTextField(blank=True),
+            field=core.sealed.SealedTextField(blank=True),
         ),
         migrations.AlterField(
             model_name="proposal",
             name="reason",
-            field=tools.sealed.SealedTextField(blank=True),
+            field=core.sealed.SealedTextField(blank=True),
         ),
         migrations.AlterField(
             model_name="proposal",
             name="warnings",
-            field=tools.sealed.SealedJSONField(blank=True, default=list),
+            field=core.sealed.SealedJSONField(blank=True, default=list),
         ),
         migrations.AlterField(
             model_name="webhookdelivery",
             name="last_error",
-            field=tools.sealed.SealedTextField(blank=True),
+            field=core.sealed.SealedTextField(blank=True),
         ),
         migrations.RunPython(seal_existing_values, migrations.RunPython.noop),
         migrations.RunPython(reinstall_triggers, drop_triggers),

@@ -14,8 +14,8 @@ from django.db import models
 from django.db.models import Q
 
 from approvals.notify.endpoints import webhook_endpoint_refusals
+from core.sealed import SealedJSONField, SealedRow, SealedTextField
 from runs.models import Run
-from tools.sealed import SealedJSONField, SealedRow, SealedTextField
 
 
 class NotificationStatus(models.TextChoices):

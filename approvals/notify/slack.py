@@ -42,7 +42,7 @@ from approvals.decisions.selectors import required_groups_of
 from approvals.models import ApprovalRequest
 from approvals.notify.models import SlackChannel, SlackMessage
 from approvals.notify.slack_blocks import approval_blocks, closed_blocks, thread_blocks
-from desk.logs import log_context
+from core.logs import log_context
 from runs.failpoints import failpoint
 
 log = logging.getLogger(__name__)

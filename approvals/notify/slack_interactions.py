@@ -40,11 +40,12 @@ from approvals.decisions.bulk import shown_warnings
 from approvals.decisions.decision import Decision
 from approvals.decisions.errors import DecisionInvalid, StaleDecision
 from approvals.decisions.services import approval_decide
-from approvals.models import ApprovalRequest, AuditEvent
+from approvals.models import ApprovalRequest
 from approvals.notify.models import SlackIdentity, SlackRequestSeen
 from approvals.notify.slack import slack_client
 from approvals.notify.slack_blocks import APPROVE, DECLINE, mrkdwn_escape, slack_approve_refusal
 from approvals.policy.errors import DecisionError
+from core.models import AuditEvent
 from tools.registry import find_tool
 
 log = logging.getLogger(__name__)

@@ -120,7 +120,7 @@ from approvals.models import ApprovalRequest
 from approvals.notify.endpoints import TEST_EVENT, webhook_address
 from approvals.notify.errors import UnsafeWebhookURL
 from approvals.notify.models import WebhookDelivery, WebhookEndpoint
-from desk.logs import log_context
+from core.logs import log_context
 from runs.outcome import RunOutcome, run_outcome, run_outcome_lines
 from runs.reasons import aggregate_figures
 

@@ -24,10 +24,10 @@ import re
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from approvals.models import GateRule, RuleEffect, as_comparable, finite_number, plain_number
+from approvals.models import GateRule, RuleEffect, as_comparable, finite_number
 from approvals.policy.rules import RuleTerms, default_effect, enabled_rules_by_mode, holding
+from core.money import plain_number, rupees
 from runs.reasons import is_amount, money_reason
-from tools.money import rupees
 from tools.registry import find_tool
 
 # At most this many sample values (the thresholds, each just above, one well below).

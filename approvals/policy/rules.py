@@ -12,13 +12,14 @@ from decimal import Decimal
 from django.db import connections, router
 from django.utils import timezone
 
-from approvals.models import GateRule, RuleMode, as_comparable, finite_number, plain_number, rule_label
+from approvals.models import GateRule, RuleMode, as_comparable, finite_number, rule_label
+from core.locks import lock_scope
+from core.money import plain_number
+from core.sealing import fact_value
 from runs.failpoints import pausepoint
 from runs.gate import ALLOW, DENY, NEEDS_APPROVAL, Verdict
 from runs.models import Run, ToolCall
 from runs.reasons import aggregate_reason, single_reason
-from tools.locks import lock_scope
-from tools.sealing import fact_value
 
 OPERATOR_SYMBOLS = dict(GateRule.Operator.choices)
 

@@ -37,20 +37,14 @@ from django.db import transaction
 from django.db.models import Prefetch
 from django.utils import timezone
 
-from approvals.models import (
-    ApprovalRequest,
-    AuditEvent,
-    GateRule,
-    StandingApproval,
-    finite_number,
-    plain_number,
-)
+from approvals.models import ApprovalRequest, GateRule, StandingApproval, finite_number
 from approvals.policy.errors import DecisionError, NotAllowed
 from approvals.record.audit import standing_with_facts
+from core.models import AuditEvent
+from core.money import plain_number, rupees
 from runs.gate import ALLOW, Verdict
 from runs.models import Run, ToolCall
 from tools.inputs import UnsafeJSON, finite_decimal
-from tools.money import rupees
 from tools.registry import find_tool, input_hash
 
 # The gate fact a cap on the amount adds up.

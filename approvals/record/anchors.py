@@ -10,9 +10,10 @@ from pathlib import Path
 
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest, AuditChain
+from approvals.models import ApprovalRequest
 from approvals.record.errors import AnchorUnreadable
-from runs.integrity import keyed_hash
+from core.hashing import keyed_hash
+from core.models import AuditChain
 from runs.models import Run
 from tools.registry import canonical_json
 

@@ -48,36 +48,14 @@ existed, until its next recorded change.
 from __future__ import annotations
 
 import json
-import re
 from datetime import UTC
 
 from django.core.serializers.json import DjangoJSONEncoder
 
-from approvals.models import AuditEvent, plain_number
-from runs.integrity import keyed_hash
-from tools.registry import canonical_json
-
-# --- facts: what a decision depends on, recorded as a keyed digest -------------------
-# An event that sets what a decision depends on (who may decide an approval, a
-# standing approval's terms, a run's task, a call's verdict, a rule's version) ends its
-# detail with " [facts <digest>]": a keyed hash of those facts as they stood, never
-# their text. ``cross_check`` recomputes it from the live rows and compares it with the
-# last one recorded. No ids that an import renumbers: names, hashes and versions.
-FACTS = re.compile(r" \[facts ([0-9a-f]{64})\]$")
-
-
-def facts_digest(kind: str, facts: dict) -> str:
-    return keyed_hash(f"facts {kind}|{canonical_json(facts)}")
-
-
-def with_facts(detail: str, kind: str, facts: dict) -> str:
-    """``detail`` with the digest of ``facts`` appended (after any truncation)."""
-    return f"{detail} [facts {facts_digest(kind, facts)}]"
-
-
-def recorded_facts(event) -> str | None:
-    match = FACTS.search(event.detail or "")
-    return match.group(1) if match else None
+from core.facts import facts_digest, with_facts
+from core.models import AuditEvent
+from core.money import plain_number
+from runs.facts import call_facts_v1, run_facts_v1
 
 
 def _when(value) -> str | None:
@@ -177,54 +155,10 @@ def approval_with_facts(detail: str, approval) -> str:
     return with_facts(detail, "approval", approval_facts(fresh))
 
 
-def run_facts(run) -> dict:
-    """What a run does and within what: its task, agent (and version), model, kind,
-    whether it is a dry run, its params and budgets (recorded at every run event: a
-    grant raises a budget as the run is queued again)."""
-    return {
-        **_run_facts_v1(run),
-        "v": 2,
-        "agent": run.agent,
-        "kind": run.kind,
-        "llm": run.llm,
-        "model": run.model,
-        "dry_run": run.dry_run,
-        "budget": [
-            run.max_steps,
-            run.max_tokens,
-            plain_number(run.max_cost) if run.max_cost is not None else None,
-        ],
-    }
-
-
-RUN_FACT_FIELDS = ("task", "agent_version", "params", "agent", "kind", "llm", "model", "dry_run", "max_steps",
-                   "max_tokens", "max_cost")  # fmt: skip
-
-
-def _run_facts_v1(run) -> dict:
-    return {"task": run.task, "agent_version": run.agent_version, "params": run.params}
-
-
-def call_facts(call) -> dict:
-    """A call's verdict, the hashes of the arguments it was asked with and approved
-    with, and its key (recorded at every event of the call)."""
-    return {
-        **_call_facts_v1(call),
-        "v": 2,
-        "input_hash": call.input_hash,
-        "approved_hash": call.approved_hash,
-        "idempotency_key": call.idempotency_key,
-    }
-
-
-def _call_facts_v1(call) -> dict:
-    return {"verdict": call.verdict, "rule": call.verdict_rule, "reason": call.verdict_reason}
-
-
 # The facts as digested before issue 32: an event written then still verifies against
 # them. A digest of the current facts never matches these (they have no "v"), so an
 # old digest holds only the old facts, and a new one all of them.
-LEGACY_FACTS = {"approval": _approval_facts_v1, "call": _call_facts_v1, "run": _run_facts_v1}
+LEGACY_FACTS = {"approval": _approval_facts_v1, "call": call_facts_v1, "run": run_facts_v1}
 
 
 def facts_hold(recorded: str, kind: str, facts: dict, subject) -> bool:
@@ -276,74 +210,3 @@ def rule_record(rule, *, actor=None, action: str = "rule.saved", before: str = "
         after=f"v{rule.version}",
         detail=with_facts(detail or f"{rule.name}: saved", "rule", rule_facts(rule)),
     )
-
-
-# --- the database refuses changes -------------------------------------------------
-APPEND_ONLY_MESSAGE = "audit events are append-only"
-
-# Every column but ``detail``: the one UPDATE the database lets through changes only
-# an event's sealed detail, which is how ``rotatekeys`` re-encrypts it. The chain is
-# hashed over the plaintext, so a detail changed to say something else fails verify.
-FROZEN_COLUMNS = (
-    "id", "created_at", "actor_id", "action", "run_id", "tool_call_id", "approval_id",
-    "before", "after", "subject", "seq", "prev_hash", "hash",
-)  # fmt: skip
-_SQLITE_CHANGED = " OR ".join(f'NEW."{c}" IS NOT OLD."{c}"' for c in FROZEN_COLUMNS)
-SQLITE_TRIGGERS = [
-    f"""CREATE TRIGGER IF NOT EXISTS approvals_auditevent_no_update BEFORE UPDATE ON approvals_auditevent
-        WHEN {_SQLITE_CHANGED}
-        BEGIN SELECT RAISE(ABORT, '{APPEND_ONLY_MESSAGE}'); END""",
-    f"""CREATE TRIGGER IF NOT EXISTS approvals_auditevent_no_delete BEFORE DELETE ON approvals_auditevent
-        BEGIN SELECT RAISE(ABORT, '{APPEND_ONLY_MESSAGE}'); END""",
-    """CREATE TRIGGER IF NOT EXISTS approvals_auditchain_forward_only BEFORE UPDATE ON approvals_auditchain
-        WHEN NEW.seq <> OLD.seq + 1 OR NEW.subject <> OLD.subject
-        BEGIN SELECT RAISE(ABORT, 'audit chain heads only move forward'); END""",
-    """CREATE TRIGGER IF NOT EXISTS approvals_auditchain_no_delete BEFORE DELETE ON approvals_auditchain
-        BEGIN SELECT RAISE(ABORT, 'audit chain heads only move forward'); END""",
-]
-SQLITE_DROP = [
-    "DROP TRIGGER IF EXISTS approvals_auditevent_no_update",
-    "DROP TRIGGER IF EXISTS approvals_auditevent_no_delete",
-    "DROP TRIGGER IF EXISTS approvals_auditchain_forward_only",
-    "DROP TRIGGER IF EXISTS approvals_auditchain_no_delete",
-]
-POSTGRESQL_TRIGGERS = [
-    f"""CREATE OR REPLACE FUNCTION approvals_audit_refuse() RETURNS trigger AS $$
-        BEGIN
-          IF TG_OP = 'UPDATE' AND (to_jsonb(NEW) - 'detail') = (to_jsonb(OLD) - 'detail') THEN
-            RETURN NEW;
-          END IF;
-          RAISE EXCEPTION '{APPEND_ONLY_MESSAGE}';
-        END $$ LANGUAGE plpgsql""",
-    """CREATE OR REPLACE FUNCTION approvals_audit_chain_forward() RETURNS trigger AS $$
-        BEGIN
-          IF TG_OP = 'DELETE' OR NEW.seq <> OLD.seq + 1 OR NEW.subject <> OLD.subject THEN
-            RAISE EXCEPTION 'audit chain heads only move forward';
-          END IF;
-          RETURN NEW;
-        END $$ LANGUAGE plpgsql""",
-    """CREATE OR REPLACE TRIGGER approvals_auditevent_append_only BEFORE UPDATE OR DELETE
-        ON approvals_auditevent FOR EACH ROW EXECUTE FUNCTION approvals_audit_refuse()""",
-    """CREATE OR REPLACE TRIGGER approvals_auditchain_forward_only BEFORE UPDATE OR DELETE
-        ON approvals_auditchain FOR EACH ROW EXECUTE FUNCTION approvals_audit_chain_forward()""",
-]
-POSTGRESQL_DROP = [
-    "DROP TRIGGER IF EXISTS approvals_auditevent_append_only ON approvals_auditevent",
-    "DROP TRIGGER IF EXISTS approvals_auditchain_forward_only ON approvals_auditchain",
-]
-
-
-def install_append_only_triggers(connection) -> None:
-    """Make the database refuse UPDATE/DELETE of audit rows (idempotent)."""
-    statements = POSTGRESQL_TRIGGERS if connection.vendor == "postgresql" else SQLITE_TRIGGERS
-    with connection.cursor() as cursor:
-        for sql in statements:
-            cursor.execute(sql)
-
-
-def drop_append_only_triggers(connection) -> None:
-    """Only for emptying a test database (SQLite's flush deletes row by row)."""
-    statements = POSTGRESQL_DROP if connection.vendor == "postgresql" else SQLITE_DROP
-    with connection.cursor() as cursor:
-        for sql in statements:
-            cursor.execute(sql)

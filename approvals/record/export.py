@@ -41,17 +41,10 @@ from django.contrib.auth.models import Group
 from django.db import models
 from django.utils import timezone
 
-from approvals.models import (
-    ApprovalRequest,
-    ApprovalVote,
-    AuditChain,
-    AuditEvent,
-    GateRule,
-    Proposal,
-    StandingApproval,
-)
+from approvals.models import ApprovalRequest, ApprovalVote, GateRule, Proposal, StandingApproval
 from approvals.record.errors import ExportRefused
 from approvals.record.verify import verify_run
+from core.models import AuditChain, AuditEvent
 from runs.integrity import (
     chain_head,
     keyed_hash,

@@ -16,19 +16,16 @@ from django.core.exceptions import FieldDoesNotExist
 from django.core.management.color import no_style
 from django.db import IntegrityError, connections, models, router, transaction
 
-from approvals.models import ApprovalRequest, AuditChain, AuditEvent, GateRule, Proposal
-from approvals.record.chain import event_content, event_hash
+from approvals.models import ApprovalRequest, GateRule, Proposal
 from approvals.record.errors import ImportRefused, Problem
 from approvals.record.export import FORMAT, HEADER_TYPE, ROW_TYPES, SEAL_START, TYPE_ORDER, USER_TYPE
 from approvals.record.queue_index import queue_index_write
 from approvals.record.verify import verify_run
+from core.chain import event_content, event_hash
+from core.hashing import keyed_hash
+from core.models import AuditChain, AuditEvent
 from runs.history import transcript_messages
-from runs.integrity import (
-    genesis,
-    keyed_hash,
-    recompute_steps,
-    what_changed,
-)
+from runs.integrity import genesis, recompute_steps, what_changed
 from runs.models import Run
 from tools.registry import canonical_json
 

@@ -2,7 +2,7 @@
 (``ApprovalRequest.tool_name``) and the keyed search tokens of its run's task, its calls'
 and its current proposal's arguments, each once (``ApprovalRequest.search``).
 
-The tokens are those of the rows' own search indexes (``tools.sealing.search_text``),
+The tokens are those of the rows' own search indexes (``core.sealing.search_text``),
 copied, never new ones: the approval's index says nothing those do not. Kept on the
 approval so a search is an equality match along one index (on PostgreSQL a GIN index of
 the tokens as an array, ``approval_pending_search``), not a LIKE over every pending
@@ -17,8 +17,8 @@ from django.db import connections
 from django.db.models import BooleanField, Expression, F, Q
 
 from approvals.models import ApprovalRequest
+from core.sealing import query_tokens
 from tools.registry import registered_names
-from tools.sealing import query_tokens
 
 # The search indexes an approval's holds the tokens of, as lookups from the approval.
 SOURCES = ("run__search", "tool_call__search", "outcome_call__search", "proposal__search")

@@ -16,8 +16,11 @@ from __future__ import annotations
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 
-from approvals.models import AuditEvent, GateRule
-from approvals.record.audit import RUN_FACT_FIELDS, call_facts, rule_record, run_facts, with_facts
+from approvals.models import GateRule
+from approvals.record.audit import rule_record
+from core.facts import with_facts
+from core.models import AuditEvent
+from runs.facts import RUN_FACT_FIELDS, call_facts, run_facts
 from runs.models import Run
 from runs.signals import run_transitioned, tool_call_transitioned
 

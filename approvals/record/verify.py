@@ -10,36 +10,20 @@ from django.apps import apps
 from django.db import models, router
 from django.db.models.functions import Cast
 
-from approvals.models import (
-    ApprovalRequest,
-    ApprovalVote,
-    AuditChain,
-    AuditEvent,
-    GateRule,
-    Proposal,
-    StandingApproval,
-)
+from approvals.models import ApprovalRequest, ApprovalVote, GateRule, Proposal, StandingApproval
 from approvals.record.anchors import anchor_sign
-from approvals.record.audit import (
-    APPROVAL_PREFETCH,
-    FACTS,
-    approval_facts,
-    call_facts,
-    facts_digest,
-    facts_hold,
-    recorded_facts,
-    rule_facts,
-    run_facts,
-    standing_facts,
-)
-from approvals.record.chain import event_content, event_hash
+from approvals.record.audit import APPROVAL_PREFETCH, approval_facts, facts_hold, rule_facts, standing_facts
 from approvals.record.queue_index import queue_index_of
+from core.chain import event_content, event_hash
+from core.facts import FACTS, facts_digest, recorded_facts
+from core.models import AuditChain, AuditEvent
+from core.sealed import ROW_FIELD, FactsField, SearchIndexField, json_text, sealed_fields
+from core.sealing import SEALED_PREFIXES, KeyRing, Locked, key_id_of, ring, search_text, unseal
+from runs.facts import call_facts, run_facts
 from runs.integrity import Finding, retention_note, verify_steps
 from runs.models import SEEDED_HISTORY_VERSION, Message, Run, Step, ToolCall
 from runs.retention import RETENTION_ACTIONS, seal_in
 from tools.registry import input_hash
-from tools.sealed import ROW_FIELD, FactsField, SearchIndexField, json_text, sealed_fields
-from tools.sealing import SEALED_PREFIXES, KeyRing, Locked, key_id_of, ring, search_text, unseal
 
 
 # --- verify -------------------------------------------------------------------------

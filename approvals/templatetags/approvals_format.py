@@ -14,9 +14,9 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 
 from approvals.decisions import arguments, guards
+from core import money
 from runs import reasons
 from runs.reasons import is_amount
-from tools import money
 from tools.registry import UNDO_KIND_HELP, UNDO_KINDS
 
 register = template.Library()

@@ -11,8 +11,9 @@ from functools import cache
 from django.db import connections, router, transaction
 from django.utils import timezone
 
+from core.rawsql import objects_from_rows, select_columns, update_rows
+
 from ..models import Run, RunStatus
-from ..rawsql import objects_from_rows, select_columns, update_rows
 from ..services import lease_deadline
 from ..signals import run_transitioned
 from .outcomes import LeaseLost, require_open

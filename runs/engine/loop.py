@@ -34,6 +34,7 @@ from time import perf_counter
 from django.conf import settings
 from django.db import transaction
 
+from core.rawsql import insert_objects, insert_rows
 from tools.registry import Check, get_agent
 
 from .. import gate as gate_module
@@ -52,7 +53,6 @@ from ..llm import (
     estimate_tokens,
 )
 from ..models import CallStatus, Message, Run, RunStatus, Step, ToolCall, stood_in
-from ..rawsql import insert_objects, insert_rows
 from ..signals import tool_call_transitioned
 from ..transitions import run_transition
 from .execution import Executing

@@ -13,7 +13,7 @@ from typing import Final
 
 from django.db import transaction
 
-from tools.sealing import find_locked
+from core.sealing import find_locked
 
 from ..models import CallStatus, Run, RunStatus
 from ..transitions import TransitionConflict, run_transition

@@ -3,9 +3,9 @@
 from django.db import migrations, models
 
 import runs.models
-import tools.sealed
-import tools.sealing
-from tools.sealed import number_rows, seal_rows
+import core.sealed
+import core.sealing
+from core.sealed import number_rows, seal_rows
 
 SEALED_NOW = {"run": ["undo_note"], "toolcall": ["verdict_reason", "shadow"]}
 
@@ -40,12 +40,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="message",
             name="seal_id",
-            field=models.CharField(default=tools.sealing.new_row_id, editable=False, max_length=24),
+            field=models.CharField(default=core.sealing.new_row_id, editable=False, max_length=24),
         ),
         migrations.AddField(
             model_name="run",
             name="seal_id",
-            field=models.CharField(default=tools.sealing.new_row_id, editable=False, max_length=24),
+            field=models.CharField(default=core.sealing.new_row_id, editable=False, max_length=24),
         ),
         migrations.AddField(
             model_name="toolcall",
@@ -55,24 +55,24 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="toolcall",
             name="seal_id",
-            field=models.CharField(default=tools.sealing.new_row_id, editable=False, max_length=24),
+            field=models.CharField(default=core.sealing.new_row_id, editable=False, max_length=24),
         ),
         migrations.RunPython(number_existing_rows, migrations.RunPython.noop),
         migrations.RunPython(kinds_of_reasons, migrations.RunPython.noop),
         migrations.AlterField(
             model_name="run",
             name="undo_note",
-            field=tools.sealed.SealedTextField(blank=True),
+            field=core.sealed.SealedTextField(blank=True),
         ),
         migrations.AlterField(
             model_name="toolcall",
             name="shadow",
-            field=tools.sealed.SealedJSONField(blank=True, null=True),
+            field=core.sealed.SealedJSONField(blank=True, null=True),
         ),
         migrations.AlterField(
             model_name="toolcall",
             name="verdict_reason",
-            field=tools.sealed.SealedTextField(blank=True),
+            field=core.sealed.SealedTextField(blank=True),
         ),
         migrations.RunPython(seal_existing_values, migrations.RunPython.noop),
     ]

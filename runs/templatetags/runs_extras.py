@@ -1,16 +1,16 @@
 """Formatting for the run pages. Everything returns plain text: autoescaping stays on.
 
 Runs never imports approvals (tools <- runs <- approvals); amounts come out as
-everywhere else, from the one formatter (``tools.money.rupees``: ₹2,900.00).
+everywhere else, from the one formatter (``core.money.rupees``: ₹2,900.00).
 """
 
 from __future__ import annotations
 
 from django import template
 
+from core import money
 from runs.reasons import money_reason as selectors_money_reason
 from runs.selectors import session_label as selectors_session_label
-from tools import money
 from tools.registry import UNDO_KIND_HELP, UNDO_KINDS
 
 register = template.Library()

@@ -15,7 +15,7 @@ import requests
 from django.db import connections
 
 from api.tokens import apitoken_create
-from approvals.record.audit import drop_append_only_triggers
+from core.triggers import drop_append_only_triggers
 from runs.models import Run, ToolCall
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"], transaction=True)

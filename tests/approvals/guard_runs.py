@@ -7,7 +7,8 @@ from django.db import transaction
 
 from approvals.decisions.decision import Decision
 from approvals.decisions.services import approval_decide
-from approvals.models import ApprovalRequest, AuditEvent
+from approvals.models import ApprovalRequest
+from core.models import AuditEvent
 from runs.gate import get_gate, review_call
 from runs.models import GuardKind, Message, Run, RunStatus, ToolCall
 from runs.services import run_create

@@ -13,16 +13,10 @@ import pytest
 from django.core.management.base import CommandError
 from django.db import connection
 
-from approvals.models import (
-    ApprovalRequest,
-    AuditChain,
-    AuditEvent,
-    StandingApproval,
-    WebhookDelivery,
-    WebhookEndpoint,
-)
+from approvals.models import ApprovalRequest, StandingApproval, WebhookDelivery, WebhookEndpoint
 from approvals.notify.tasks import anchor_chains
-from approvals.record.audit import drop_append_only_triggers
+from core.models import AuditChain, AuditEvent
+from core.triggers import drop_append_only_triggers
 from runs.models import Run
 from tests.helpers import finished_demo, run_command, start, verify_error
 

@@ -13,7 +13,8 @@ from django.core.management.base import CommandError
 from approvals.decisions.decision import Decision
 from approvals.decisions.selectors import approvals_decidable_by, decide_refusal
 from approvals.decisions.services import approval_expire
-from approvals.models import ApprovalRequest, AuditEvent, GateRule, Notification, Proposal
+from approvals.models import ApprovalRequest, GateRule, Notification, Proposal
+from core.models import AuditEvent
 from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
 from runs.saga import run_rewind

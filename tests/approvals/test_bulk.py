@@ -19,7 +19,8 @@ from approvals.decisions.bulk import approvals_bulk_decide
 from approvals.decisions.decision import Decision
 from approvals.decisions.forms import BULK_LIMIT
 from approvals.decisions.opening import approval_open_guard
-from approvals.models import ApprovalRequest, AuditEvent, GateRule, Proposal
+from approvals.models import ApprovalRequest, GateRule, Proposal
+from core.models import AuditEvent
 from runs.engine import run_advance_until_settled
 from runs.models import GuardKind, Run
 from runs.services import run_create

@@ -6,8 +6,9 @@ from django.core.management.base import CommandError
 from approvals.decisions.decision import Decision
 from approvals.decisions.errors import AlreadyDecided, DecisionInvalid, StaleDecision
 from approvals.decisions.services import approval_decide
-from approvals.models import ApprovalRequest, AuditEvent, GateRule
+from approvals.models import ApprovalRequest, GateRule
 from approvals.policy.errors import DecisionError, NotAllowed
+from core.models import AuditEvent
 from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
 from runs.services import run_cancel

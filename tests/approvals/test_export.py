@@ -16,11 +16,12 @@ from django.core.management.base import CommandError
 from django.test import Client
 
 from api.tokens import apitoken_create, apitoken_revoke
-from approvals.models import ApprovalRequest, ApprovalVote, AuditEvent, Proposal
+from approvals.models import ApprovalRequest, ApprovalVote, Proposal
 from approvals.record.errors import ImportRefused
 from approvals.record.export import FORMAT, HEADER_TYPE
 from approvals.record.importer import read_import_file
 from approvals.record.verify import verify_run
+from core.models import AuditEvent
 from runs.models import Message, Run, Step, ToolCall
 from runs.saga import RollbackRefused, run_fork, run_rewind, run_rollback
 from tests.helpers import finished_demo, run_command, start
@@ -257,7 +258,7 @@ def test_a_fork_whose_parent_is_missing_is_refused(users):
     # A file as a fork of a run this desk never had would be (re-sealed with the key,
     # as its desk would have: the refusal is about the missing parent, not the seal).
     from approvals.record.export import SEAL_START, _sealed
-    from runs.integrity import keyed_hash
+    from core.hashing import keyed_hash
     from tools.registry import canonical_json
 
     header = {k: v for k, v in lines[0].items() if k != "seal"}
@@ -356,7 +357,7 @@ def test_a_file_with_a_line_duplicated_dropped_or_reordered_is_refused(users, ho
 
 @pytest.mark.parametrize("how", ["duplicated", "dropped", "reordered"])
 def test_a_sealed_file_with_its_line_duplicated_dropped_or_reordered_is_refused(users, tmp_path, how):
-    from tools.sealing import new_key
+    from core.sealing import new_key
 
     run = finished_demo(users)
     key = tmp_path / "road.key"

@@ -10,9 +10,9 @@ from decimal import Decimal
 import pytest
 
 from approvals.templatetags import approvals_format as desk
+from core import money
 from runs import reasons
 from runs.templatetags import runs_extras
-from tools import money
 
 NASTY = [
     1e30,
@@ -48,7 +48,7 @@ NASTY = [
 ]
 
 FORMATTERS = {
-    "tools.money.rupees": money.rupees,
+    "core.money.rupees": money.rupees,
     "approvals_format rupees filter": desk.rupees,
     "runs_extras rupees filter": runs_extras.rupees,
     "approvals_format fact filter": lambda value: desk.fact(value, "amount"),

@@ -271,7 +271,7 @@ def exported(run) -> list[str]:
 def resealed(lines: list[str]) -> list[str]:
     """The file sealed again under this desk's key (as a holder of the key could)."""
     from approvals.record.export import SEAL_START, _sealed
-    from runs.integrity import keyed_hash
+    from core.hashing import keyed_hash
     from tools.registry import canonical_json
 
     header = json.loads(lines[0])

@@ -26,6 +26,7 @@ from django.db import connection
 from django.test import override_settings
 
 from approvals.models import DeskEmail
+from core.sealing import new_key, parse_ring
 from runs.engine import run_advance_until_settled
 from runs.models import Run
 from tests.helpers import (
@@ -40,7 +41,6 @@ from tests.helpers import (
 )
 from tools.refund_desk.actions import POLICY
 from tools.refund_desk.agent import DEMO_TASK
-from tools.sealing import new_key, parse_ring
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"], transaction=True)
 

@@ -22,10 +22,10 @@ from django.test import override_settings
 
 from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest, DeskEmail, Proposal
+from core.sealing import new_key, seal
 from runs.models import Run, ToolCall
 from tests.helpers import client_for, decide, deliver, get_html, pending, run_command, start
 from tools.refund_desk.agent import DEMO_TASK
-from tools.sealing import new_key, seal
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
 

@@ -11,10 +11,11 @@ from django.conf import settings
 from django.core import mail
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest, AuditEvent, GateRule, Notification
+from approvals.models import ApprovalRequest, GateRule, Notification
 from approvals.notify.sla import approval_remind, approvals_sweep_sla
 from approvals.notify.tasks import sweep_sla
 from approvals.policy.errors import NotAllowed
+from core.models import AuditEvent
 from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
 from tests.helpers import decide, deliver, start, the_approval, tool_results

@@ -21,12 +21,13 @@ from django.utils import timezone
 
 from approvals.decisions.selectors import call_notes
 from approvals.decisions.services import approval_expire
-from approvals.models import ApprovalRequest, AuditEvent, GateRule
+from approvals.models import ApprovalRequest, GateRule
 from approvals.notify import slack as slack_module
 from approvals.notify.models import SlackChannel, SlackMessage
 from approvals.notify.outbox import outbox_sweep
 from approvals.notify.slack import slack_message_send
 from approvals.notify.slack_blocks import APPROVE, DECLINE
+from core.models import AuditEvent
 from runs.engine import run_advance_until_settled
 from runs.models import Run
 from tests.approvals.slack_kit import (

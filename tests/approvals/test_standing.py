@@ -13,9 +13,10 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from approvals.decisions.decision import Decision
-from approvals.models import ApprovalRequest, AuditEvent, GateRule, StandingApproval
+from approvals.models import ApprovalRequest, GateRule, StandingApproval
 from approvals.policy.errors import DecisionError
 from approvals.policy.standing import StandingTerms, standing_revoke, standing_terms_from_form, standing_used
+from core.models import AuditEvent
 from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
 from tests.helpers import (

@@ -13,9 +13,10 @@ from django.core.management.base import CommandError
 from django.db import DatabaseError, IntegrityError, connection, transaction
 
 from approvals.decisions.decision import Decision
-from approvals.models import ApprovalRequest, AuditChain, AuditEvent
-from approvals.record.audit import drop_append_only_triggers, install_append_only_triggers
+from approvals.models import ApprovalRequest
 from approvals.record.verify import verify_run
+from core.models import AuditChain, AuditEvent
+from core.triggers import drop_append_only_triggers, install_append_only_triggers
 from runs.engine import run_advance_until_settled
 from runs.models import Message, Run, Step, ToolCall
 from runs.saga import run_rewind
@@ -217,9 +218,9 @@ def test_a_fork_verifies_and_covers_what_it_shares_with_its_parent(users):
 def test_digests_recomputed_by_someone_without_the_integrity_key_do_not_verify(users, settings):
     """The attack of someone who can write to the database: change the refund in the
     call log and the transcript, then recompute every checkpoint's digest."""
+    from core.sealed import json_text
+    from core.sealing import search_text
     from runs.integrity import call_record, closed_until, genesis, step_digest
-    from tools.sealed import json_text
-    from tools.sealing import search_text
 
     run = finished_demo(users)
     refund = ToolCall.objects.get(run=run, tool_name="refund_item")
@@ -368,7 +369,7 @@ def test_verifying_one_run_without_its_key_names_the_key_not_every_step(users, s
 
     from django.core.management import call_command
 
-    from tools.sealing import key_id_of, new_key
+    from core.sealing import key_id_of, new_key
 
     run = finished_demo(users)
     with connection.cursor() as cursor:

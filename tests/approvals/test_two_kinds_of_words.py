@@ -18,9 +18,10 @@ from django.db import connection
 
 from approvals.decisions.bulk import approvals_bulk_decide, approvals_bulk_preview
 from approvals.decisions.decision import Decision
-from approvals.models import ApprovalRequest, ApprovalVote, AuditEvent
-from approvals.record.audit import install_append_only_triggers
+from approvals.models import ApprovalRequest, ApprovalVote
 from approvals.record.verify import verify_run
+from core.models import AuditEvent
+from core.triggers import install_append_only_triggers
 from runs.engine import run_advance_until_settled
 from runs.models import Message, Run
 from tests.api.api_client import Api

@@ -19,11 +19,11 @@ from django.db import connection
 
 from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest, ApprovalVote, Proposal
+from core.sealing import parse_ring, seal
 from runs.models import Message, Run, ToolCall
 from tests.api.api_client import Api
 from tests.helpers import approve_all, client_for, decide, get_html, pending, run_command, start
 from tools.refund_desk.agent import DEMO_TASK
-from tools.sealing import parse_ring, seal
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
 

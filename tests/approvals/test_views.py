@@ -334,7 +334,8 @@ def test_a_two_person_rule_needs_two_distinct_approvers(users):
 
 # --- admin ---------------------------------------------------------------------
 def test_an_admin_edits_a_threshold_from_the_list_and_it_is_versioned_and_audited(users):
-    from approvals.models import AuditEvent, GateRule
+    from approvals.models import GateRule
+    from core.models import AuditEvent
 
     rule = GateRule.objects.get(name="Refunds over ₹500")
     # Only the per-call threshold is under test here, not the per-order total.

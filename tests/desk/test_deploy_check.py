@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tools.sealing import new_key
+from core.sealing import new_key
 
 ROOT = Path(__file__).resolve().parents[2]
 

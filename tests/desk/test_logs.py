@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from desk.logs import JsonFormatter, log_context
+from core.logs import JsonFormatter, log_context
 from runs.models import Run
 from runs.services import run_create
 from runs.tasks import advance_run

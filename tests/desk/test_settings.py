@@ -15,8 +15,8 @@ from django.contrib.auth.models import User
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 
+from core.sealing import new_key
 from desk.settings import parse_proxy_ssl_header
-from tools.sealing import new_key
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from approvals.models import AuditEvent
+from core.models import AuditEvent
 from runs.models import Message, Step, ToolCall
 from tests.helpers import script, turn
 

@@ -35,7 +35,8 @@ from pathlib import Path
 
 import pytest
 
-from approvals.models import ApprovalRequest, AuditEvent, GateRule
+from approvals.models import ApprovalRequest, GateRule
+from core.models import AuditEvent
 from runs.models import CallStatus, Run, ToolCall
 from tests.helpers import wait_until
 from tests.support import PYTHON, ROOT, stop_process_group

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
+from core.sealing import new_key
 from tests.helpers import finished_demo, script, turn
-from tools.sealing import new_key
 
 pytestmark = [
     pytest.mark.integration,

@@ -14,13 +14,14 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection, connections
 
-from approvals.models import ApprovalRequest, AuditEvent
+from approvals.models import ApprovalRequest
+from core.models import AuditEvent
+from core.sealed import index_match
+from core.sealing import new_key
 from ops.keys import census
 from runs.models import Message, Run, ToolCall
 from tests.helpers import finished_demo, run_command
 from tools.models import OutboxEmail
-from tools.sealed import index_match
-from tools.sealing import new_key
 
 pytestmark = [
     pytest.mark.django_db(databases=["default", "world"]),

@@ -8,11 +8,11 @@ from django.core.management.base import CommandError
 from django.db import connection
 from django.test import override_settings
 
-from approvals.record.audit import install_append_only_triggers
 from approvals.record.verify import verify_run
+from core.sealing import new_key
+from core.triggers import install_append_only_triggers
 from runs.models import Run
 from tests.helpers import DEMO_TASK, finished_demo, run_command
-from tools.sealing import new_key
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
 

@@ -9,7 +9,8 @@ from unittest import mock
 import pytest
 
 from approvals.decisions.decision import Decision
-from approvals.models import ApprovalRequest, AuditEvent
+from approvals.models import ApprovalRequest
+from core.models import AuditEvent
 from runs.engine import Outcome, lease_claim, run_advance, run_advance_until_settled
 from runs.gate import ReadsOnlyGate
 from runs.llm import ScriptedLLM

@@ -11,7 +11,8 @@ from decimal import Decimal
 import pytest
 from django.core.management import CommandError
 
-from approvals.models import ApprovalRequest, AuditEvent, GateRule
+from approvals.models import ApprovalRequest, GateRule
+from core.models import AuditEvent
 from runs.engine import run_advance_until_settled
 from runs.models import Run, RunGuard, ToolCall
 from runs.services import run_cancel, run_create

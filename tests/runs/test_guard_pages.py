@@ -14,7 +14,8 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.utils.html import escape
 
-from approvals.models import ApprovalRequest, AuditEvent
+from approvals.models import ApprovalRequest
+from core.models import AuditEvent
 from runs.engine import run_advance_until_settled
 from runs.models import Run, RunGuard, Step, ToolCall
 from runs.services import run_create

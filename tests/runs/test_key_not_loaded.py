@@ -16,13 +16,13 @@ from django.urls import reverse
 from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest, ApprovalVote, Proposal
 from approvals.policy.errors import NotAllowed
+from core.sealing import new_key, parse_ring, seal
 from runs.engine import Outcome
 from runs.models import Message, Run, Step, ToolCall
 from runs.services import run_create
 from runs.tasks import advance_run
 from tests.helpers import client_for, decide, pending, run_command, start
 from tools.refund_desk.agent import DEMO_TASK
-from tools.sealing import new_key, parse_ring, seal
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
 

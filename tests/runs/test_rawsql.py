@@ -9,9 +9,9 @@ import pytest
 from django.db import models, transaction
 from django.utils import timezone
 
+from core.rawsql import insert_object, insert_objects, insert_rows, update_rows
 from runs.engine import lease_claim
 from runs.models import Message, Run, Step, ToolCall
-from runs.rawsql import insert_object, insert_objects, insert_rows, update_rows
 from runs.services import run_create
 
 pytestmark = pytest.mark.django_db

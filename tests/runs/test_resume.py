@@ -15,7 +15,8 @@ from django.db.models.signals import post_init
 
 from approvals.decisions.decision import Decision
 from approvals.decisions.services import approval_decide
-from approvals.models import ApprovalRequest, AuditEvent
+from approvals.models import ApprovalRequest
+from core.models import AuditEvent
 from runs.engine import run_advance_until_settled
 from runs.integrity import verify_steps
 from runs.models import Message, Run, Step

@@ -9,7 +9,8 @@ import pytest
 from django.db.models import Sum
 
 from approvals.decisions.decision import Decision
-from approvals.models import ApprovalRequest, AuditEvent
+from approvals.models import ApprovalRequest
+from core.models import AuditEvent
 from runs.engine import run_advance_until_settled
 from runs.history import transcript_messages
 from runs.models import Message, Run, ToolCall

@@ -11,10 +11,10 @@ from django.core.exceptions import FieldError
 from django.db import connection
 from django.test import override_settings
 
+from core.sealed import index_match
+from core.sealing import KeyRingError, Locked, new_key, parse_ring, ring, seal, unseal
 from runs.models import Run, ToolCall
 from tests.helpers import finished_demo
-from tools.sealed import index_match
-from tools.sealing import KeyRingError, Locked, new_key, parse_ring, ring, seal, unseal
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])
 

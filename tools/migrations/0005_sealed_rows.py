@@ -2,8 +2,8 @@
 
 from django.db import migrations, models
 
-import tools.sealing
-from tools.sealed import number_rows
+import core.sealing
+from core.sealed import number_rows
 
 
 def number_existing_rows(apps, schema_editor):
@@ -20,12 +20,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="outboxemail",
             name="seal_id",
-            field=models.CharField(default=tools.sealing.new_row_id, editable=False, max_length=24),
+            field=models.CharField(default=core.sealing.new_row_id, editable=False, max_length=24),
         ),
         migrations.AddField(
             model_name="receivedwebhook",
             name="seal_id",
-            field=models.CharField(default=tools.sealing.new_row_id, editable=False, max_length=24),
+            field=models.CharField(default=core.sealing.new_row_id, editable=False, max_length=24),
         ),
         migrations.RunPython(number_existing_rows, migrations.RunPython.noop),
     ]

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.db import IntegrityError
 
+from core.money import rupees
 from tools import faults, payments
 from tools.counters import counted
 from tools.keyed import (
@@ -31,7 +32,6 @@ from tools.keyed import (
     would_fail,
 )
 from tools.models import FileOperation, Payment, ReceivedWebhook, WorldUser
-from tools.money import rupees
 from tools.registry import (
     Check,
     ToolContext,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 
+from core.money import rupees
 from tools.demo import (
     EDITED,
     NOT_DONE,
@@ -28,7 +29,6 @@ from tools.demo import (
     stated_amount,
     stated_email,
 )
-from tools.money import rupees
 
 USERNAME = re.compile(r"^[a-z][a-z0-9_.-]{1,49}$")  # create_user's username pattern
 _USERNAME_IN_TEXT = re.compile(

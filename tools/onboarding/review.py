@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from core.money import rupees
 from tools import payments
 from tools.keyed import (
     of_run,
     when,
 )
 from tools.models import Payment, WorldUser
-from tools.money import rupees
 from tools.registry import (
     ReviewContext,
     ToolError,

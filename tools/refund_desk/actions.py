@@ -10,6 +10,7 @@ from functools import cache
 from django.db import connections, router
 from django.db.models import Q, Sum
 
+from core.money import rupees
 from tools import faults, payments
 from tools.counters import counted
 from tools.keyed import (
@@ -21,7 +22,6 @@ from tools.keyed import (
     would_fail,
 )
 from tools.models import Customer, Note, Order, OutboxEmail, Payment, Ticket
-from tools.money import rupees
 from tools.registry import (
     Check,
     ToolContext,

@@ -10,13 +10,13 @@ from decimal import Decimal
 
 from django.db import transaction
 
+from core.money import rupees
 from tools import payments
 from tools.keyed import (
     capture_key,
     found_for_call,
 )
 from tools.models import Customer, Order, OutboxEmail, Ticket
-from tools.money import rupees
 from tools.refund_desk.actions import (
     SEARCH_LIMIT,
     _ticket_closed,

@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
+from core.money import rupees
 from tools.demo import (
     DECLINED,
     DENIED,
@@ -53,7 +54,6 @@ from tools.demo import (
     stated_amount,
     stated_email,
 )
-from tools.money import rupees
 from tools.refund_desk.task_words import no_refund_in
 
 ORDER_IN_TEXT = re.compile(r"\b[A-Z]-[0-9]{4}\b")  # get_order's order_id pattern, in a sentence

@@ -8,13 +8,13 @@ import contextlib
 import re
 from decimal import Decimal
 
+from core.money import rupees
 from tools import payments
 from tools.keyed import (
     of_run,
     when,
 )
 from tools.models import Customer, Order, Payment, WorldUser
-from tools.money import rupees
 from tools.refund_desk.task_words import no_refund_in
 from tools.registry import (
     ReviewContext,

@@ -6,8 +6,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from approvals.models import AuditEvent, GateRule, Proposal
+from approvals.models import GateRule, Proposal
 from approvals.record.verify import verify_run
+from core.models import AuditEvent
 from runs import retention
 
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from core.sealing import ring
 from ops.keys import rotate
-from tools.sealing import ring
 
 
 class Command(BaseCommand):

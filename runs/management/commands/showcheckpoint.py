@@ -10,7 +10,7 @@ from ._common import run_by_id, step_number
 
 
 def _blocks(content) -> list:
-    """A message's blocks; a content that cannot be read (a ``tools.sealing.Locked``
+    """A message's blocks; a content that cannot be read (a ``core.sealing.Locked``
     text, which says why) is one block of its own."""
     return content if isinstance(content, list) else [content]
 

@@ -1,6 +1,5 @@
 """The audit chain's hashing: an event's subject, its hashed content, the keyed
-hash; and its head, locked and moved on. A ground piece (``AuditEvent.save`` uses
-it): imports runs.integrity and tools.registry only, no model.
+hash; and its head, locked and moved on (``AuditEvent.save`` uses it).
 
 Every transition appends an event (three on the way from a decision to the approved
 call's effect), so the head's two statements are written once per table and
@@ -14,8 +13,7 @@ from functools import cache
 
 from django.db import connections
 
-from runs.integrity import keyed_hash
-from tools.registry import canonical_json
+from core.hashing import canonical_json, keyed_hash
 
 
 def event_subject(event) -> str:
@@ -72,5 +70,5 @@ def head_move_sql(
 ) -> tuple[str, list]:
     """The UPDATE that moves the locked head from ``seq`` to ``new_seq`` (the database
     refuses any move but one forward) and its hash to ``new_head``: sent with the
-    event's INSERT (``runs.rawsql.insert_object``), one round trip on PostgreSQL."""
+    event's INSERT (``core.rawsql.insert_object``), one round trip on PostgreSQL."""
     return _head_sql(alias, table)[1], [new_seq, new_head, subject, seq]

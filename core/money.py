@@ -60,3 +60,8 @@ def _as_text(value) -> str:
     except Exception:  # a value no one can show is said to be one
         return f"({type(value).__name__} that cannot be shown)"
     return text if isinstance(value, str) or len(text) <= 100 else text[:99] + "…"
+
+
+def plain_number(number: Decimal) -> str:
+    """2450, 2940.5: no exponent, no trailing zeros."""
+    return format(number.normalize(), "f")

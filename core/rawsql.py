@@ -37,8 +37,8 @@ from django.db.models.fields import AutoFieldMixin, Field
 from django.db.models.sql import Query
 from django.utils import timezone
 
-from tools.sealed import ROW_FIELD, ForRow, row_field, sealed_fields
-from tools.sealing import new_row_id
+from core.sealed import ROW_FIELD, ForRow, row_field, sealed_fields
+from core.sealing import new_row_id
 
 _STR, _INT, _BOOL, _DATETIME = str, int, bool, datetime
 
@@ -153,7 +153,7 @@ def _insert_statement(model, alias: str, rows: Sequence[Mapping]) -> tuple[str, 
     sealed = _sealed_attnames(model)
     params = []
     for row in rows:
-        if sealed:  # each sealed value bound to its row's id (tools.sealed)
+        if sealed:  # each sealed value bound to its row's id (core.sealed)
             row = {**row, ROW_FIELD: row.get(ROW_FIELD) or new_row_id()}
             row |= {
                 name: ForRow(row[name], row[ROW_FIELD])

@@ -1,4 +1,4 @@
-"""Model fields whose values are sealed at rest (``tools.sealing``).
+"""Model fields whose values are sealed at rest (``core.sealing``).
 
 ``SealedTextField`` and ``SealedJSONField`` hold text and JSON as Python sees them
 and store them sealed under the ring's first key in a text column, with
@@ -10,7 +10,7 @@ row is known (``pre_save``, which gets the instance; the ``SealedQuerySet``'s
 row is read: every SELECT of a sealed column (a model instance, ``values()``,
 ``values_list()``, a related row) reads it with its row's ``seal_id`` appended
 (``SealedCol``), so a value copied onto another row reads back as ``Locked``
-"moved". A stored value that cannot be opened reads back as a ``tools.sealing.Locked``
+"moved". A stored value that cannot be opened reads back as a ``core.sealing.Locked``
 text (never an exception) and is written back as it was. SQL cannot look inside a
 sealed column: a lookup other than ``isnull`` or "is blank" is an error here, not a
 query that silently matches nothing; what SQL must read stays in clear columns
@@ -27,7 +27,7 @@ from django.db import connections, models, transaction
 from django.db.models import lookups
 from django.db.models.expressions import Col
 
-from tools.sealing import Locked, new_row_id, seal, unseal
+from core.sealing import Locked, new_row_id, seal, unseal
 
 ROW_FIELD = "seal_id"
 # Between a sealed column's stored text and its row's id, as a SELECT reads them: the
@@ -103,7 +103,7 @@ class _SealedMixin:
         if row is None and row_field(self.model) is not None:
             raise ValueError(
                 f"{self.model.__name__}.{self.name} is sealed with its row: write it through save(), "
-                "the model's queryset (update, bulk_update) or tools.sealed.ForRow."
+                "the model's queryset (update, bulk_update) or core.sealed.ForRow."
             )
         return seal(text, self._context(), row=row)
 
@@ -294,7 +294,7 @@ class SealedQuerySet(models.QuerySet):
 
 class SealedRow(models.Model):
     """A model with sealed fields: ``seal_id``, random and given when the instance is
-    made, binds each sealed value to its row (``tools.sealing``)."""
+    made, binds each sealed value to its row (``core.sealing``)."""
 
     seal_id = models.CharField(max_length=24, default=new_row_id, editable=False)
 
@@ -412,7 +412,7 @@ def derived_updates(instance, fields: dict) -> dict:
 
 class SearchIndexField(DerivedField, models.TextField):
     """The keyed index of the ``sources`` fields' words (text or JSON;
-    ``tools.sealing.search_text``): clear, but only keyed digests of words (with the
+    ``core.sealing.search_text``): clear, but only keyed digests of words (with the
     ring off, the words themselves, as clear as the columns)."""
 
     empty = ""
@@ -423,7 +423,7 @@ class SearchIndexField(DerivedField, models.TextField):
 
 def index_of(instance, sources) -> str:
     """The search index of ``instance``'s ``sources`` fields, as they are now."""
-    from tools.sealing import search_text
+    from core.sealing import search_text
 
     texts = []
     for name in sources:
@@ -435,14 +435,14 @@ def index_of(instance, sources) -> str:
 
 
 class FactsField(DerivedField, models.JSONField):
-    """A call's clear facts (``tools.sealing.clear_facts``) of its one source, JSON
+    """A call's clear facts (``core.sealing.clear_facts``) of its one source, JSON
     arguments: what SQL adds up and compares (aggregate rules) while the arguments
     themselves are sealed. An unreadable source keeps the facts it had."""
 
     empty = dict
 
     def derive(self, instance) -> dict | None:
-        from tools.sealing import clear_facts
+        from core.sealing import clear_facts
 
         (source,) = self.sources
         value = getattr(instance, source)
@@ -453,7 +453,7 @@ def index_match(paths: tuple[str, ...], query: str) -> models.Q | None:
     """Rows where every word of ``query`` is in the search index at one of ``paths``
     (``SearchIndexField`` lookups, e.g. "run__search"), under any key of the ring;
     None when the query has no words."""
-    from tools.sealing import query_tokens
+    from core.sealing import query_tokens
 
     match = None
     for tokens in query_tokens(query):

@@ -1,7 +1,7 @@
 """Encryption at rest: the key ring, sealed values, and the keyed search index.
 
 ``settings.DESK_ENCRYPTION_KEYS`` is a ring, "id:key,id:key" (a key: 32 random bytes,
-URL-safe base64; ``python -m tools.sealing newkey`` prints one). The first key
+URL-safe base64; ``python -m core.sealing newkey`` prints one). The first key
 seals every value written; every key in the ring opens. "off" (benchmarks only)
 writes clear text. Values are sealed with AES-256-GCM (``cryptography``): a random
 96-bit nonce per value, the column's "table.column" and the row's own id (its
@@ -111,7 +111,7 @@ def parse_ring(text: str) -> KeyRing:
         if len(key) != 32:
             raise KeyRingError(
                 f"DESK_ENCRYPTION_KEYS, key {kid!r}: not 32 bytes of URL-safe base64 "
-                "(python -m tools.sealing newkey prints one)."
+                "(python -m core.sealing newkey prints one)."
             )
         if kid in dict(keys):
             raise KeyRingError(f"DESK_ENCRYPTION_KEYS: key id {kid!r} is there twice.")
@@ -187,7 +187,7 @@ def key_id_of(stored: str | None) -> str | None:
 
 
 def new_row_id() -> str:
-    """A row's id for sealing (``tools.sealed.SealedRow.seal_id``): 64 random bits, hex."""
+    """A row's id for sealing (``core.sealed.SealedRow.seal_id``): 64 random bits, hex."""
     return os.urandom(8).hex()
 
 
@@ -340,7 +340,7 @@ def main(argv: list[str]) -> int:
     if argv[1:2] == ["newkey"]:
         print(new_key(argv[2] if len(argv) > 2 else ""))
         return 0
-    print("usage: python -m tools.sealing newkey [ID]  (prints a DESK_ENCRYPTION_KEYS entry)")
+    print("usage: python -m core.sealing newkey [ID]  (prints a DESK_ENCRYPTION_KEYS entry)")
     return 2
 
 

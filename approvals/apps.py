@@ -10,7 +10,8 @@ class ApprovalsConfig(AppConfig):
     verbose_name = "Approvals and audit"
 
     def ready(self) -> None:
-        # The engine's signals become the audit trail (recording only, same transaction).
-        # Everything a transition means (emails, webhooks, cancelled approvals) is
+        # A rule's versions are recorded on every save (recording only, same
+        # transaction). Runs and calls record their changes inline (runs.audit);
+        # everything a transition means (emails, webhooks, cancelled approvals) is
         # called by name where it happens (approvals.decisions.announce, runs.gate).
         from approvals.record import receivers  # noqa: F401

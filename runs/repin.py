@@ -8,10 +8,10 @@ from django.db import transaction
 
 from tools.registry import get_agent
 
+from .audit import run_audit
 from .guard_decisions import GuardConflict, run_requeue
 from .models import Run, RunGuard, RunStatus
 from .services import agent_of, model_id
-from .signals import run_transitioned
 
 
 def version_mismatch(run: Run) -> str:
@@ -56,7 +56,7 @@ def run_repin(*, run_id: int, actor) -> str:
         old = f"{run.agent_version} ({run.model or 'model not recorded'})"
         Run.objects.filter(pk=run_id).update(agent_version=agent.version, model=new_model)
         reason = f"repinned from {old} to {agent.version} ({new_model})"
-        run_transitioned.send(Run, run_id=run_id, old=run.status, new=run.status, actor=actor, reason=reason)
+        run_audit(run_id=run_id, old=run.status, new=run.status, actor=actor, reason=reason)
         if waiting:
             run_requeue(run, actor=actor, reason="repinned; resuming", error="")
     return f"Run {run_id} {reason}."

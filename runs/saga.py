@@ -22,12 +22,12 @@ from django.utils import timezone
 from tools.loading import not_loaded_here
 from tools.registry import ToolContext, ToolError, UnknownOutcome, compensation_key, find_tool
 
+from .audit import ROLLED_BACK_TO_STEP, run_audit
 from .engine.execution import ToolMisbehaved, call_hook
 from .failpoints import failpoint
 from .gate import get_gate
 from .models import CallStatus, Message, Run, RunStatus, Step, ToolCall
 from .services import run_enqueue
-from .signals import ROLLED_BACK_TO_STEP, run_transitioned
 from .transitions import TransitionConflict, call_transition, run_begin, run_transition
 
 log = logging.getLogger(__name__)
@@ -426,8 +426,7 @@ def run_rollback(*, run: Run, to_step: int | None = None, by=None) -> RollbackRe
                     reason=f"rolled back: {len(done)} compensation(s)",
                 )
             elif to_step is not None:
-                run_transitioned.send(
-                    Run,
+                run_audit(
                     run_id=run.pk,
                     old=run.status,
                     new=run.status,

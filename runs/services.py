@@ -23,9 +23,9 @@ from django.utils import timezone
 from tools.loading import not_loaded_here
 from tools.registry import Budget, get_agent, idempotency_key, input_hash
 
+from .audit import run_audit
 from .llm import validate_scenario
 from .models import MAX_TASK_CHARS, Run, RunStatus, ToolCall
-from .signals import run_transitioned
 from .transitions import IllegalTransition, TransitionConflict, call_transition, run_begin, run_transition
 
 log = logging.getLogger(__name__)
@@ -309,8 +309,7 @@ def lease_release_for_resume(*, run: Run, steal: bool, actor=None) -> bool:
         if rows.update(lease_owner="", lease_until=None, llm_attempts=0) != 1:
             return False
         if steal and run.lease_owner:
-            run_transitioned.send(
-                Run,
+            run_audit(
                 run_id=run.pk,
                 old=run.status,
                 new=run.status,

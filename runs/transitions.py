@@ -15,9 +15,9 @@ from django.utils import timezone
 
 from core.sealed import derived_updates, for_row
 
+from .audit import call_audit, run_audit
 from .gate import get_gate
 from .models import FINISHED_RUN_STATUSES, Message, Run, RunStatus, ToolCall
-from .signals import run_transitioned, tool_call_transitioned
 
 
 def run_begin(*, actor, reason: str, task_message: bool = True, **fields) -> Run:
@@ -33,7 +33,7 @@ def run_begin(*, actor, reason: str, task_message: bool = True, **fields) -> Run
         Message.objects.create(
             run=run, seq=0, role=Message.Role.USER, content=[{"type": "text", "text": run.task}]
         )
-    run_transitioned.send(Run, run_id=run.pk, old="", new=run.status, actor=actor, reason=reason)
+    run_audit(run_id=run.pk, old="", new=run.status, actor=actor, reason=reason)
     return run
 
 
@@ -110,7 +110,7 @@ def run_transition(
         fields.setdefault("lease_until", None)
     if rows.update(status=new, updated_at=timezone.now(), **fields) != 1:
         raise TransitionConflict(f"run {run_id} is no longer {old}")
-    run_transitioned.send(Run, run_id=run_id, old=old, new=new, actor=actor, reason=reason)
+    run_audit(run_id=run_id, old=old, new=new, actor=actor, reason=reason)
     if new in FINISHED_RUN_STATUSES:
         # Close what the gate opened for the run and tell its requester, in this
         # transaction: the end and its consequences commit together.
@@ -162,9 +162,9 @@ CALL_TRANSITIONS: dict[str, frozenset[str]] = {
 def call_transition(*, call: ToolCall, new: str, actor=None, reason: str, **fields) -> None:
     """Move ``call`` from the status it was loaded with to ``new``: one conditional
     UPDATE whose row count is checked (``TransitionConflict`` if another process moved
-    it first), and its audit event in the same transaction (announced through
-    ``tool_call_transitioned``; an allowed read without a key is recorded by its row
-    alone, as when it was saved). ``fields`` are written with it and set on ``call``."""
+    it first), and its audit event in the same transaction (``call_audit``; an allowed
+    read without a key is recorded by its row alone, as when it was saved). ``fields``
+    are written with it and set on ``call``."""
     old = call.status
     if new not in CALL_TRANSITIONS.get(old, ()):
         raise IllegalTransition(f"tool call {call.pk}: {old} -> {new} is not allowed")
@@ -181,6 +181,6 @@ def call_transition(*, call: ToolCall, new: str, actor=None, reason: str, **fiel
                     setattr(call, name, value)
             call.status = new
             if call.is_audited:
-                tool_call_transitioned.send(ToolCall, call=call, old=old, new=new, actor=actor, reason=reason)
+                call_audit(call=call, old=old, new=new, actor=actor, reason=reason)
     if not moved:
         raise TransitionConflict(f"tool call {call.pk} is no longer {old}")

@@ -1,3 +1,3 @@
-"""The record room: the hash-chained audit trail, its verification and anchors,
-export and import of a run, the receivers of the engine's signals. Of approvals,
-imports only models and the ground ``record.chain``."""
+"""The record room: what approvals' rows add to the record (``core`` holds the chain
+itself), its verification and anchors, export and import of a run, and the receiver
+that records a rule's versions. Of approvals, imports only models."""

@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from core.rawsql import objects_from_rows, select_columns, update_rows
 
+from ..audit import run_audit
 from ..models import Run, RunStatus
 from ..services import lease_deadline
-from ..signals import run_transitioned
 from .outcomes import LeaseLost, require_open
 
 # The run's own sealed values a step reads: checked as claimed, before the claim writes.
@@ -59,8 +59,7 @@ def lease_claim(run_id: int, owner: str) -> Run | None:
         run.status, run.lease_owner, run.lease_until = RunStatus.RUNNING, owner, until
         run.updated_at, run.nudged_at = now, None
         if old != RunStatus.RUNNING:
-            run_transitioned.send(
-                Run,
+            run_audit(
                 run_id=run_id,
                 old=old,
                 new=RunStatus.RUNNING,

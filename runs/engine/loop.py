@@ -38,6 +38,7 @@ from core.rawsql import insert_objects, insert_rows
 from tools.registry import Check, get_agent
 
 from .. import gate as gate_module
+from ..audit import call_audit
 from ..failpoints import failpoint
 from ..history import tool_result_block, transcript_messages
 from ..integrity import call_record, chain_head, step_digest
@@ -53,7 +54,6 @@ from ..llm import (
     estimate_tokens,
 )
 from ..models import CallStatus, Message, Run, RunStatus, Step, ToolCall, stood_in
-from ..signals import tool_call_transitioned
 from ..transitions import run_transition
 from .execution import Executing
 from .guards import Guarding
@@ -506,9 +506,7 @@ class RunStepper(Proposing, Executing, Guarding):
             if call.status == CallStatus.AWAITING_APPROVAL:
                 self.gate.hold(run=self.run, call=call, verdict=verdicts[call.position])
             if call.is_audited:
-                tool_call_transitioned.send(
-                    ToolCall, call=call, old="", new=call.status, actor=None, reason=call.verdict_reason
-                )
+                call_audit(call=call, old="", new=call.status, actor=None, reason=call.verdict_reason)
 
 
 @dataclass(slots=True)

@@ -116,6 +116,42 @@ def test_the_scan_would_catch_a_status_written_behind_the_transition_functions(t
     assert len(calls) == 4
 
 
+# Django's own signals, which a module could send by hand in place of writing a record.
+BUILT_IN_SIGNALS = {"pre_save", "post_save", "pre_delete", "post_delete", "m2m_changed", "signals"}
+
+
+def _signals_by_hand(call: ast.Call) -> bool:
+    """``Signal()`` (a signal of our own: only ever sent by hand), or a signal's send:
+    ``send`` / ``send_robust`` with a sender and named arguments (``send(Run, run_id=..)``),
+    a ``sender=``, or on one of Django's signals. An email's ``send()`` is none of these."""
+    func = call.func
+    if (isinstance(func, ast.Name) and func.id == "Signal") or (
+        isinstance(func, ast.Attribute) and func.attr == "Signal"
+    ):
+        return True
+    if not (isinstance(func, ast.Attribute) and func.attr in {"send", "send_robust"}):
+        return False
+    named = any(k.arg == "sender" for k in call.keywords) or bool(call.args and call.keywords)
+    return named or bool(_root_names(func.value) & BUILT_IN_SIGNALS)
+
+
+def test_no_audit_row_waits_on_a_signal_sent_by_hand():
+    """Runs and calls write their audit rows inline (``runs.audit``); before, ten
+    sites in six files sent a signal by hand for a receiver to write it, and a new
+    site that forgot the signal left no record. No module makes or sends one now."""
+    assert calls_outside(set(), _signals_by_hand) == []
+    sneaky = ast.parse(
+        "def sneaky(run):\n"
+        "    done = Signal()\n"
+        "    run_transitioned.send(Run, run_id=run.pk, old='', new='queued')\n"
+        "    post_save.send(sender=Run, instance=run)\n"
+        "    signals.run_done.send_robust(None)\n"
+        "    message.send()\n"  # an email's send is not a signal
+        "    sock.send(b'x')\n"
+    )
+    assert sum(isinstance(n, ast.Call) and _signals_by_hand(n) for n in ast.walk(sneaky)) == 4
+
+
 def _creates_a_run(call: ast.Call) -> bool:
     """``Run(...)``, or ``Run.objects.create / get_or_create / bulk_create (...)``."""
     func = call.func

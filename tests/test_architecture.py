@@ -4,6 +4,7 @@ import each other in a circle, imports inside functions and TYPE_CHECKING includ
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import grimp
@@ -147,3 +148,30 @@ def test_every_long_file_says_in_the_architecture_why_it_is_long():
         f"over {LONG} lines with no sentence in docs/architecture.md (section 'Long files') "
         "saying why: " + ", ".join(unexplained)
     )
+
+
+def house_drawn() -> tuple[dict[str, int], list[str]]:
+    """The house as docs/architecture.md draws it: each package's floor (a line that
+    starts ``floor N  pkg/`` or is indented under one as ``pkg/``), and approvals' rooms
+    from the top down (``room/`` two columns further in)."""
+    architecture = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = architecture.split("## The house", 1)[1].split("```")[1]
+    floors: dict[str, int] = {}
+    rooms: list[str] = []
+    current = None
+    for line in block.splitlines():
+        package = re.match(r"^(?:floor (\d)  | {9})(\w+)/ ", line)
+        if package:
+            current = int(package.group(1)) if package.group(1) else current
+            floors[package.group(2)] = current
+        elif room := re.match(r"^ {11}(\w+)/ ", line):
+            rooms.append(room.group(1))
+    return floors, rooms
+
+
+def test_the_house_drawn_in_the_architecture_is_the_house_the_imports_hold():
+    """The drawing is the test's floors: a package moved in one and not the other fails."""
+    floors, rooms = house_drawn()
+    assert floors == {package: int(FLOORS[package]) for package in PACKAGES}
+    assert rooms == sorted(rooms, key=lambda room: -FLOORS[f"approvals.{room}"])
+    assert set(rooms) == {"notify", "decisions", "policy", "record"}

@@ -1,6 +1,6 @@
 """/api/v1/runs: start runs, list and read them, cancel them; roll back, rewind, fork.
 
-The desk's services and permissions, the desk's refusals (runs/views.py and the
+The desk's services and permissions, the desk's refusals (approvals/run_pages/views.py and the
 rollback / rewind / fork commands), each as a JSON error with a stable code. A run
 the caller may not see answers 404, exactly like a run that does not exist.
 """
@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from ninja import Path, Query, Router, Status
 
+from approvals.decisions.run_rights import may_cancel
 from runs.models import Run
 from runs.saga import SagaError, run_fork, undo_preview
-from runs.selectors import may_cancel, may_undo
+from runs.selectors import may_undo
 from runs.services import BudgetRefused, TaskTooLong, default_llm_kind, llm_refusal, run_cancel, run_create
 from runs.tasks import undo_request
 from tools.registry import get_agent
@@ -131,7 +132,7 @@ def run_cancel_route(request, run_id: int = run_id_path()):
 
 
 def _undo(request, run_id: int, *, to_step: int | None, dry_run: bool, rewind: bool):
-    """The desk's rollback / rewind confirmation (runs.views._undo): checked here, done
+    """The desk's rollback / rewind confirmation (approvals.run_pages.views._undo): checked here, done
     in a worker (compensations are slow I/O against the world), checked again there."""
     if not may_undo(request.auth):
         raise refuse(403, "not_allowed", "You may not roll back, rewind or fork runs.")

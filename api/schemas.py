@@ -18,9 +18,9 @@ from typing import Annotated, Any, Literal
 from ninja import Field, Schema
 from pydantic import ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr, StringConstraints
 
-from approvals.models import ApprovalStatus, GuardAction
+from approvals.models import ApprovalStatus, GuardAction, GuardKind
 from runs.forms import MAX_COST, MAX_PARAM_VALUE, MAX_PARAMS, MAX_STEPS, MAX_TOKENS
-from runs.models import MAX_TASK_CHARS, GuardKind, Run, RunKind, RunStatus
+from runs.models import MAX_TASK_CHARS, Run, RunKind, RunStatus
 
 # Ids and step numbers fit a signed 64-bit column: 18 digits always do (desk/converters.py).
 MAX_ID = 10**18 - 1

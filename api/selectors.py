@@ -25,9 +25,9 @@ from approvals.decisions.selectors import (
 )
 from approvals.models import ApprovalRequest
 from approvals.policy.decided import rule_api_fields
+from approvals.record.outcome import run_outcome, run_outcome_lines
 from runs.history import transcript_messages
 from runs.models import Run, Step, ToolCall
-from runs.outcome import run_outcome, run_outcome_lines
 from runs.reasons import aggregate_figures
 from runs.selectors import VIEW_ALL_PERMISSION, run_get, run_search, run_step_checkpoint
 

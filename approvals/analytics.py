@@ -36,7 +36,7 @@ from django.db.models import Q, Value
 from django.db.models.functions import Concat
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest, ApprovalStatus, ApprovalVote, GateRule, RuleMode
+from approvals.models import ApprovalRequest, ApprovalStatus, ApprovalVote, GateRule, GuardKind, RuleMode
 from approvals.policy.replay import (
     LISTED,
     PlacedRule,
@@ -49,7 +49,7 @@ from approvals.policy.replay import (
 from approvals.policy.rules import RuleTerms
 from approvals.policy.shadow import NO_MATCH
 from runs.gate import DENY, NEEDS_APPROVAL
-from runs.models import GuardKind, ToolCall
+from runs.models import ToolCall
 from runs.reasons import money_reason
 
 # A reviewer "rubber-stamps" who approves at least this share of at least this many

@@ -8,7 +8,7 @@ import dataclasses
 
 from approvals.decisions.opening import approval_open, approval_open_guard
 from approvals.decisions.services import approvals_cancel
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, GuardKind
 from approvals.notify.notifications import notify_run_finished
 from approvals.policy.rules import (
     RuleTerms,
@@ -25,7 +25,7 @@ from approvals.policy.rules import (
 from approvals.policy.shadow import shadow_verdicts
 from approvals.policy.standing import standing_allows
 from runs.gate import ALLOW, NEEDS_APPROVAL, Verdict
-from runs.models import GuardKind, Run
+from runs.models import Run
 
 
 class RuleGate:

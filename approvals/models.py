@@ -33,8 +33,7 @@ from approvals.notify.models import (  # noqa: F401
 # this app's label: imported here so Django registers them with it.
 from core.models import AuditChain, AuditEvent  # noqa: F401
 from core.sealed import SealedJSONField, SealedRow, SealedTextField, SearchIndexField
-from runs.gate import GUARD_ACTIONS
-from runs.models import ApprovalStatus, Effect, GuardKind, Run, ToolCall
+from runs.models import Effect, Run, ToolCall
 from runs.reasons import window_text
 from tools.loading import agents_loaded_here
 from tools.registry import find_tool
@@ -53,13 +52,31 @@ class TimeoutEffect(models.TextChoices):
     APPROVE = "approve"
 
 
-# ApprovalStatus (imported above) is declared once, in runs.models: runs reads a request's state.
+class GuardKind(models.TextChoices):
+    """What a request in the one queue is about (ApprovalRequest.kind)."""
+
+    CALL = "call", "gated call"
+    BUDGET = "budget", "budget spent"
+    STUCK = "stuck", "no progress"
+    VERIFY = "verify", "verification failed"
+    OUTCOME = "outcome", "outcome unknown"
+
+
+class ApprovalStatus(models.TextChoices):
+    """The states of a request for a person's decision (``ApprovalRequest.Status``)."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    DECLINED = "declined"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+    RESPONDED = "responded"  # a reviewer answered instead; nothing ran
 
 
 class GuardAction(models.TextChoices):
     """What a person decided on a request that is not a plain call decision (its
     ``action``; blank for approve / decline / respond). Which kind allows which:
-    ``runs.gate.GUARD_ACTIONS``."""
+    ``GUARD_ACTIONS``."""
 
     NONE = "", "approve, decline or respond"
     GRANT = "grant", "grant more"
@@ -70,6 +87,18 @@ class GuardAction(models.TextChoices):
     SEND_BACK = "send_back", "send back to the model"
     HAPPENED = "happened", "it happened"
     NOT_HAPPENED = "not_happened", "it did not happen"
+
+
+# What a person may do with each kind of request (ApprovalRequest.kind), applied by
+# approvals.decisions.services through runs' guard services. "call" keeps approve /
+# decline / respond.
+GUARD_ACTIONS: dict[str, tuple[str, ...]] = {
+    "call": ("hand_over",),
+    "budget": ("grant", "stop", "hand_over"),
+    "stuck": ("continue", "stop", "hand_over"),
+    "verify": ("accept", "send_back", "hand_over"),
+    "outcome": ("happened", "not_happened", "hand_over"),
+}
 
 
 # Guards the engine opens at most one of per run at a time (an outcome request is
@@ -315,6 +344,10 @@ def as_comparable(value):
         return str(value)
     # NaN and infinities compare as nothing: a rule never sees them as numbers.
     return number if number.is_finite() else str(value)
+
+
+# Who may decide (and cancel or hand over any run): the permission ApprovalRequest declares.
+DECIDE_PERMISSION = "approvals.decide_approvalrequest"
 
 
 class ApprovalRequest(SealedRow):

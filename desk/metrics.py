@@ -40,10 +40,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from approvals.models import ApprovalRequest, Notification, WebhookDelivery
+from approvals.record.outcome import NOT_DONE, not_done_counts_of_finished_runs
 from core.models import AuditEvent
 from runs.audit import ROLLED_BACK_TO_STEP
 from runs.models import Run, RunStatus, Step
-from runs.outcome import NOT_DONE, not_done_counts_of_finished_runs
 
 # Upper bounds in seconds. A step is timed in whole milliseconds (Step.duration_ms):
 # a step under half a millisecond records 0 and lands in the first bucket.

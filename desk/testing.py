@@ -36,9 +36,9 @@ from django.contrib.auth.models import Group, Permission
 
 from approvals.decisions.decision import Decision
 from approvals.decisions.services import approval_decide
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, GuardKind
 from runs.engine import run_advance_until_settled
-from runs.models import CallStatus, Effect, GuardKind, Message, Run, ToolCall
+from runs.models import CallStatus, Effect, Message, Run, ToolCall
 from runs.saga import run_rollback
 from runs.services import run_create
 from tools.loading import not_loaded_here

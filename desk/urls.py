@@ -29,7 +29,7 @@ urlpatterns = [
     path("favicon.ico", favicon, name="favicon"),
     path("", approval_views.home, name="home"),
     path("desk/", include("approvals.urls")),
-    path("runs/", include("runs.urls")),
+    path("runs/", include("approvals.run_pages.urls")),
     # The run page's "verified" line: the audit trail is approvals', the checkpoints runs'.
     path("runs/<id:run_id>/integrity", approval_views.run_integrity, name="run-integrity"),
     # The run page's standing approvals: granted and revoked at the desk (approvals').

@@ -76,7 +76,7 @@ class Gate(Protocol):
     def open_guard(
         self, *, run: Run, kind: str, reason: str, detail: dict, call: ToolCall | None = None
     ) -> None:
-        """A guard tripped (``kind``: budget, stuck, verify, outcome): put the run in
+        """A guard tripped (``kind``: a ``RunGuard`` or ``OUTCOME_UNKNOWN``): put the run in
         front of a person through the one queue, notify on commit. Called inside the
         transaction that moves the run to waiting."""
 
@@ -107,16 +107,10 @@ class ReadsOnlyGate:
         pass  # nobody to ask: the run waits until an operator acts on it
 
 
-# What a person may do with each kind of request (ApprovalRequest.kind), applied by
-# the services in runs.services. "call" keeps approve / decline / respond.
-HAND_OVER = "hand_over"
-GUARD_ACTIONS: dict[str, tuple[str, ...]] = {
-    "call": (HAND_OVER,),
-    "budget": ("grant", "stop", HAND_OVER),
-    "stuck": ("continue", "stop", HAND_OVER),
-    "verify": ("accept", "send_back", HAND_OVER),
-    "outcome": ("happened", "not_happened", HAND_OVER),
-}
+# What the engine may ask a person about through ``open_guard``: a run-level guard
+# (``RunGuard.BUDGET``, ``STUCK`` or ``VERIFY``), or, naming the call, whether the
+# effect of a call whose outcome stayed unknown happened.
+OUTCOME_UNKNOWN = "outcome"
 
 
 def review_call(*, run: Run, call: ToolCall, spec: ToolSpec) -> Verdict:

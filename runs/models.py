@@ -46,16 +46,6 @@ class CallStatus(models.TextChoices):
     PREVIEWED = "previewed"  # a dry run: the tool said what it would do; nothing ran
 
 
-class GuardKind(models.TextChoices):
-    """What a request in the one queue is about (ApprovalRequest.kind)."""
-
-    CALL = "call", "gated call"
-    BUDGET = "budget", "budget spent"
-    STUCK = "stuck", "no progress"
-    VERIFY = "verify", "verification failed"
-    OUTCOME = "outcome", "outcome unknown"
-
-
 class RunGuard(models.TextChoices):
     """What a waiting run waits on besides its calls' approvals."""
 
@@ -73,18 +63,6 @@ class Effect(models.TextChoices):
     ALLOW = "allow"
     DENY = "deny"
     NEEDS_APPROVAL = "needs_approval", "needs approval"
-
-
-class ApprovalStatus(models.TextChoices):
-    """The states of a request for a person's decision (``approvals.ApprovalRequest``),
-    declared here so that runs reads them by name, never by string."""
-
-    PENDING = "pending"
-    APPROVED = "approved"
-    DECLINED = "declined"
-    EXPIRED = "expired"
-    CANCELLED = "cancelled"
-    RESPONDED = "responded"  # a reviewer answered instead; nothing ran
 
 
 class RunKind(models.TextChoices):

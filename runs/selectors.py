@@ -25,15 +25,6 @@ from .saga import PERMISSION as UNDO_PERMISSION
 from .services import model_id
 
 VIEW_ALL_PERMISSION = "runs.view_all_runs"
-# Named by string: runs never imports approvals (see docs/architecture.md).
-DECIDE_PERMISSION = "approvals.decide_approvalrequest"
-
-
-def may_cancel(user, run: Run) -> bool:
-    """The run's requester, staff and reviewers may cancel a run."""
-    return user.is_authenticated and (
-        run.requester_id == user.pk or user.is_staff or user.has_perm(DECIDE_PERMISSION)
-    )
 
 
 def may_undo(user) -> bool:

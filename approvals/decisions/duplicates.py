@@ -40,10 +40,10 @@ from django.db import connections
 from django.db.models import BooleanField, F, Q
 from django.db.models.expressions import RawSQL
 
-from approvals.models import ApprovalRequest, Proposal
+from approvals.models import ApprovalRequest, GuardKind, Proposal
 from core.money import rupees
 from core.sealing import fact_value
-from runs.models import GuardKind, Run, ToolCall
+from runs.models import Run, ToolCall
 from tools.idempotency import canonical_json
 from tools.registry import ToolSpec, find_tool
 

@@ -8,10 +8,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from approvals.decisions.selectors import TranscriptEntry, group_names, transcript_entries
-from approvals.models import ApprovalRequest, GuardAction, finite_number
-from runs.gate import GUARD_ACTIONS
+from approvals.models import GUARD_ACTIONS, ApprovalRequest, GuardAction, GuardKind, finite_number
 from runs.history import transcript_messages
-from runs.models import GuardKind
 
 # --- guards: what a guard found, for people ----------------------------------------
 # ``detail`` is what the engine recorded. It holds the model's text (calls, replies),

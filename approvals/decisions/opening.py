@@ -16,13 +16,13 @@ from approvals.decisions.announce import announcer
 from approvals.decisions.decision import Requirement
 from approvals.decisions.duplicates import proposal_repeats
 from approvals.decisions.quoting import note_quotes
-from approvals.models import ApprovalRequest, GateRule, Proposal
+from approvals.models import ApprovalRequest, GateRule, GuardKind, Proposal
 from approvals.policy.decided import decided_rule_snapshot
 from approvals.record.audit import approval_with_facts
 from approvals.record.queue_index import queue_index_write
 from core.models import AuditEvent
 from runs.gate import Verdict
-from runs.models import GuardKind, Run, ToolCall
+from runs.models import Run, ToolCall
 from tools.registry import ReviewContext, find_tool
 
 

@@ -36,9 +36,9 @@ from approvals.decisions.selectors import (
     sla_rules_of,
     visible_arms,
 )
-from approvals.models import ApprovalRequest, ApprovalVote, GateRule
+from approvals.models import ApprovalRequest, ApprovalVote, GateRule, GuardKind
 from approvals.record.queue_index import tools_named, words_match
-from runs.models import GuardKind, Run
+from runs.models import Run
 
 # How urgent a pending approval is: the queue's order, computed in the database so that
 # it sorts and pages there. Escalated first; then those with an SLA by due time (the

@@ -21,7 +21,7 @@ from django.utils import timezone
 from approvals.decisions.duplicates import Repeat, repeats_of
 from approvals.decisions.freshness import desk_version_read
 from approvals.decisions.quoting import note_quotes
-from approvals.models import ApprovalRequest, ApprovalVote, GateRule, Proposal
+from approvals.models import DECIDE_PERMISSION, ApprovalRequest, ApprovalVote, GateRule, Proposal
 from approvals.policy.decided import RULE_NONE, RULE_RECORDED, DecidedRule, rule_as_decided
 from core.sealing import find_locked
 from runs.history import through_reply, transcript_messages
@@ -34,7 +34,6 @@ from tools.registry import NOT_LOADED, ReviewContext, arguments_in_order, canoni
 # Which groups an approval requires (the many-to-many's table).
 REQUIRED_GROUPS = ApprovalRequest.required_groups.through
 
-DECIDE_PERMISSION = "approvals.decide_approvalrequest"
 # Escalation hands an approval to this group; its members (and superusers) may
 # also break another reviewer's claim.
 ESCALATION_GROUP = "senior-reviewers"

@@ -29,7 +29,7 @@ email of a decline or a timeout that declines (``notifications``).
 - **Guards** share the queue: a run that a guard stopped (budget, stuck, verify,
   outcome) waits on an ApprovalRequest of that ``kind`` (``approval_open_guard``),
   decided by ``Decision.act(action, ...)`` with an action its kind takes
-  (``runs.gate.GUARD_ACTIONS``; ``hand_over`` on every kind, calls included). Same
+  (``approvals.models.GUARD_ACTIONS``; ``hand_over`` on every kind, calls included). Same
   eligibility, claims and conditional UPDATE as a call; then the ``runs`` service that
   does it, in the same transaction. A run that no longer waits on the request
   (``GuardConflict``) is refused as RunMovedOn and nothing changes.
@@ -62,13 +62,21 @@ from approvals.decisions.selectors import (
     vote_refusal,
 )
 from approvals.decisions.transitions import ApprovalMoved, approval_transition
-from approvals.models import ApprovalRequest, ApprovalVote, GateRule, GuardAction, Proposal
+from approvals.models import (
+    GUARD_ACTIONS,
+    ApprovalRequest,
+    ApprovalVote,
+    GateRule,
+    GuardAction,
+    GuardKind,
+    Proposal,
+)
 from approvals.policy.errors import DecisionError, NotAllowed, UnconfirmedIrreversible
 from approvals.policy.standing import standing_grant, standing_grant_refusal
 from approvals.record.audit import approval_with_facts
 from approvals.record.queue_index import queue_index_write
 from core.models import AuditEvent
-from runs.gate import DENY, GUARD_ACTIONS, review_call
+from runs.gate import DENY, review_call
 from runs.guard_decisions import (
     GuardConflict,
     call_outcome_happened,
@@ -80,7 +88,7 @@ from runs.guard_decisions import (
     run_hand_over,
     run_stop,
 )
-from runs.models import GuardKind, Run, RunGuard, RunStatus, ToolCall
+from runs.models import Run, RunGuard, RunStatus, ToolCall
 from runs.services import (
     nudges_first,
     run_enqueue,

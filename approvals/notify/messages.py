@@ -22,9 +22,7 @@ from approvals.notify.inbox import notification_path
 from approvals.notify.kinds import REVIEWER_KINDS, Kind
 from approvals.notify.models import Notification
 from approvals.policy.decided import rule_as_decided
-from runs.history import live_at
-from runs.models import Message, Run, ToolCall
-from runs.outcome import (
+from approvals.record.outcome import (
     ANSWERED,
     COMPENSATED,
     DECLINED,
@@ -34,6 +32,8 @@ from runs.outcome import (
     outcome_lines_of_calls,
     run_outcome,
 )
+from runs.history import live_at
+from runs.models import Message, Run, ToolCall
 from runs.selectors import args_summary
 from tools.registry import arguments_in_order
 
@@ -118,7 +118,7 @@ def digest_items(digest: Notification) -> list[dict]:
 
 
 def unhonoured_calls(run: Run, *, at) -> list[ToolCall]:
-    """The calls of ``run`` that did not take effect as the model asked (runs.outcome:
+    """The calls of ``run`` that did not take effect as the model asked (approvals.record.outcome:
     failed, refused, denied, declined, timed out, answered instead of run, never decided,
     ...), on the branch that was live at ``at``."""
     calls = (

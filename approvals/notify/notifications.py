@@ -69,9 +69,9 @@ from approvals.notify.kinds import PREFERENCE_KIND_NAMES, REVIEWER_KINDS, Kind
 from approvals.notify.messages import _name, notification_message
 from approvals.notify.models import Notification, NotificationPreference
 from approvals.notify.webhooks import webhook_run_ended
+from approvals.record.outcome import run_outcome
 from core.logs import log_context
 from runs.models import Run
-from runs.outcome import run_outcome
 from runs.reasons import reason_text
 
 log = logging.getLogger(__name__)

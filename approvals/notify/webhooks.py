@@ -39,7 +39,7 @@ Events (``data`` has ``run`` and, for approval events, ``approval``; each with i
   clean, whether a write took effect (``changed``; null unless it ended done), who
   accepted a failed verification and why (``accepted``: by, reason, failed; else null),
   and ``not_done``: every call that did not take effect, with its status,
-  what became of it (``runs.outcome.NOT_DONE``: failed, refused, denied, declined, timed
+  what became of it (``approvals.record.outcome.NOT_DONE``: failed, refused, denied, declined, timed
   out, answered instead of run, never decided, never run, compensated, outcome unknown,
   previewed (dry run)), who and why;
 - ``run.needs_attention``: a run waits for a person: a guard stopped it
@@ -120,8 +120,8 @@ from approvals.models import ApprovalRequest
 from approvals.notify.endpoints import TEST_EVENT, webhook_address
 from approvals.notify.errors import UnsafeWebhookURL
 from approvals.notify.models import WebhookDelivery, WebhookEndpoint
+from approvals.record.outcome import RunOutcome, run_outcome, run_outcome_lines
 from core.logs import log_context
-from runs.outcome import RunOutcome, run_outcome, run_outcome_lines
 from runs.reasons import aggregate_figures
 
 log = logging.getLogger(__name__)

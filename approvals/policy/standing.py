@@ -37,7 +37,7 @@ from django.db import transaction
 from django.db.models import Prefetch
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest, GateRule, StandingApproval, finite_number
+from approvals.models import DECIDE_PERMISSION, ApprovalRequest, GateRule, StandingApproval, finite_number
 from approvals.policy.errors import DecisionError, NotAllowed
 from approvals.record.audit import standing_with_facts
 from core.models import AuditEvent
@@ -57,7 +57,6 @@ COUNTED_STATUSES = (
     ToolCall.Status.UNKNOWN,
     ToolCall.Status.COMMITTED,
 )
-DECIDE_PERMISSION = "approvals.decide_approvalrequest"
 
 
 @dataclass(frozen=True)

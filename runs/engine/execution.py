@@ -23,7 +23,8 @@ from tools.inputs import UnsafeJSON, check_json
 from tools.registry import ToolContext, ToolError, ToolSpec, UnknownOutcome, find_tool, input_hash
 
 from ..failpoints import failpoint
-from ..models import CallStatus, GuardKind, Run, ToolCall
+from ..gate import OUTCOME_UNKNOWN
+from ..models import CallStatus, Run, ToolCall
 from ..transitions import TransitionConflict, call_transition
 from .outcomes import CARRY_ON, AdvanceResult, LeaseLost, Outcome, StepResult, wait_for_person
 
@@ -193,7 +194,7 @@ class Executing:
             wait_for_person(run, self.owner, guard="", reason=f"outcome unknown: {why}")
             self.gate.open_guard(
                 run=run,
-                kind=GuardKind.OUTCOME,
+                kind=OUTCOME_UNKNOWN,
                 reason=why,
                 detail={
                     "tool": call.tool_name,

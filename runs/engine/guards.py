@@ -17,7 +17,7 @@ from django.utils import timezone
 from tools.registry import CallRecord, Check, RunRecord, input_hash
 
 from ..llm import Reply
-from ..models import CallStatus, Effect, GuardKind, RunGuard, RunStatus, ToolCall, stood_in
+from ..models import CallStatus, Effect, RunGuard, RunStatus, ToolCall, stood_in
 from ..transitions import run_transition
 from .outcomes import CARRY_ON, AdvanceResult, Outcome, StepResult, wait_for_person
 
@@ -226,7 +226,7 @@ class Guarding:
         text = "\n".join(b.get("text", "") for b in reply.content if b.get("type") == "text")
         self.gate.open_guard(
             run=run,
-            kind=GuardKind.VERIFY,
+            kind=RunGuard.VERIFY,
             reason=reason,
             detail={"checks": verification["checks"], "final_text": text},
         )

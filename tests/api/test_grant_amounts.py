@@ -11,8 +11,8 @@ import pytest
 from django.core.management import ManagementUtility
 from django.core.management import base as management_base
 
-from approvals.models import ApprovalRequest
-from runs.models import GuardKind, Run
+from approvals.models import ApprovalRequest, GuardKind
+from runs.models import Run
 from tests.api.api_client import Api
 from tests.approvals.guard_runs import TOKENS_SPENT, a_run, spend_tokens, trip
 

@@ -7,10 +7,10 @@ from django.db import transaction
 
 from approvals.decisions.decision import Decision
 from approvals.decisions.services import approval_decide
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, GuardKind
 from core.models import AuditEvent
 from runs.gate import get_gate, review_call
-from runs.models import GuardKind, Message, Run, RunStatus, ToolCall
+from runs.models import Message, Run, RunStatus, ToolCall
 from runs.services import run_create
 from runs.transitions import run_transition
 from tools.registry import find_tool, idempotency_key, input_hash

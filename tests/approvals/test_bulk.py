@@ -19,10 +19,10 @@ from approvals.decisions.bulk import approvals_bulk_decide
 from approvals.decisions.decision import Decision
 from approvals.decisions.forms import BULK_LIMIT
 from approvals.decisions.opening import approval_open_guard
-from approvals.models import ApprovalRequest, GateRule, Proposal
+from approvals.models import ApprovalRequest, GateRule, GuardKind, Proposal
 from core.models import AuditEvent
 from runs.engine import run_advance_until_settled
-from runs.models import GuardKind, Run
+from runs.models import Run
 from runs.services import run_create
 from tests.helpers import (
     client_for,

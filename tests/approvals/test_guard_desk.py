@@ -10,8 +10,9 @@ import pytest
 from django.core.management.base import CommandError
 from django.db import transaction
 
+from approvals.models import GuardKind
 from runs.gate import get_gate
-from runs.models import GuardKind, Message, Run, RunStatus, ToolCall
+from runs.models import Message, Run, RunStatus, ToolCall
 from tests.approvals.guard_runs import (
     NO_PROGRESS,
     NOT_VERIFIED,

@@ -24,13 +24,13 @@ from approvals.decisions.decision import Decision
 from approvals.decisions.errors import AlreadyDecided, RunMovedOn, WrongAction
 from approvals.decisions.services import approval_decide
 from approvals.gate import RuleGate
-from approvals.models import ApprovalRequest, GuardAction, Notification
+from approvals.models import GUARD_ACTIONS, ApprovalRequest, GuardAction, GuardKind, Notification
 from approvals.notify.sla import approvals_sweep_sla
 from approvals.policy.errors import DecisionError, NotAllowed
 from approvals.record.verify import verify_run
 from core.models import AuditEvent
-from runs.gate import GUARD_ACTIONS, get_gate
-from runs.models import GuardKind, Message, Run, RunGuard, RunStatus, ToolCall
+from runs.gate import get_gate
+from runs.models import Message, Run, RunGuard, RunStatus, ToolCall
 from runs.services import run_cancel
 from tests.approvals.guard_runs import (
     NO_PROGRESS,

@@ -26,8 +26,7 @@ from approvals.decisions.selectors import (
     approvals_visible_to,
     decide_refusal,
 )
-from approvals.models import ApprovalRequest, GateRule, Proposal
-from runs.models import GuardKind
+from approvals.models import ApprovalRequest, GateRule, GuardKind, Proposal
 from runs.services import run_create
 from tests.helpers import client_for, decide, get_html, pending, refund_script, script, start, turn
 

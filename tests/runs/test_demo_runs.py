@@ -8,10 +8,10 @@ import pytest
 
 from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest
+from approvals.record.outcome import run_outcome
 from runs.engine.loop import llm_for_run
 from runs.llm import DemoLLM
 from runs.models import Run, ToolCall
-from runs.outcome import run_outcome
 from tests.helpers import approve_all, decide_and_advance, pending, script, start, turn
 from tools.models import OutboxEmail, Payment
 from tools.refund_desk.agent import DEMO_TASK

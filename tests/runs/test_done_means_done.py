@@ -20,9 +20,9 @@ from django.core import mail
 from approvals.decisions.decision import Decision
 from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest, WebhookDelivery, WebhookEndpoint
+from approvals.record.outcome import outcome_of_calls, run_outcome, run_outcomes
 from runs.engine import run_advance_until_settled
 from runs.models import CallStatus, Run, ToolCall
-from runs.outcome import outcome_of_calls, run_outcome, run_outcomes
 from runs.services import run_cancel
 from tests.api.api_client import Api
 from tests.helpers import (

@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from approvals.record.outcome import run_outcome
 from runs.external import (
     SessionBusy,
     SessionClosed,
@@ -23,7 +24,6 @@ from runs.external import (
     external_sessions_close_idle,
 )
 from runs.models import Message, Run, ToolCall
-from runs.outcome import run_outcome
 from runs.tasks import close_idle_sessions
 from tests.helpers import client_for, get_html
 from tools.models import Payment

@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from approvals.decisions.decision import Decision
 from approvals.models import GateRule
+from approvals.record.outcome import outcome_of_calls, run_outcome, run_outcome_lines, run_outcomes
 from runs.models import Run, ToolCall
-from runs.outcome import outcome_of_calls, run_outcome, run_outcome_lines, run_outcomes
 from runs.saga import run_rollback
 from runs.selectors import args_summary
 from runs.services import run_create

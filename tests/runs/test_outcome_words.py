@@ -20,8 +20,8 @@ from approvals.decisions.decision import Decision
 from approvals.models import ApprovalRequest, GateRule, WebhookDelivery, WebhookEndpoint
 from approvals.notify.notifications import notify_run_finished
 from approvals.notify.sla import approvals_sweep_sla
+from approvals.record.outcome import NOT_DONE, run_outcome, run_outcome_lines
 from runs.models import CallStatus, Run, ToolCall
-from runs.outcome import NOT_DONE, run_outcome, run_outcome_lines
 from runs.saga import run_rewind
 from runs.services import run_cancel
 from tests.desk.test_metrics import scrape, value

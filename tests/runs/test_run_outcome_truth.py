@@ -16,10 +16,10 @@ from django.utils import timezone
 from approvals.decisions.decision import Decision
 from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest, WebhookDelivery, WebhookEndpoint
+from approvals.record.outcome import outcome_of_calls, run_outcome, run_outcome_lines
+from approvals.run_pages.page import run_verification
 from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
-from runs.outcome import outcome_of_calls, run_outcome, run_outcome_lines
-from runs.run_page import run_verification
 from tests.helpers import (
     approve_all,
     client_for,

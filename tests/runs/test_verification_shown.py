@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from runs.run_page import _said_once
+from approvals.run_pages.page import _said_once
 from tests.helpers import client_for, finished_demo
 
 pytestmark = pytest.mark.django_db(databases=["default", "world"])

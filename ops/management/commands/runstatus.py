@@ -7,10 +7,10 @@ from django.core.management.base import BaseCommand
 from approvals.decisions.guards import guard_summary
 from approvals.decisions.selectors import group_names
 from approvals.models import ApprovalRequest
+from approvals.record.outcome import run_outcome, run_outcome_lines
 from runs.integrity import retention_note
 from runs.management.commands._common import run_by_id
 from runs.models import Run
-from runs.outcome import run_outcome, run_outcome_lines
 from runs.reasons import aggregate_figures, reason_text
 from runs.selectors import dry_run_preview
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from . import views
+from approvals.run_pages import views
 
 # <id:...> is desk.converters.IdConverter (at most 18 digits), registered in desk/urls.py.
 urlpatterns = [

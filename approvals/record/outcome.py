@@ -20,20 +20,19 @@ from typing import Any
 
 from django.db.models import Case, CharField, Count, Q, Value, When
 
-from tools.registry import get_tool
-
-from .models import (
+from approvals.models import ApprovalRequest
+from runs.models import (
     FINISHED_RUN_STATUSES,
     REASON_OUTSIDE_STAGE,
-    ApprovalStatus,
     CallStatus,
     ReasonKind,
     Run,
     RunStatus,
     ToolCall,
 )
-from .reasons import is_amount, money_reason
-from .selectors import call_would
+from runs.reasons import is_amount, money_reason
+from runs.selectors import call_would
+from tools.registry import get_tool
 
 # What became of a call that did not take effect, in the order the badge lists them:
 FAILED = "failed"  # a tool error, bad input, an unknown tool, arguments changed after approval
@@ -106,7 +105,7 @@ def not_done_what(call: ToolCall, *, finished: bool = True) -> str:
         return REFUSED if call.reason_kind == ReasonKind.OUTSIDE_STAGE else FAILED
     if call.status == CallStatus.DECLINED:
         approval = _approval_of(call)
-        if approval is not None and approval.status == ApprovalStatus.EXPIRED:
+        if approval is not None and approval.status == ApprovalRequest.Status.EXPIRED:
             return TIMED_OUT
     if word in UNDER_WAY and not finished:
         return ""
@@ -124,7 +123,9 @@ def _not_done_expression() -> Case:
     return Case(
         When(status=CallStatus.FAILED, reason_kind=ReasonKind.OUTSIDE_STAGE, then=Value(REFUSED)),
         # ``approval``: approvals.ApprovalRequest.tool_call's reverse side, by name.
-        When(status=CallStatus.DECLINED, approval__status=ApprovalStatus.EXPIRED, then=Value(TIMED_OUT)),
+        When(
+            status=CallStatus.DECLINED, approval__status=ApprovalRequest.Status.EXPIRED, then=Value(TIMED_OUT)
+        ),
         *[When(status=status, then=Value(word)) for status, word in _COUNTED.items()],
         default=Value(""),
         output_field=CharField(),

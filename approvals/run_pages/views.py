@@ -20,25 +20,22 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import trigger_client_event
 
-from tools.registry import find_tool
-
-from .forms import RunFilterForm, RunStartForm
-from .guard_decisions import GuardConflict, run_hand_over
-from .models import Run, Step, ToolCall
-from .outcome import outcome_lines_of_calls, outcome_of_calls, run_outcome, run_outcomes
-from .repin import may_repin, run_repin
-from .run_page import (
-    HAND_OVER_STATUSES,
+from approvals.decisions.run_rights import HAND_OVER_STATUSES, may_cancel, may_hand_over
+from approvals.record.outcome import outcome_lines_of_calls, outcome_of_calls, run_outcome, run_outcomes
+from approvals.run_pages.page import (
     final_reply_step,
     kinds_shown,
-    may_hand_over,
     pretty,
     run_budget_usage,
     run_timeline_shown,
     run_verification,
     run_version_problem,
 )
-from .saga import (
+from runs.forms import RunFilterForm, RunStartForm
+from runs.guard_decisions import GuardConflict, run_hand_over
+from runs.models import Run, Step, ToolCall
+from runs.repin import may_repin, run_repin
+from runs.saga import (
     SagaError,
     run_fork,
     saga_in_progress,
@@ -46,17 +43,17 @@ from .saga import (
     undo_preview,
     undo_progress,
 )
-from .selectors import (
+from runs.selectors import (
     args_summary,
     has_checkpoint,
-    may_cancel,
     may_undo,
     run_get,
     run_search,
     run_step_checkpoint,
 )
-from .services import BudgetRefused, run_cancel, run_create
-from .tasks import undo_request
+from runs.services import BudgetRefused, run_cancel, run_create
+from runs.tasks import undo_request
+from tools.registry import find_tool
 
 RUNS_PER_PAGE = 50
 # Longest note a hand-over keeps (it goes into the audit trail and the email).

@@ -1,6 +1,7 @@
 """One run's page, as the desk shows it: the timeline step by step with each call
 as shown (``CallShown``: the page only renders what is decided here), and the
-guards box (budgets, verification, a version problem, who may hand the run over).
+guards box (budgets, verification, a version problem). Who may cancel or hand a
+run over: ``approvals.decisions.run_rights``.
 
 The read side of runs like ``runs.selectors``, on which it builds.
 """
@@ -15,11 +16,11 @@ from decimal import Decimal
 
 from django.utils import timezone
 
+from approvals.models import ApprovalRequest
+from runs.models import Message, Run, RunGuard, RunStatus, Step, ToolCall
+from runs.repin import version_mismatch
+from runs.selectors import call_would, is_amount
 from tools.registry import NOT_LOADED, find_tool
-
-from .models import ApprovalStatus, Message, Run, RunGuard, RunStatus, Step, ToolCall
-from .repin import version_mismatch
-from .selectors import DECIDE_PERMISSION, call_would, is_amount
 
 
 @dataclass
@@ -120,20 +121,6 @@ def run_timeline(run: Run) -> list[TimelineStep]:
 
 
 # --- guards: what the run page and the command line show about them -----------
-# A run a person may still take from the agent: it has not ended, or it failed.
-HAND_OVER_STATUSES = frozenset(
-    {RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING_APPROVAL, RunStatus.FAILED}
-)
-
-
-def may_hand_over(user, run: Run) -> bool:
-    """Whether ``user`` may take ``run`` from its agent: its requester, or a reviewer
-    (someone who may decide approvals). The caller has checked that they may see it."""
-    if not (user.is_authenticated and user.is_active):
-        return False
-    return run.requester_id == user.pk or user.has_perm(DECIDE_PERMISSION)
-
-
 def run_version_problem(run: Run) -> str:
     """Why a live run may not go on with its agent as it is now ("" if it may): the
     pause the engine recorded, or a change made since."""
@@ -281,7 +268,7 @@ def votes_shown(approval) -> list:
     if approval is None:
         return []
     votes = list(approval.votes.all())
-    alone = len(votes) == 1 and approval.status != ApprovalStatus.PENDING
+    alone = len(votes) == 1 and approval.status != ApprovalRequest.Status.PENDING
     if alone and votes[0].reviewer_id == approval.decided_by_id:
         return []
     return votes
@@ -297,7 +284,9 @@ def pretty(value) -> str:
 def call_shown(run: Run, call: ToolCall) -> CallShown:
     approval = getattr(call, "approval", None)
     proposal = (
-        approval.proposal if approval is not None and approval.status == ApprovalStatus.PENDING else None
+        approval.proposal
+        if approval is not None and approval.status == ApprovalRequest.Status.PENDING
+        else None
     )
     pending_edit = proposal if proposal is not None and proposal.proposed_by_id else None
     spec = find_tool(call.tool_name)

@@ -236,26 +236,31 @@ def time_phases(store: dict[str, list[float]]) -> None:
     skips what is not there, so engine edits do not break the bench."""
     from runs import gate
     from runs.engine import advance, execution
+    from runs.engine.claim import Claim
+    from runs.engine.execution import Executor
     from runs.engine.loop import RunStepper
+    from runs.engine.proposals import Proposer
     from tools.registry import ToolSpec
 
     targets = [
         (RunStepper, name, f"RunStepper.{name}")
         for name in (
             "_ask_model",
-            "_propose",
-            "_new_call",
-            "_run_reads",
             "_save_reply",
             "_work",
-            "_execute",
             "_close_after_work",
             "_close_reads_only",
             "_close_final",
-            "_renew_lease",
-            "_save_read_results",
             "_pause",
         )
+    ]
+    targets += [
+        (Proposer, "propose", "Proposer.propose"),
+        (Proposer, "_new_call", "Proposer._new_call"),
+        (Executor, "run_reads", "Executor.run_reads"),
+        (Executor, "execute", "Executor.execute"),
+        (Executor, "save_read_results", "Executor.save_read_results"),
+        (Claim, "renew_lease", "Claim.renew_lease"),
     ]
     targets += [
         (execution, "_invoke", "_invoke (the tool itself)"),
@@ -321,7 +326,8 @@ def configure_guards(mode: str, n: int) -> dict:
     none that a read would meet anyway)."""
     import dataclasses
 
-    from runs.engine import CARRY_ON, RunStepper
+    from runs.engine import CARRY_ON
+    from runs.engine.guards import Guards
     from tools import registry
 
     agent = registry.get_agent("refund-desk")
@@ -332,12 +338,11 @@ def configure_guards(mode: str, n: int) -> dict:
         registry._AGENTS[agent.name] = dataclasses.replace(agent, patience=n + 10)
         return {"max_tokens": 10**12, "max_cost": 100_000}
     registry._AGENTS[agent.name] = dataclasses.replace(agent, stages=(), transitions=(), requirements=None)
-    loop = RunStepper
-    loop._budget_spent = lambda self: CARRY_ON
-    loop._stuck = lambda self: CARRY_ON
-    loop._verify = lambda self: None
-    loop._learn = lambda self, *a, **k: False
-    loop._progress = lambda self, calls: (self.run.stage, False, 0)
+    Guards.budget_spent = lambda self, transcript: CARRY_ON
+    Guards.stuck = lambda self: CARRY_ON
+    Guards.verify = lambda self: None
+    Guards.learn = lambda self, *a, **k: False
+    Guards.progress = lambda self, calls: (self.claim.run.stage, False, 0)
     return {}
 
 
@@ -542,10 +547,10 @@ def cprofile_summary(profiler, steps: int, path: Path) -> dict:
     picks = [
         ("runs/engine/loop.py", "_ask_model"),
         ("runs/engine/proposals.py", "_new_call"),
-        ("runs/engine/execution.py", "_execute"),
+        ("runs/engine/execution.py", "execute"),
         ("runs/engine/loop.py", "_close_reads_only"),
-        ("runs/engine/proposals.py", "_propose"),
-        ("runs/engine/loop.py", "_renew_lease"),
+        ("runs/engine/proposals.py", "propose"),
+        ("runs/engine/claim.py", "renew_lease"),
         ("core/rawsql.py", "insert_objects"),
         ("runs/llm.py", "reply"),
         ("runs/llm.py", "_estimate_tokens"),

@@ -2,17 +2,23 @@
 
 - ``advance``: ``run_advance`` (one claim, steps until the run stops) and its callers' variants;
 - ``loop``: ``RunStepper``, the step protocol top to bottom, and closing a step;
-- ``proposals``: a reply's calls, checked, deduplicated and gated;
-- ``execution``: write-ahead intent, effects, recovery and reconciliation;
-- ``guards``: budgets, progress (stuck), verification before done;
+- ``proposals``: ``Proposer``, a reply's calls, checked, deduplicated and gated;
+- ``execution``: ``Executor``, write-ahead intent, effects, recovery and reconciliation;
+- ``guards``: ``Guards``, budgets, progress (stuck), verification before done;
+- ``transcript``: what the model reads, in memory for the claim, and its token estimate;
+- ``claim``: ``Claim`` (the run, its lease owner, agent and gate: what every part is
+  given) and ``StepInHand`` (the step being taken);
+- ``caller_tools``: an external agent's tools, which only record the permission;
 - ``lease``: claiming and renewing a run's lease;
 - ``outcomes``: what a step comes to (``AdvanceResult`` or ``CARRY_ON``).
 
-Imports go one way: advance -> loop -> proposals, execution, guards -> lease, outcomes.
+Imports go one way: advance -> loop -> proposals, execution, guards -> claim,
+transcript -> caller_tools, lease, outcomes.
 """
 
 from .advance import run_advance, run_advance_until_settled
-from .execution import CALLER_RUNS_IT, MAX_UNKNOWN_OUTCOME_ATTEMPTS
+from .caller_tools import CALLER_RUNS_IT
+from .execution import MAX_UNKNOWN_OUTCOME_ATTEMPTS
 from .lease import lease_claim, new_lease_owner
 from .loop import RunStepper, llm_for_run
 from .outcomes import CARRY_ON, AdvanceResult, KeyNotLoaded, LeaseLost, Outcome

@@ -1,17 +1,16 @@
 """Execution and recovery: a write runs at most once, and a crash mid-way is settled.
 
 A write's intent is committed (``executing``, one more attempt) before its effect
-(``_execute``); its result is committed after (``_commit``). A call found
+(``Executor.execute``); its result is committed after (``_commit``). A call found
 ``executing`` (a crash or a timeout between the two) is reconciled by its
 idempotency key, re-run when the tool deduplicates on it, or handed to a person
-(``_recover``, ``_outcome_unknown``): never retried blind. Reads have no effect to
+(``Executor.recover``, ``_outcome_unknown``): never retried blind. Reads have no effect to
 make exactly once: they run, and their results are written with the step.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 
 from django.conf import settings
 from django.db import transaction
@@ -20,13 +19,13 @@ from django.utils import timezone
 
 from tools.deadline import ToolTimedOut, call_with_deadline
 from tools.inputs import UnsafeJSON, check_json
-from tools.registry import ToolContext, ToolError, ToolSpec, UnknownOutcome, find_tool, input_hash
+from tools.registry import ToolContext, ToolError, ToolSpec, UnknownOutcome, input_hash
 
 from ..failpoints import failpoint
 from ..gate import OUTCOME_UNKNOWN
 from ..models import CallStatus, Run, ToolCall
-from ..transitions import TransitionConflict, call_transition
-from .outcomes import CARRY_ON, AdvanceResult, LeaseLost, Outcome, StepResult, wait_for_person
+from .claim import Claim
+from .outcomes import CARRY_ON, AdvanceResult, Outcome, StepResult, wait_for_person
 
 log = logging.getLogger("runs.engine")
 
@@ -35,32 +34,31 @@ log = logging.getLogger("runs.engine")
 MAX_UNKNOWN_OUTCOME_ATTEMPTS = 3
 
 
-class Executing:
-    """RunStepper's part that runs calls (``self.run``, ``self.owner``, ``self.gate``,
-    ``self.unsaved_reads``; ``self._renew_lease`` is the loop's)."""
+class Executor:
+    """Runs a step's calls for one claim: reads at once (their results are written
+    with the step: ``save_read_results``), writes with a committed intent before the
+    effect, and calls found ``executing`` reconciled (``recover``)."""
 
-    def _tool(self, name: str) -> ToolSpec | None:
-        """The tool a call runs. An external agent runs its own tools: here its
-        allowed call only records the permission (``_caller_runs_it``)."""
-        spec = find_tool(name)
-        if spec is None or self.run.kind != Run.Kind.EXTERNAL:
-            return spec
-        return _as_permission(spec)
+    def __init__(self, claim: Claim) -> None:
+        self.claim = claim
+        # Reads run whose results are written when the step closes (or pauses): a
+        # crash before that just reads again.
+        self.unsaved_reads: list[tuple[ToolCall, str]] = []  # (call, status before its read)
 
-    def _tool_context(self, call: ToolCall) -> ToolContext:
-        return ToolContext(run_id=self.run.pk, step=call.step, idempotency_key=call.idempotency_key)
-
-    def _run_reads(self, calls: list[ToolCall]) -> None:
+    def run_reads(self, calls: list[ToolCall]) -> None:
+        """The fast path's reads: run now, their results saved with the step's calls."""
         for call in calls:
             if call.status == CallStatus.APPROVED:
-                self._run_read(call, self._tool(call.tool_name))
+                self._run_read(call, self.claim.tool(call.tool_name))
 
     def _run_read(self, call: ToolCall, spec: ToolSpec) -> None:
-        result, is_error = _invoke(spec, self._tool_context(call), call.input)
+        result, is_error = _invoke(spec, self.claim.tool_context(call), call.input)
         call.status = CallStatus.FAILED if is_error else CallStatus.COMMITTED
         call.result, call.is_error, call.finished_at = result, is_error, timezone.now()
 
-    def _execute(self, call: ToolCall, spec: ToolSpec) -> StepResult:
+    def execute(self, call: ToolCall) -> StepResult:
+        """Run a call that may run (``approved``)."""
+        spec = self.claim.tool(call.tool_name)
         if spec.is_read:
             # Reads have no effect to make exactly once: no intent row, the
             # result is written with the step (a crash just reads again).
@@ -80,7 +78,7 @@ class Executing:
         # in any way stops the call before its intent: nothing has happened yet.
         try:
             pre_state = (
-                call_hook(spec, "capture", spec.capture, self._tool_context(call), call.input)
+                call_hook(spec, "capture", spec.capture, self.claim.tool_context(call), call.input)
                 if spec.capture
                 else None
             )
@@ -91,8 +89,8 @@ class Executing:
             self._resolve_now(call, CallStatus.FAILED, f"{exc}; {spec.name} did not run.", is_error=True)
             return CARRY_ON
         with transaction.atomic():
-            self._renew_lease()
-            self._transition(
+            self.claim.renew_lease()
+            self.claim.transition(
                 call,
                 CallStatus.EXECUTING,
                 reason="intent",
@@ -106,14 +104,14 @@ class Executing:
 
     def _make_effect(self, call: ToolCall, spec: ToolSpec, *, reason: str) -> StepResult:
         """Run a write whose intent is committed and record its result; an outcome
-        that is unknown (a timeout, a crash inside the tool) goes to ``_recover``."""
+        that is unknown (a timeout, a crash inside the tool) goes to ``recover``."""
         try:
-            result, is_error = _invoke(spec, self._tool_context(call), call.input)
+            result, is_error = _invoke(spec, self.claim.tool_context(call), call.input)
         except UnknownOutcome as exc:
-            log.warning("run %s: %s outcome unknown (%s); reconciling", self.run.pk, call, exc)
+            log.warning("run %s: %s outcome unknown (%s); reconciling", self.claim.run.pk, call, exc)
             return self._recover(call, spec)
         except ToolMisbehaved as exc:
-            log.warning("run %s: %s: %s; reconciling", self.run.pk, call, exc)
+            log.warning("run %s: %s: %s; reconciling", self.claim.run.pk, call, exc)
             return self._recover(call, spec, misbehaved=str(exc))
         failpoint("after_tool_effect", call.step)
         self._commit(call, result, is_error, reason=reason)
@@ -122,9 +120,14 @@ class Executing:
     def _commit(self, call: ToolCall, result, is_error: bool, *, reason: str) -> None:
         new = CallStatus.FAILED if is_error else CallStatus.COMMITTED
         with transaction.atomic():
-            self._transition(
+            self.claim.transition(
                 call, new, reason=reason, result=result, is_error=is_error, finished_at=timezone.now()
             )
+
+    def recover(self, call: ToolCall) -> StepResult:
+        """A write found ``executing`` (a crash or a timeout between its intent and its
+        result): settle it (``_recover``)."""
+        return self._recover(call, self.claim.tool(call.tool_name))
 
     def _recover(self, call: ToolCall, spec: ToolSpec, *, misbehaved: str = "") -> StepResult:
         """A write found ``executing``: its outcome is unknown. Never retry blind.
@@ -138,7 +141,7 @@ class Executing:
         lookup = ""
         try:
             found = (
-                call_hook(spec, "reconcile", spec.reconcile, self._tool_context(call), call.input)
+                call_hook(spec, "reconcile", spec.reconcile, self.claim.tool_context(call), call.input)
                 if spec.reconcile
                 else None
             )
@@ -176,7 +179,7 @@ class Executing:
         # The effect did not happen and the downstream system deduplicates on
         # the key: running again with the same key is safe.
         with transaction.atomic():
-            self._renew_lease()
+            self.claim.renew_lease()
             ToolCall.objects.filter(pk=call.pk, status=CallStatus.EXECUTING).update(
                 attempts=F("attempts") + 1, started_at=timezone.now()
             )
@@ -186,13 +189,14 @@ class Executing:
     def _outcome_unknown(self, call: ToolCall, why: str) -> AdvanceResult:
         """Nobody can tell whether the effect happened: a person looks and says (an
         ``outcome`` request); until then the call is ``unknown`` and the run waits."""
-        run = self.run
+        claim = self.claim
+        run = claim.run
         with transaction.atomic():
             Run.objects.select_for_update().filter(pk=run.pk).first()
-            self._save_read_results()
-            self._transition(call, CallStatus.UNKNOWN, reason=why)
-            wait_for_person(run, self.owner, guard="", reason=f"outcome unknown: {why}")
-            self.gate.open_guard(
+            self.save_read_results()
+            claim.transition(call, CallStatus.UNKNOWN, reason=why)
+            wait_for_person(run, claim.owner, guard="", reason=f"outcome unknown: {why}")
+            claim.gate.open_guard(
                 run=run,
                 kind=OUTCOME_UNKNOWN,
                 reason=why,
@@ -210,22 +214,16 @@ class Executing:
 
     def _resolve_now(self, call: ToolCall, status: str, result, *, is_error: bool) -> None:
         with transaction.atomic():
-            self._transition(
+            self.claim.transition(
                 call, status, reason=str(result), result=result, is_error=is_error, finished_at=timezone.now()
             )
 
-    def _transition(self, call: ToolCall, new: str, *, reason: str, **fields) -> None:
-        """The engine's call transitions: a call someone else moved means our lease is gone."""
-        try:
-            call_transition(call=call, new=new, reason=reason, **fields)
-        except TransitionConflict:
-            raise LeaseLost() from None
-
-    def _save_read_results(self) -> None:
-        """Write the results of the reads run after their step's reply was saved."""
+    def save_read_results(self) -> None:
+        """In the caller's transaction: the results of the reads run after their
+        step's reply was saved."""
         for call, old in self.unsaved_reads:
             new, call.status = call.status, old
-            self._transition(
+            self.claim.transition(
                 call,
                 new,
                 reason="read",
@@ -234,33 +232,6 @@ class Executing:
                 finished_at=call.finished_at,
             )
         self.unsaved_reads = []
-
-
-CALLER_RUNS_IT = "Allowed. The caller runs this tool itself; Countersign recorded the permission."
-
-
-def _caller_runs_it(ctx: ToolContext, tool_input: dict) -> str:
-    return CALLER_RUNS_IT
-
-
-# Made once per tool (a ToolSpec checks its schema when it is made: milliseconds).
-_PERMISSIONS: dict[str, tuple[ToolSpec, ToolSpec]] = {}
-
-
-def _as_permission(spec: ToolSpec) -> ToolSpec:
-    """The tool as an external agent's call runs here: it records the permission."""
-    cached = _PERMISSIONS.get(spec.name)
-    if cached is None or cached[0] is not spec:
-        permission = replace(
-            spec,
-            function=_caller_runs_it,
-            reconcile=_caller_runs_it,
-            honours_key=True,
-            capture=None,
-            verify=None,
-        )
-        cached = _PERMISSIONS[spec.name] = (spec, permission)
-    return cached[1]
 
 
 class ToolMisbehaved(Exception):

@@ -6,23 +6,27 @@ and ``RunStepper.step`` reads in its order:
 
 1. claim the run's lease (a conditional UPDATE; losing the race means stop: ``lease``);
 2. unless the transcript ends with the model's saved reply (we resumed), ask the
-   model, outside any transaction, and build one ToolCall per tool_use (``proposals``);
+   model, outside any transaction, and build one ToolCall per tool_use
+   (``Proposer``, proposals.py);
 3. gate them: reads at once, writes inside the transaction that saves the reply
    and its calls (``_save_reply``), approvals opened for those that wait;
-4. execute allowed/approved calls, writes with a committed intent
-   (``executing``) before the effect; reconcile calls found ``executing`` (``execution``);
+4. execute allowed/approved calls, writes with a committed intent before the effect;
+   reconcile calls found ``executing`` (``Executor``, execution.py);
 5. pause while any call awaits a decision (``_pause``);
 6. close the step in one transaction (``_close_after_work``): the user message with
    every tool_result in tool_use order, and the Step checkpoint (O(1));
 7. a reply with no tool call is closed by ``_close_final`` and ends the run once
-   verified (``guards``, which also stop the run before the model is asked again
-   when a budget is spent or the run is stuck).
+   verified (``Guards``, guards.py, which also stop the run before the model is asked
+   again when a budget is spent or the run is stuck).
 
 A reply whose calls are all reads (or resolved without running) takes a fast
 path: the reads run, and ``_close_reads_only`` saves the reply, its calls, their
 results and the checkpoint in one transaction.
 
-Every part answers with an ``AdvanceResult`` (stop, and why) or ``CARRY_ON``.
+The parts share no ``self``: each is given the ``Claim`` (claim.py: the run, its lease
+owner, agent and gate) and keeps its own state; the step in hand (``StepInHand``)
+and the ``Transcript`` (transcript.py) are passed to what needs them. Every part
+answers with an ``AdvanceResult`` (stop, and why) or ``CARRY_ON``.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from tools.registry import Check, get_agent
 from .. import gate as gate_module
 from ..audit import call_audit
 from ..failpoints import failpoint
-from ..history import tool_result_block, transcript_messages
+from ..history import tool_result_block
 from ..integrity import call_record, chain_head, step_digest
 from ..llm import (
     LLM,
@@ -53,11 +57,11 @@ from ..llm import (
     ScriptedLLM,
     estimate_tokens,
 )
-from ..models import CallStatus, Message, Run, RunStatus, Step, ToolCall, stood_in
+from ..models import CallStatus, Message, Run, RunStatus, Step, ToolCall
 from ..transitions import run_transition
-from .execution import Executing
-from .guards import Guarding
-from .lease import lease_renew
+from .claim import Claim, StepInHand
+from .execution import Executor
+from .guards import Guards
 from .outcomes import (
     CARRY_ON,
     WAITING_CALL_STATUSES,
@@ -65,28 +69,11 @@ from .outcomes import (
     Outcome,
     StepResult,
     fail_run,
-    require_open,
 )
-from .proposals import Proposals, Proposing, check_reply
+from .proposals import Proposals, Proposer, check_reply, open_call
+from .transcript import Transcript
 
 log = logging.getLogger("runs.engine")
-
-
-def _open_messages(messages) -> list[dict]:
-    """The messages as the model reads them; KeyNotLoaded (before the step writes
-    anything) if one is sealed under a key the ring does not hold."""
-    transcript = []
-    for message in messages:
-        require_open(message.content, "Message.content")
-        transcript.append(message.as_model_message())
-    return transcript
-
-
-def _open_call(call: ToolCall) -> ToolCall:
-    """The call, if the step can read what it runs on and what it came to."""
-    for name in ("input", "original_input", "result", "pre_state", "compensation"):
-        require_open(getattr(call, name), f"ToolCall.{name}")
-    return call
 
 
 def llm_for_run(run: Run) -> LLM:
@@ -118,149 +105,71 @@ def llm_for_run(run: Run) -> LLM:
         raise PermanentLLMError(f"bad scenario: {exc}") from exc
 
 
-class RunStepper(Proposing, Executing, Guarding):
-    """One claim's worth of work on one run, a step at a time. Holds the transcript
-    in memory so a step costs the same at step 2,000 as at step 2.
-
-    Its parts live beside it: ``Proposing`` (proposals.py), ``Executing``
-    (execution.py) and ``Guarding`` (guards.py); the lease is lease.py's."""
+class RunStepper:
+    """One claim's worth of work on one run, a step at a time: the protocol, in
+    ``step``. Its parts: ``Proposer`` (proposals.py), ``Executor`` (execution.py) and
+    ``Guards`` (guards.py), each given the ``Claim``; the lease is lease.py's."""
 
     def __init__(self, run: Run, owner: str, llm: LLM | None) -> None:
+        agent = get_agent(run.agent)
+        self.claim = Claim(run=run, owner=owner, agent=agent, gate=gate_module.get_gate())
         self.run = run
-        self.owner = owner
-        self.agent = get_agent(run.agent)
-        self.tools_for_model = [t.for_model() for t in self.agent.tools]
+        self.tools_for_model = [t.for_model() for t in agent.tools]
         self.llm = llm or llm_for_run(run)
-        self.gate = gate_module.get_gate()
         # The last checkpoint's digest and how many messages it had closed: the next
         # step chains from it (runs.integrity).
         self.chain: tuple[str, int] = chain_head(run)
-        # A claim loads what the next step needs: the messages the next checkpoint
-        # covers, ``offset`` on (the last one at least: a saved reply means we resumed),
-        # and, in step(), the open step's calls. The rest of the transcript, the next
-        # input's estimate and what the run learned from its closed calls wait until
-        # they are needed (``_load_history``, ``_learn_closed_calls``): a run woken by a
-        # decision runs the approved call without reading them. Kept in memory and
-        # appended to as we write (we hold the lease), so a step costs the same at step
-        # 2,000 as at step 2. A caller's session never reads the rest: its "model" is
-        # elsewhere.
-        self.offset = max(0, min(self.chain[1], run.message_count - 1))
-        if run.parent_id and self.offset < run.shared_messages:
-            # A fork before its first own checkpoint: the parent's shared messages too.
-            self.offset, messages = 0, transcript_messages(run)
-        else:
-            messages = Message.objects.live().filter(run=run, seq__gte=self.offset).order_by("seq")
-        self.transcript = _open_messages(messages)
-        self._history_loaded = False
-        # A fork replays its parent's history: calls the parent already made at
-        # the same place get the parent's recorded result, and nothing runs.
-        self.parent_calls = {}
-        if run.parent_id:
-            parent_calls = ToolCall.objects.live().filter(
-                run_id=run.parent_id, step__gte=run.fork_step, status=CallStatus.COMMITTED
-            )
-            self.parent_calls = {(c.step, c.position): _open_call(c) for c in parent_calls}
-        # Reads executed by _work whose results are written when the step closes
-        # (or pauses): a crash before that just reads again.
-        self.unsaved_reads: list[tuple[ToolCall, str]] = []  # (call, status before its read)
-        # Timing of the step in hand, for its checkpoint (Step.duration_ms, llm_ms).
-        self.step_started, self.llm_ms = perf_counter(), 0
-        # Guards, kept up to date in memory once loaded: the results the run has seen
-        # (progress), its calls' (tool, status) pairs (stage transitions), and about how
-        # many tokens the next model call's input will be (budgets). Closed steps only,
-        # as of the claim: the open step's calls (reads saved at a pause) are learned
-        # when it closes, or its new results would look already seen.
-        self._closed_before = run.step
-        self._seen_results: set[str] | None = None
-        self._call_facts: set[tuple[str, str]] = set()
-        self.input_estimate = estimate_tokens(self.agent.system) + estimate_tokens(self.tools_for_model)
-        self.input_growth = 0  # tokens added since the model's last reply (its reply included)
-
-    @property
-    def seen_results(self) -> set[str]:
-        if self._seen_results is None:
-            self._learn_closed_calls()
-        return self._seen_results
-
-    @property
-    def call_facts(self) -> set[tuple[str, str]]:
-        if self._seen_results is None:
-            self._learn_closed_calls()
-        return self._call_facts
-
-    def _learn_closed_calls(self) -> None:
-        """The guards' memory of the steps closed before the claim, the first time a
-        guard asks (a step closing, or the stuck detector before the model is asked)."""
-        run = self.run
-        self._seen_results, self._call_facts = set(), set()
-        closed = ToolCall.objects.live().filter(run=run, step__lt=self._closed_before)
-        if run.takes_caller_turns:
-            # No stuck detector for a session: only the stages' (tool, status) pairs.
-            self._call_facts.update(closed.values_list("tool_name", "status").distinct())
-            return
-        for tool_name, status, result, is_error, key, attempts in closed.values_list(
-            "tool_name", "status", "result", "is_error", "idempotency_key", "attempts"
-        ):
-            require_open(result, "ToolCall.result")
-            self._learn(tool_name, status, result, is_error, stands_in=stood_in(key, status, attempts))
-
-    def _load_history(self) -> None:
-        """Before the model is first asked in this claim: the transcript before
-        ``offset`` (what the model reads) and the next input's estimate over all of it."""
-        if self._history_loaded:
-            return
-        self._history_loaded = True
-        if self.offset:
-            earlier = transcript_messages(self.run, limit=self.offset)
-            self.transcript[:0] = _open_messages(earlier)
-            self.offset = 0
-        self.input_estimate = estimate_tokens(self.agent.system) + estimate_tokens(self.tools_for_model)
-        self.input_growth = 0
-        for message in self.transcript:
-            tokens = estimate_tokens(message["content"])
-            self.input_estimate += tokens
-            self.input_growth = (
-                tokens if message["role"] == Message.Role.ASSISTANT else self.input_growth + tokens
-            )
+        self.transcript = Transcript(
+            run,
+            checkpointed=self.chain[1],
+            base_tokens=estimate_tokens(agent.system) + estimate_tokens(self.tools_for_model),
+        )
+        self.proposer = Proposer(self.claim)
+        self.executor = Executor(self.claim)
+        self.guards = Guards(self.claim, self.llm)
 
     # --- the step: docs/architecture.md "The step protocol", in this order ----
     def step(self) -> StepResult:
         """Advance one step; CARRY_ON means go on with the next one."""
-        run = self.run
-        self.step_started, self.llm_ms = perf_counter(), 0
-        if not self.transcript:
+        run, transcript = self.run, self.transcript
+        taking = StepInHand(number=run.step)
+        if not transcript.messages:
             raise PermanentLLMError("the run has no transcript")
-        if self.transcript[-1]["role"] == Message.Role.ASSISTANT:
+        if transcript.ends_with_reply:
             # The reply was saved before (we resumed): never ask for it again.
             calls = self._saved_calls()
             if not calls:  # an assistant turn without calls ended the run
-                fail_run(run, self.owner, "transcript ends with a final reply but the run was not closed")
+                fail_run(
+                    run, self.claim.owner, "transcript ends with a final reply but the run was not closed"
+                )
                 return AdvanceResult(Outcome.FINISHED)
-            return self._work(calls)
+            return self._work(taking, calls)
         if not run.takes_caller_turns:  # a caller elsewhere runs its own loop and budget
-            self._load_history()  # what the model reads, and the budgets' estimate of it
-            guarded = self._budget_spent()  # guards, before the model is asked
+            transcript.load_history()  # what the model reads, and the budgets' estimate of it
+            guarded = self.guards.budget_spent(transcript)  # guards, before the model is asked
             if guarded is CARRY_ON:
-                guarded = self._stuck()
+                guarded = self.guards.stuck()
             if guarded is not CARRY_ON:
                 return guarded
-        reply = self._ask_model()  # 2. outside any transaction
-        proposals = self._propose(reply)
+        reply = self._ask_model(taking)  # 2. outside any transaction
+        proposals = self.proposer.propose(reply)
         if not proposals.calls:  # 7. a reply with no tool call ends the run, once verified
-            return self._close_final(reply, self._verify())
+            return self._close_final(taking, reply, self.guards.verify())
         if proposals.reads_only:
             # The fast path: run the reads now, save the reply with the step.
-            self._run_reads(proposals.calls)
-            self._close_reads_only(reply, proposals.calls)
+            self.executor.run_reads(proposals.calls)
+            self._close_reads_only(taking, reply, proposals.calls)
             return CARRY_ON
         self._save_reply(reply, proposals)  # 2-3. the reply, its calls and their verdicts
-        return self._work(proposals.calls)  # 4-6. execute, pause or close
+        return self._work(taking, proposals.calls)  # 4-6. execute, pause or close
 
-    def _ask_model(self) -> Reply:
+    def _ask_model(self, taking: StepInHand) -> Reply:
         """Slow I/O outside any transaction: nothing is locked while the model thinks."""
         asked = perf_counter()
-        reply = self.llm.reply(system=self.agent.system, messages=self.transcript, tools=self.tools_for_model)
-        self.llm_ms = round((perf_counter() - asked) * 1000)
+        reply = self.llm.reply(
+            system=self.claim.agent.system, messages=self.transcript.messages, tools=self.tools_for_model
+        )
+        taking.llm_ms = round((perf_counter() - asked) * 1000)
         check_reply(reply)
         self.run.last_input_tokens = reply.usage.input_tokens
         self.run.input_tokens += reply.usage.input_tokens
@@ -277,9 +186,9 @@ class RunStepper(Proposing, Executing, Guarding):
         runs cannot both slip under it.
         """
         run = self.run
-        seq = self.offset + len(self.transcript)
+        seq = self.transcript.next_seq
         with transaction.atomic():
-            self._renew_lease(
+            self.claim.renew_lease(
                 message_count=seq + 1,
                 llm_attempts=0,
                 error="",
@@ -292,27 +201,27 @@ class RunStepper(Proposing, Executing, Guarding):
             )
             for call in proposals.calls:
                 if call.status == CallStatus.PROPOSED:
-                    proposals.verdicts[call.position] = self._review(call, self._tool(call.tool_name))
+                    proposals.verdicts[call.position] = self.proposer.review(call)
                 call.save(force_insert=True)
             self._announce(proposals.calls, proposals.verdicts)
-        self._remember([{"role": Message.Role.ASSISTANT, "content": reply.content}])
+        self.transcript.remember([{"role": Message.Role.ASSISTANT, "content": reply.content}])
         run.message_count, run.llm_attempts, run.error = seq + 1, 0, ""
         failpoint("after_model_reply", run.step)
 
-    def _work(self, calls: list[ToolCall]) -> StepResult:
+    def _work(self, taking: StepInHand, calls: list[ToolCall]) -> StepResult:
         """4. Execute what may run, 5. pause while anything waits, 6. close the step."""
         for call in calls:
             if call.status == CallStatus.APPROVED:
-                outcome = self._execute(call, self._tool(call.tool_name))
+                outcome = self.executor.execute(call)
             elif call.status == CallStatus.EXECUTING:
-                outcome = self._recover(call, self._tool(call.tool_name))
+                outcome = self.executor.recover(call)
             else:
                 continue
             if outcome is not CARRY_ON:
                 return outcome
         if any(call.status in WAITING_CALL_STATUSES for call in calls):
             return self._pause()
-        self._close_after_work(calls)
+        self._close_after_work(taking, calls)
         return CARRY_ON
 
     def _pause(self) -> StepResult:
@@ -322,7 +231,7 @@ class RunStepper(Proposing, Executing, Guarding):
             # Lock the run row so a decision landing now either sees us
             # waiting (and wakes us) or is seen by us here.
             Run.objects.select_for_update().filter(pk=run.pk).first()
-            self._save_read_results()
+            self.executor.save_read_results()
             still_pending = (
                 ToolCall.objects.live()
                 .filter(run=run, step=run.step, status__in=WAITING_CALL_STATUSES)
@@ -333,7 +242,7 @@ class RunStepper(Proposing, Executing, Guarding):
                     run_id=run.pk,
                     old=RunStatus.RUNNING,
                     new=RunStatus.WAITING_APPROVAL,
-                    owner=self.owner,
+                    owner=self.claim.owner,
                     reason="waiting for approval",
                     lease_owner="",
                     lease_until=None,
@@ -344,36 +253,36 @@ class RunStepper(Proposing, Executing, Guarding):
 
     # --- 6-7. closing a step: one transaction, and a checkpoint that costs the same
     # at any step. Three ways, one function each. -----------------------------
-    def _close_after_work(self, calls: list[ToolCall]) -> None:
+    def _close_after_work(self, taking: StepInHand, calls: list[ToolCall]) -> None:
         """Close a step whose reply and calls were saved before: the user message with
         every tool result (in tool_use order) and the Step checkpoint."""
-        first = self.offset + len(self.transcript)
+        first = self.transcript.next_seq
         closing = [_results_message(calls)]
         checkpoint = self._checkpoint(calls, closing, first=first, seen=first - 1, status=RunStatus.RUNNING)
         with transaction.atomic():
             self._write_closing(checkpoint)
-            self._write_step_row(checkpoint)
+            self._write_step_row(taking, checkpoint)
         self._closed(checkpoint)
 
-    def _close_reads_only(self, reply: Reply, calls: list[ToolCall]) -> None:
+    def _close_reads_only(self, taking: StepInHand, reply: Reply, calls: list[ToolCall]) -> None:
         """Close a reads-only step: the reply (not saved yet), its calls, their results
         and the checkpoint in one durable commit. A crash before it loses only the
         reply, which the model is asked for again."""
-        first = self.offset + len(self.transcript)
+        first = self.transcript.next_seq
         closing = [_reply_message(reply), _results_message(calls)]
         checkpoint = self._checkpoint(calls, closing, first=first, seen=first, status=RunStatus.RUNNING)
         failpoint("after_model_reply", checkpoint.number)  # the reply is in hand, not saved yet
         with transaction.atomic():
             self._write_closing(checkpoint)
             self._insert_calls(calls)
-            self._write_step_row(checkpoint)
+            self._write_step_row(taking, checkpoint)
         self._closed(checkpoint)
 
-    def _close_final(self, reply: Reply, checks: list[Check] | None) -> AdvanceResult:
+    def _close_final(self, taking: StepInHand, reply: Reply, checks: list[Check] | None) -> AdvanceResult:
         """Close the run's last step, a reply with no tool call (not saved yet): the run
         is done if ``checks`` (verification against the world; None in a dry run) all
         hold, and otherwise waits for a person."""
-        first = self.offset + len(self.transcript)
+        first = self.transcript.next_seq
         verified = all(check.ok for check in checks or [])
         status = RunStatus.DONE if verified else RunStatus.WAITING_APPROVAL
         closing = [_reply_message(reply)]
@@ -381,8 +290,8 @@ class RunStepper(Proposing, Executing, Guarding):
         failpoint("after_model_reply", checkpoint.number)  # the reply is in hand, not saved yet
         with transaction.atomic():
             self._write_closing(checkpoint)
-            self._write_step_row(checkpoint)
-            self._end(reply, checks, verified)
+            self._write_step_row(taking, checkpoint)
+            self.guards.end(reply, checks, verified)
         self._closed(checkpoint)
         return AdvanceResult(Outcome.PAUSED if self.run.guard else Outcome.FINISHED)
 
@@ -392,14 +301,14 @@ class RunStepper(Proposing, Executing, Guarding):
         """What closing the step will write, worked out before its transaction:
         ``closing`` from message ``first`` on, and the model having seen ``seen``
         messages when it replied."""
-        stage, progress, stalled = self._progress(calls)
+        stage, progress, stalled = self.guards.progress(calls)
         digest = self._digest(message_count=seen, status=status, closing=closing, calls=calls)
         return _Checkpoint(self.run.step, first, closing, seen, status, stage, progress, stalled, digest)
 
     def _write_closing(self, checkpoint: _Checkpoint) -> None:
         """In the closing transaction: the run's fields, the reads' results, the messages."""
         run = self.run
-        self._renew_lease(
+        self.claim.renew_lease(
             step=checkpoint.number + 1,
             message_count=checkpoint.message_count,
             llm_attempts=0,
@@ -409,7 +318,7 @@ class RunStepper(Proposing, Executing, Guarding):
             last_input_tokens=run.last_input_tokens,
             **_usage_fields(run),
         )
-        self._save_read_results()
+        self.executor.save_read_results()
         insert_rows(
             Message,
             [
@@ -423,7 +332,7 @@ class RunStepper(Proposing, Executing, Guarding):
             ],
         )
 
-    def _write_step_row(self, checkpoint: _Checkpoint) -> None:
+    def _write_step_row(self, taking: StepInHand, checkpoint: _Checkpoint) -> None:
         """In the closing transaction: the Step checkpoint."""
         run = self.run
         insert_rows(
@@ -437,8 +346,8 @@ class RunStepper(Proposing, Executing, Guarding):
                     "digest": checkpoint.digest,
                     "stage": run.stage,
                     "progress": checkpoint.progress,
-                    "duration_ms": round((perf_counter() - self.step_started) * 1000),
-                    "llm_ms": self.llm_ms,
+                    "duration_ms": taking.duration_ms,
+                    "llm_ms": taking.llm_ms,
                     **_usage_fields(run),
                 }
             ],
@@ -447,7 +356,7 @@ class RunStepper(Proposing, Executing, Guarding):
     def _closed(self, checkpoint: _Checkpoint) -> None:
         """After the closing commit: the run in memory catches up with its row."""
         run = self.run
-        self._remember(checkpoint.closing)
+        self.transcript.remember(checkpoint.closing)
         self.chain = (checkpoint.digest, checkpoint.message_count)
         run.step, run.message_count, run.llm_attempts, run.error = (
             checkpoint.number + 1,
@@ -459,25 +368,15 @@ class RunStepper(Proposing, Executing, Guarding):
         failpoint("after_step_commit", checkpoint.number)
 
     # --- the parts ---------------------------------------------------------
-    def _remember(self, messages: list[dict]) -> None:
-        """Append to the in-memory transcript, keeping the next input's estimate."""
-        for message in messages:
-            if message["role"] == Message.Role.ASSISTANT:
-                self.input_growth = 0
-            tokens = estimate_tokens(message["content"])
-            self.input_estimate += tokens
-            self.input_growth += tokens
-            self.transcript.append(message)
-
     def _saved_calls(self) -> list[ToolCall]:
         calls = ToolCall.objects.live().filter(run=self.run, step=self.run.step).order_by("position")
-        return [_open_call(call) for call in calls]
+        return [open_call(call) for call in calls]
 
     def _digest(self, *, message_count: int, status: str, closing: list[dict], calls: list[ToolCall]) -> str:
         """The digest of the step being closed: the messages since the last checkpoint
         (those in memory and ``closing``, about to be written) and the calls."""
         previous, start = self.chain
-        messages = [*self.transcript[start - self.offset :], *closing]
+        messages = [*self.transcript.since(start), *closing]
         return step_digest(
             previous=previous,
             run_id=self.run.pk,
@@ -487,10 +386,6 @@ class RunStepper(Proposing, Executing, Guarding):
             messages=[(start + i, m["role"], m["content"]) for i, m in enumerate(messages)],
             calls=[call_record(call) for call in calls],
         )
-
-    def _renew_lease(self, **fields) -> None:
-        """Renew the lease (and write run fields) or find out we lost it."""
-        lease_renew(self.run.pk, self.owner, fields)
 
     def _insert_calls(self, calls: list[ToolCall]) -> None:
         """Save a reads-only step's calls, audited unless they are allowed reads."""
@@ -504,7 +399,7 @@ class RunStepper(Proposing, Executing, Guarding):
         """Open approvals and audit new calls (inside the transaction that saves them)."""
         for call in calls:
             if call.status == CallStatus.AWAITING_APPROVAL:
-                self.gate.hold(run=self.run, call=call, verdict=verdicts[call.position])
+                self.claim.gate.hold(run=self.run, call=call, verdict=verdicts[call.position])
             if call.is_audited:
                 call_audit(call=call, old="", new=call.status, actor=None, reason=call.verdict_reason)
 

@@ -1,9 +1,10 @@
 """Proposals: a reply's tool calls, built, checked and gated before anything runs.
 
-Each tool_use block becomes one ToolCall (``_new_call``), resolved at once if it needs
-no gate (an unknown tool, bad input, a write outside its stage, a fork's reused
-result, a duplicate in the same reply, a repeat of an earlier write: ``_repeat_of``);
-the gate reviews the rest (``_review``), and a dry run only previews.
+Each tool_use block becomes one ToolCall (``Proposer._new_call``), resolved at once if
+it needs no gate (an unknown tool, bad input, a write outside its stage, a fork's
+reused result, a duplicate in the same reply, a repeat of an earlier write:
+``_repeat_of``); the gate reviews the rest (``Proposer.review``), and a dry run only
+previews.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from ..models import (
     Effect,
     ToolCall,
 )
+from .claim import Claim
+from .outcomes import require_open
 
 
 @dataclass
@@ -56,20 +59,39 @@ class Proposals:
         return all(_is_read_or_resolved(call) for call in self.calls)
 
 
-class Proposing:
-    """RunStepper's part that turns a reply into calls (``self.run``, ``self.agent``,
-    ``self.parent_calls``; ``self._tool`` is the execution part's)."""
+def open_call(call: ToolCall) -> ToolCall:
+    """The call, if the step can read what it runs on and what it came to."""
+    for name in ("input", "original_input", "result", "pre_state", "compensation"):
+        require_open(getattr(call, name), f"ToolCall.{name}")
+    return call
 
-    def _propose(self, reply: Reply) -> Proposals:
+
+class Proposer:
+    """Turns one claim's replies into calls, and has the gate review them."""
+
+    def __init__(self, claim: Claim) -> None:
+        self.claim = claim
+        run = claim.run
+        # A fork replays its parent's history: calls the parent already made at
+        # the same place get the parent's recorded result, and nothing runs.
+        self.parent_calls: dict[tuple[int, int], ToolCall] = {}
+        if run.parent_id:
+            parent_calls = ToolCall.objects.live().filter(
+                run_id=run.parent_id, step__gte=run.fork_step, status=CallStatus.COMMITTED
+            )
+            self.parent_calls = {(c.step, c.position): open_call(c) for c in parent_calls}
+
+    def propose(self, reply: Reply) -> Proposals:
         """One ToolCall per tool_use block (not saved); reads reviewed, writes left
         for the transaction that saves them."""
+        tool = self.claim.tool
         # Inputs that are not plain JSON are kept as a note; their calls get an error.
         unsafe = _set_aside_unsafe_inputs(reply)
         proposals = Proposals(calls=[])
         for position, block in enumerate(reply.tool_uses):
             call = self._new_call(position, block, proposals.calls, unsafe.get(block["id"]))
-            if call.status == CallStatus.PROPOSED and self._tool(call.tool_name).is_read:
-                proposals.verdicts[position] = self._review(call, self._tool(call.tool_name))
+            if call.status == CallStatus.PROPOSED and tool(call.tool_name).is_read:
+                proposals.verdicts[position] = self.review(call)
             proposals.calls.append(call)
         return proposals
 
@@ -77,9 +99,9 @@ class Proposing:
         """The call for one tool_use block (not saved), resolved already if it needs
         no gate: an unknown tool, bad input, a fork's reused result, a duplicate in
         the same reply, a repeat of an earlier write. Otherwise ``proposed``."""
-        run = self.run
+        run, agent = self.claim.run, self.claim.agent
         tool_input = block.get("input")
-        spec = self._tool(block["name"]) if block["name"] in self.agent.tool_names else None
+        spec = self.claim.tool(block["name"]) if block["name"] in agent.tool_names else None
         call = ToolCall(
             run=run,
             step=run.step,
@@ -95,18 +117,18 @@ class Proposing:
                 run_id=run.pk, generation=run.generation, tool_name=call.tool_name, tool_input=tool_input
             )
         if spec is None:
-            available = ", ".join(self.agent.tool_names)
+            available = ", ".join(agent.tool_names)
             return _resolved(
                 call,
                 CallStatus.FAILED,
                 f"Unknown tool {call.tool_name!r}. Available tools: {available}. Nothing was done.",
                 reason="unknown tool",
             )
-        if not self.agent.allowed_in_stage(run.stage, spec):
+        if not agent.allowed_in_stage(run.stage, spec):
             # Stages: what the agent may not do yet is an error it can read, never
             # gated and never run.
-            stage = self.agent.stage(run.stage)
-            allowed = [t.name for t in self.agent.tools if self.agent.allowed_in_stage(run.stage, t)]
+            stage = agent.stage(run.stage)
+            allowed = [t.name for t in agent.tools if agent.allowed_in_stage(run.stage, t)]
             about = f" ({stage.description})" if stage.description else ""
             return _resolved(
                 call,
@@ -164,12 +186,14 @@ class Proposing:
             )
         return self._repeat_of(call) or call
 
-    def _review(self, call: ToolCall, spec: ToolSpec) -> gate_module.Verdict:
-        """The gate's verdict on the call, applied to it."""
-        verdict = gate_module.review_call(run=self.run, call=call, spec=spec)
+    def review(self, call: ToolCall) -> gate_module.Verdict:
+        """The gate's verdict on the call, applied to it. A write is reviewed inside the
+        transaction that saves it (a rule over totals sees the reply's earlier calls)."""
+        run, spec = self.claim.run, self.claim.tool(call.tool_name)
+        verdict = gate_module.review_call(run=run, call=call, spec=spec)
         call.verdict, call.verdict_rule, call.verdict_reason = verdict.effect, verdict.rule, verdict.reason
         call.shadow = list(verdict.shadow) or None
-        if self.run.dry_run and not spec.is_read:
+        if run.dry_run and not spec.is_read:
             self._preview(call, spec, verdict)
         elif verdict.effect == Effect.ALLOW:
             call.status = CallStatus.APPROVED
@@ -206,7 +230,7 @@ class Proposing:
 
     def _repeat_of(self, call: ToolCall) -> ToolCall | None:
         """The model asking again for a write it already asked for: never twice."""
-        run = self.run
+        run = self.claim.run
         keys = (
             [call.idempotency_key]
             if not run.generation

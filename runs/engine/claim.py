@@ -2,8 +2,9 @@
 agent and the gate, and the few things every part of a step does with them (find a
 tool as this run may call it, renew the lease, move a call).
 
-Each part of the step (``proposals``, ``execution``, ``guards``) is given the claim
-and keeps nothing else of the loop's.
+Each part of the step (``Proposer``, ``Executor``, ``Guards``) is given the claim and
+keeps its own state; what else a part needs (the model, for the guards' worst case; the
+transcript, for a budget) is passed to it.
 """
 
 from __future__ import annotations
@@ -55,10 +56,9 @@ class Claim:
 
 @dataclass(eq=False)
 class StepInHand:
-    """The step being taken, carried from the model's reply to its close: its number,
-    when it started and how long the model took, and the calls of its reply."""
+    """The step being taken, carried from its start to its close: when it started and
+    how long the model took (``Step.duration_ms``, ``llm_ms``)."""
 
-    number: int
     started: float = field(default_factory=perf_counter)
     llm_ms: int = 0
 

@@ -31,7 +31,6 @@ answers with an ``AdvanceResult`` (stop, and why) or ``CARRY_ON``.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from time import perf_counter
 
@@ -73,8 +72,6 @@ from .outcomes import (
 from .proposals import Proposals, Proposer, check_reply, open_call
 from .transcript import Transcript
 
-log = logging.getLogger("runs.engine")
-
 
 def llm_for_run(run: Run) -> LLM:
     if run.takes_caller_turns:
@@ -112,10 +109,10 @@ class RunStepper:
 
     def __init__(self, run: Run, owner: str, llm: LLM | None) -> None:
         agent = get_agent(run.agent)
-        self.claim = Claim(run=run, owner=owner, agent=agent, gate=gate_module.get_gate())
         self.run = run
         self.tools_for_model = [t.for_model() for t in agent.tools]
         self.llm = llm or llm_for_run(run)
+        self.claim = Claim(run=run, owner=owner, agent=agent, gate=gate_module.get_gate())
         # The last checkpoint's digest and how many messages it had closed: the next
         # step chains from it (runs.integrity).
         self.chain: tuple[str, int] = chain_head(run)
@@ -132,7 +129,7 @@ class RunStepper:
     def step(self) -> StepResult:
         """Advance one step; CARRY_ON means go on with the next one."""
         run, transcript = self.run, self.transcript
-        taking = StepInHand(number=run.step)
+        taking = StepInHand()
         if not transcript.messages:
             raise PermanentLLMError("the run has no transcript")
         if transcript.ends_with_reply:

@@ -447,6 +447,27 @@ def test_an_outsider_cannot_cancel_and_changes_nothing(users, outsider):
     assert ApprovalRequest.objects.get(run=run).status == ApprovalRequest.Status.PENDING
 
 
+def test_a_viewer_of_every_run_may_neither_cancel_nor_hand_one_over(users, django_user_model):
+    """Seeing a run (``view_all_runs``) is not a right over it: only its requester,
+    staff (cancel) and reviewers (both) act on it (approvals.decisions.run_rights)."""
+    from django.contrib.auth.models import Permission
+
+    auditor = django_user_model.objects.create_user("auditor", "auditor@example.com", "x")
+    auditor.user_permissions.add(Permission.objects.get(codename="view_all_runs"))
+    run = start(requester=users["requester"])
+    client = client_for(auditor)
+    page = get_html(client, f"/runs/{run.pk}/")
+    assert f"Run {run.pk}" in page and "Cancel run" not in page and "run-hand-over" not in page
+    assert client.post(f"/runs/{run.pk}/cancel").status_code == 403
+    assert client.post(f"/runs/{run.pk}/hand-over", {"note": "mine now"}).status_code == 403
+    run.refresh_from_db()
+    assert run.status == Run.Status.WAITING_APPROVAL and run.handed_over_to is None
+    assert ApprovalRequest.objects.get(run=run).status == ApprovalRequest.Status.PENDING
+    # The requester, who may, is offered both.
+    page = get_html(client_for(users["requester"]), f"/runs/{run.pk}/")
+    assert "Cancel run" in page and "run-hand-over" in page
+
+
 def test_cancelling_a_finished_run_is_refused_with_a_message(users):
     run = demo_with_the_email_declined(users)
     finished_at = run.finished_at

@@ -5,7 +5,7 @@ Named by what they build, not like the desk's views: ``run_summary`` /
 one run or approval as its GET answers it (the summary and more).
 
 Visibility is the desk's, never retyped: ``runs.selectors.runs_visible_to`` /
-``run_get`` for runs, ``approvals.decisions.selectors.approvals_visible_to`` /
+``run_get`` for runs, ``approvals.review.selectors.approvals_visible_to`` /
 ``approvals_decidable_by`` for approvals. Something a caller may not see is
 answered exactly like something that does not exist.
 """
@@ -14,8 +14,11 @@ from __future__ import annotations
 
 from django.contrib.auth import get_user_model
 
-from approvals.decisions.quoting import note_quotes
-from approvals.decisions.selectors import (
+from approvals.models import ApprovalRequest
+from approvals.policy.decided import rule_api_fields
+from approvals.record.outcome import run_outcome, run_outcome_lines
+from approvals.review.quoting import note_quotes
+from approvals.review.selectors import (
     APPROVAL_PAGE_RELATIONS,
     approvals_decidable_by,
     approvals_visible_to,
@@ -23,9 +26,6 @@ from approvals.decisions.selectors import (
     decide_refusal,
     group_names,
 )
-from approvals.models import ApprovalRequest
-from approvals.policy.decided import rule_api_fields
-from approvals.record.outcome import run_outcome, run_outcome_lines
 from runs.history import transcript_messages
 from runs.models import Run, Step, ToolCall
 from runs.reasons import aggregate_figures

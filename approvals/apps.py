@@ -13,5 +13,5 @@ class ApprovalsConfig(AppConfig):
         # A rule's versions are recorded on every save (recording only, same
         # transaction). Runs and calls record their changes inline (runs.audit);
         # everything a transition means (emails, webhooks, cancelled approvals) is
-        # called by name where it happens (approvals.decisions.announce, runs.gate).
+        # called by name where it happens (approvals.notify.announce, runs.gate).
         from approvals.record import receivers  # noqa: F401

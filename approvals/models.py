@@ -432,7 +432,7 @@ class ApprovalRequest(SealedRow):
                 name="approval_pending_escalated",
             ),
             # What a reviewer may decide, by the sets of groups they hold: a handful of keys,
-            # each walked in the queue's order (approvals.decisions.selectors).
+            # each walked in the queue's order (approvals.review.selectors).
             models.Index(
                 fields=["required_key", "created_at"],
                 condition=Q(status=ApprovalStatus.PENDING),

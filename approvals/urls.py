@@ -6,8 +6,8 @@ from __future__ import annotations
 from django.urls import path
 
 from approvals import views_agents, views_analytics
-from approvals.decisions import views, views_queue
-from approvals.notify import views_mail, views_slack
+from approvals.decisions import views, views_queue, views_slack
+from approvals.notify import views_mail
 
 # <id:...> is desk.converters.IdConverter (at most 18 digits), registered in desk/urls.py.
 urlpatterns = [

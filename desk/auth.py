@@ -6,7 +6,7 @@ and the queue reads the user's groups in a third (which approvals they may decid
 Here the three are one UNION: the same permission set and caches (``_perm_cache``; the
 per-source caches ``get_user_permissions``/``get_group_permissions`` fill when asked on
 their own), the same answers for inactive, anonymous and superusers, and the ids of the
-user's groups as ``user._desk_group_ids`` (what approvals.decisions.selectors reads
+user's groups as ``user._desk_group_ids`` (what approvals.review.selectors reads
 before it queries them itself)."""
 
 from __future__ import annotations

@@ -13,9 +13,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "desk.settings")
 app = Celery("desk")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 # Every installed app's ``tasks`` module, and the rooms of approvals that hold their own
-# (approvals.notify.tasks imports the notify modules whose tasks are defined with them).
+# (approvals.notify.tasks: the outbox, digests, anchors; approvals.decisions.tasks: the
+# SLA sweep, which decides by policy).
 app.autodiscover_tasks()
-app.autodiscover_tasks(["approvals.notify"])
+app.autodiscover_tasks(["approvals.notify", "approvals.decisions"])
 
 
 @signals.worker_process_init.connect

@@ -482,8 +482,6 @@ DESK_EMAIL_SENDING_SECONDS = env_int("DESK_EMAIL_SENDING_SECONDS", 120)
 # --- Countersign -----------------------------------------------------------
 DESK_BASE_URL = env_str("DESK_BASE_URL", "http://127.0.0.1:8000").rstrip("/")
 DESK_GATE = env_str("DESK_GATE", "approvals.gate.RuleGate")
-# Who hears what when an approval moves (approvals.decisions.announce).
-DESK_ANNOUNCER = env_str("DESK_ANNOUNCER", "approvals.notify.announcer.Announcer")
 DESK_LEASE_SECONDS = env_int("DESK_LEASE_SECONDS", 60)
 # How long a reviewer's claim on an approval keeps others off it.
 DESK_CLAIM_SECONDS = env_int("DESK_CLAIM_SECONDS", 300)

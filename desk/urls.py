@@ -8,8 +8,7 @@ from django.templatetags.static import static
 from django.urls import include, path, register_converter
 
 from approvals.decisions import views as approval_views
-from approvals.decisions import views_standing
-from approvals.notify import views_slack
+from approvals.decisions import views_slack, views_standing
 
 from . import health, metrics
 from .converters import IdConverter
@@ -35,7 +34,7 @@ urlpatterns = [
     # The run page's standing approvals: granted and revoked at the desk (approvals').
     path("runs/<id:run_id>/standing", views_standing.run_standing, name="run-standing"),
     path("runs/standing/<id:grant_id>/revoke", views_standing.standing_revoke, name="standing-revoke"),
-    # Slack's interactions (approvals.notify.views_slack): signed by Slack, no session.
+    # Slack's interactions (approvals.decisions.views_slack): signed by Slack, no session.
     path("slack/interactions", views_slack.slack_interactions, name="slack-interactions"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

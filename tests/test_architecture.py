@@ -23,17 +23,18 @@ FLOORS = {
     "tools": 1,  # the world and the tools over it
     "runs": 2,  # the loop
     # approvals: one app, its rooms as floors. The pieces its models use, then the
-    # models, then record <- policy <- decisions <- notify, and on top the
-    # app's own modules (gate, admin, urls, analytics, templatetags, commands).
+    # models, then record <- policy <- review <- notify <- decisions, and on top
+    # the app's own modules (gate, admin, urls, analytics, templatetags, commands).
     "approvals.notify.errors": 3.0,
     "approvals.notify.endpoints": 3.0,  # where a webhook may go, for WebhookEndpoint.clean
     "approvals.notify.models": 3.0,  # notify's models, registered by approvals.models
     "approvals.models": 3.1,
     "approvals.record": 3.2,  # audit, verify, anchors, export and import
     "approvals.policy": 3.3,  # rules, shadow, standing, the decided rule
-    "approvals.decisions": 3.4,  # requests, proposals, votes, claims, the desk
-    "approvals.notify": 3.5,  # email, digests, webhooks, SLA; decisions call its announcer by name
-    "approvals": 3.6,  # the gate (DESK_GATE) and the app's top
+    "approvals.review": 3.4,  # what a reviewer reads, who may decide
+    "approvals.notify": 3.5,  # email, digests, webhooks, Slack messages; called by decisions
+    "approvals.decisions": 3.6,  # requests, proposals, votes, claims, SLA, the desk, Slack's buttons
+    "approvals": 3.7,  # the gate (DESK_GATE) and the app's top
     "api": 4,
     "ops": 4,  # operator commands that read across the apps
     "desk": 5,  # the project: settings, urls, metrics, Celery app
@@ -175,7 +176,7 @@ def test_the_house_drawn_in_the_architecture_is_the_house_the_imports_hold():
     floors, rooms = house_drawn()
     assert floors == {package: int(FLOORS[package]) for package in PACKAGES}
     assert rooms == sorted(rooms, key=lambda room: -FLOORS[f"approvals.{room}"])
-    assert set(rooms) == {"notify", "decisions", "policy", "record"}
+    assert set(rooms) == {"decisions", "notify", "review", "policy", "record"}
 
 
 # approvals' vocabulary: its models' choices and constants, its permission.

@@ -132,7 +132,7 @@ class ToolSpec:
     # Writes: the top-level input fields that make two calls the same effect (a refund's
     # order and amount). A call whose fields equal those of one still waiting for a
     # decision, or approved and not yet run, is warned of and left out of a bulk approve
-    # (approvals/decisions/duplicates.py); money fields compare as amounts (600 == 600.0).
+    # (approvals/review/duplicates.py); money fields compare as amounts (600 == 600.0).
     duplicate_key: tuple[str, ...] = ()
     # Seconds a call may take before it is stopped (None: the desk's
     # DESK_TOOL_TIMEOUT_SECONDS). A read stopped so has failed; a write's outcome is

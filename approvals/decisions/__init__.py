@@ -1,3 +1,4 @@
-"""The decisions room: approval requests, proposals, votes, claims, guards, the queue
-and the desk's views. Imports models, record and policy; never notify, which
-calls it by name through ``decisions.announce`` (``DESK_ANNOUNCER``), as the loop calls the gate."""
+"""The decisions room: approval requests, proposals, votes, claims, the SLA sweep
+(reminders, escalations, expiries), the queue, the desk's views and Slack's
+interactions. Reads review, policy and record; tells people through notify
+(``notify.announce``), in the transaction of what it reports."""

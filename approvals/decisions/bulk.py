@@ -13,7 +13,7 @@ should look at on its own page: an edited proposal, a call that cannot be undone
 item that needs more than one approver, an item that shows a warning (the ones its
 queue row and its page show; among them a call that repeats one in flight, so of two
 identical refunds ticked together the oldest is approved, and an email that quotes a
-reviewer's note for the record, ``decisions.quoting``), and a guard (which takes its
+reviewer's note for the record, ``review.quoting``), and a guard (which takes its
 own actions). These are checked here, when each item is decided, whatever the form
 posted: the confirm step (``approvals_bulk_preview``, what will be approved and what
 will be left out) is for the person, not the guard.
@@ -26,13 +26,12 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from approvals.decisions.decision import Decision, DecisionKind
-from approvals.decisions.duplicates import duplicate_scope, repeats_of, stored_warnings
 from approvals.decisions.errors import AlreadyDecided, StaleDecision
-from approvals.decisions.quoting import note_quotes
-from approvals.decisions.selectors import approvals_visible_to, call_notes, decide_refusal
 from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest
 from approvals.policy.errors import DecisionError
+from approvals.review.duplicates import duplicate_scope, repeats_of
+from approvals.review.selectors import approvals_visible_to, decide_refusal, shown_warnings
 from core.locks import lock_scope
 from tools.loading import not_loaded_here
 from tools.registry import find_tool
@@ -75,19 +74,6 @@ def bulk_approve_refusal(approval: ApprovalRequest) -> str | None:
     return None
 
 
-def shown_warnings(approval: ApprovalRequest) -> list[str]:
-    """Every warning a person deciding ``approval`` is shown: those stored with its
-    current proposal (its queue row), those its tool reads from the world now (its
-    page), the calls in flight it repeats and the notes for the record of its run it
-    quotes, read now (both), each once."""
-    warnings = stored_warnings(approval.proposal if approval.proposal_id else None)
-    if approval.tool_call_id:
-        warnings += [str(w) for w in call_notes(approval)[1] if w]
-        warnings += [repeat.text for repeat in repeats_of(approval)]
-        warnings += note_quotes(approval)
-    return list(dict.fromkeys(warnings))
-
-
 def _decided(approval: ApprovalRequest) -> str:
     who = approval.decided_by.get_username() if approval.decided_by else "the system"
     return f"#{approval.pk} already {approval.status} by {who}"
@@ -113,7 +99,7 @@ def approvals_bulk_decide(
     verb = "approved" if decision == APPROVE else "declined"
     visible = _visible(reviewer, items)
     outcomes: dict[int, BulkOutcome] = {}
-    # Oldest first: of two that repeat each other (decisions.duplicates), the one asked
+    # Oldest first: of two that repeat each other (review.duplicates), the one asked
     # first is approved and the other left out, in whatever order they were ticked.
     for position in sorted(range(len(items)), key=lambda i: _age(visible.get(items[i][0]))):
         approval_id, args_hash = items[position]

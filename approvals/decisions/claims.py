@@ -11,13 +11,13 @@ from django.db.models import Q
 from django.utils import timezone
 
 from approvals.decisions.errors import AlreadyClaimed, AlreadyDecided
-from approvals.decisions.selectors import (
+from approvals.models import ApprovalRequest
+from approvals.policy.errors import DecisionError, NotAllowed
+from approvals.review.selectors import (
     ESCALATION_GROUP,
     decide_refusal,
     may_break_claims,
 )
-from approvals.models import ApprovalRequest
-from approvals.policy.errors import DecisionError, NotAllowed
 from core.models import AuditEvent
 
 

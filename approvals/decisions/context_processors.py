@@ -5,9 +5,9 @@ from __future__ import annotations
 from functools import cache
 
 from approvals.decisions.counts import BoundedCount, bounded_counts
-from approvals.decisions.freshness import desk_version, fragment_etag
 from approvals.decisions.queue import mine_pending
-from approvals.decisions.selectors import approvals_decidable_by
+from approvals.review.freshness import desk_version, fragment_etag
+from approvals.review.selectors import approvals_decidable_by
 
 NAV_KEY = "nav"
 

@@ -8,9 +8,9 @@ from decimal import Decimal
 from enum import StrEnum
 
 from approvals.decisions.errors import DecisionInvalid
-from approvals.decisions.guards import action_label
 from approvals.models import ApprovalRequest, GateRule, GuardAction, Proposal, StandingApproval
 from approvals.policy.standing import StandingTerms
+from approvals.review.guards import action_label
 from runs.gate import ALLOW
 from tools.inputs import UnsafeJSON, finite_decimal
 

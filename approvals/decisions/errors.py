@@ -3,9 +3,9 @@ decided, run moved on, wrong action, stale proposal, already claimed."""
 
 from __future__ import annotations
 
-from approvals.decisions.guards import action_label
 from approvals.models import ApprovalRequest
 from approvals.policy.errors import DecisionError
+from approvals.review.guards import action_label
 
 
 class DecisionInvalid(DecisionError):

@@ -1,5 +1,5 @@
 """Opening approvals: a gated call's request with its first proposal, or a guard's
-request; audited, then announced (``announce.announcer().approval_opened``) in the same
+request; audited, then announced (``notify.announce.approval_opened``) in the same
 transaction."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from django.contrib.auth.models import Group
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
-from approvals.decisions.announce import announcer
 from approvals.decisions.decision import Requirement
-from approvals.decisions.duplicates import proposal_repeats
-from approvals.decisions.quoting import note_quotes
 from approvals.models import ApprovalRequest, GateRule, GuardKind, Proposal
+from approvals.notify import announce
 from approvals.policy.decided import decided_rule_snapshot
 from approvals.record.audit import approval_with_facts
 from approvals.record.queue_index import queue_index_write
+from approvals.review.duplicates import proposal_repeats
+from approvals.review.quoting import note_quotes
 from core.models import AuditEvent
 from runs.gate import Verdict
 from runs.models import Run, ToolCall
@@ -69,7 +69,7 @@ def approval_open(
         after="proposal 1",
         detail=f"{call.tool_name}: {verdict.effect} ({verdict.rule or 'no rule'}); args {call.input_hash}",
     )
-    announcer().approval_opened(approval)
+    announce.approval_opened(approval)
     return approval
 
 
@@ -115,7 +115,7 @@ def approval_open_guard(
     approval.required_groups.add(group)
     queue_index_write(ApprovalRequest.objects.filter(pk=approval.pk))  # what the queue searches
     _audit_opened(approval, after=kind, detail=f"{kind}: {reason}"[:2000])
-    announcer().approval_opened(approval)
+    announce.approval_opened(approval)
     return approval
 
 

@@ -27,7 +27,9 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from approvals.decisions.counts import COUNT_BOUND, BoundedCount, bounded_counts, count_columns, counts_of
-from approvals.decisions.selectors import (
+from approvals.models import ApprovalRequest, ApprovalVote, GateRule, GuardKind
+from approvals.record.queue_index import tools_named, words_match
+from approvals.review.selectors import (
     approval_sla_minutes,
     approvals_decidable_by,
     approvals_visible_to,
@@ -36,8 +38,6 @@ from approvals.decisions.selectors import (
     sla_rules_of,
     visible_arms,
 )
-from approvals.models import ApprovalRequest, ApprovalVote, GateRule, GuardKind
-from approvals.record.queue_index import tools_named, words_match
 from runs.models import Run
 
 # How urgent a pending approval is: the queue's order, computed in the database so that
@@ -49,7 +49,7 @@ QUEUE_ORDER = ("urgency", "sort_at", "id")
 
 def _sla_minutes_expression():
     """``approval_sla_minutes`` as a database expression (NULL: no SLA): the rule's SLA
-    as it stands now (the sweep in approvals.notify.sla reads the same) for a call, the desk's
+    as it stands now (the sweep in approvals.decisions.sla reads the same) for a call, the desk's
     guard SLA for a guard."""
     guard_sla = settings.DESK_GUARD_SLA_MINUTES or None
     return Case(

@@ -11,16 +11,16 @@ from datetime import datetime, timedelta
 from django.db.models import prefetch_related_objects
 from django.urls import reverse
 
-from approvals.decisions.duplicates import Repeat, in_flight_repeats, stored_warnings
-from approvals.decisions.selectors import (
+from approvals.models import ApprovalRequest, ApprovalVote, GateRule
+from approvals.policy.decided import DecidedRule, rule_as_decided
+from approvals.review.duplicates import Repeat, in_flight_repeats, stored_warnings
+from approvals.review.selectors import (
     DECIDE_PERMISSION,
     approval_sla_minutes,
     claimed_by_someone_else,
     holds,
     required_groups_for,
 )
-from approvals.models import ApprovalRequest, ApprovalVote, GateRule
-from approvals.policy.decided import DecidedRule, rule_as_decided
 
 
 def _span(seconds: float, *, up: bool) -> str:

@@ -44,23 +44,10 @@ from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from approvals.decisions.announce import announcer
 from approvals.decisions.claims import _claim_held, _load_locked, release_claim_if_ineligible
 from approvals.decisions.decision import STOPPING_ACTIONS, Decision, DecisionKind, DecisionResult, Requirement
 from approvals.decisions.errors import AlreadyDecided, RunMovedOn, StaleDecision, WrongAction
-from approvals.decisions.guards import actions_text, budget_unit
 from approvals.decisions.opening import proposal_record
-from approvals.decisions.selectors import (
-    APPROVED_ALREADY,
-    ESCALATION_GROUP,
-    claimed_by_someone_else,
-    decide_refusal,
-    group_names,
-    input_changes,
-    timeout_may_approve,
-    tool_not_loaded_refusal,
-    vote_refusal,
-)
 from approvals.decisions.transitions import ApprovalMoved, approval_transition
 from approvals.models import (
     GUARD_ACTIONS,
@@ -71,10 +58,23 @@ from approvals.models import (
     GuardKind,
     Proposal,
 )
+from approvals.notify import announce
 from approvals.policy.errors import DecisionError, NotAllowed, UnconfirmedIrreversible
 from approvals.policy.standing import standing_grant, standing_grant_refusal
 from approvals.record.audit import approval_with_facts
 from approvals.record.queue_index import queue_index_write
+from approvals.review.guards import actions_text, budget_unit
+from approvals.review.selectors import (
+    APPROVED_ALREADY,
+    ESCALATION_GROUP,
+    claimed_by_someone_else,
+    decide_refusal,
+    group_names,
+    input_changes,
+    timeout_may_approve,
+    tool_not_loaded_refusal,
+    vote_refusal,
+)
 from core.models import AuditEvent
 from runs.gate import DENY, review_call
 from runs.guard_decisions import (
@@ -242,7 +242,7 @@ def _act(approval: ApprovalRequest, actor, decision: Decision, now, *, enqueue: 
         raise RunMovedOn(approval, str(exc)) from None
     except ValueError as exc:
         raise DecisionError(f"{exc}. Nothing was changed.") from None
-    announcer().approval_closed(approval, status=status, actor=actor, comment=comment, action=action)
+    announce.approval_closed(approval, status=status, actor=actor, comment=comment, action=action)
     run = Run.objects.only("status").get(pk=approval.run_id)
     woken = run.status == RunStatus.QUEUED
     if woken and enqueue and approval.kind == GuardKind.OUTCOME:
@@ -435,7 +435,7 @@ def _propose(approval: ApprovalRequest, editor, edited_input: dict, comment: str
         + f"; args {proposal.input_hash}"
         + approval_with_facts("", approval),
     )
-    announcer().proposal_made(approval, proposal)
+    announce.proposal_made(approval, proposal)
     return proposal
 
 
@@ -470,7 +470,7 @@ def _vote(approval: ApprovalRequest, proposal: Proposal, reviewer, comment: str,
                 approval,
             ),
         )
-        announcer().vote_recorded(approval, proposal, approved=len(counted))
+        announce.vote_recorded(approval, proposal, approved=len(counted))
     return missing
 
 
@@ -530,8 +530,8 @@ def _close(
         )
     if status in (ApprovalRequest.Status.DECLINED, ApprovalRequest.Status.EXPIRED):
         # The requester hears that their run goes on without the call.
-        announcer().call_declined(approval, timed_out=status == ApprovalRequest.Status.EXPIRED)
-    announcer().approval_closed(approval, status=status, actor=actor, comment=comment, by_policy=by_policy)
+        announce.call_declined(approval, timed_out=status == ApprovalRequest.Status.EXPIRED)
+    announce.approval_closed(approval, status=status, actor=actor, comment=comment, by_policy=by_policy)
     return run_wake_if_ready(run_id=approval.run_id, actor=actor)
 
 
@@ -553,7 +553,7 @@ def approvals_cancel(approvals, *, comment: str, actor=None) -> int:
                 decided_at=now,
                 comment=comment,
             )
-            announcer().approval_cancelled(approval, comment=comment)
+            announce.approval_cancelled(approval, comment=comment)
             cancelled += 1
     return cancelled
 

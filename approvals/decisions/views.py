@@ -18,10 +18,15 @@ from approvals.decisions.context_processors import NAV_KEY, nav_counted
 from approvals.decisions.decision import Decision
 from approvals.decisions.errors import AlreadyDecided
 from approvals.decisions.forms import EditArgumentsForm
-from approvals.decisions.freshness import desk_version, fragment_etag, tagged, unchanged
-from approvals.decisions.guards import guard_context
 from approvals.decisions.queue import after_decision, neighbours, next_decidable
-from approvals.decisions.selectors import (
+from approvals.decisions.services import approval_decide
+from approvals.models import ApprovalRequest
+from approvals.policy.errors import DecisionError, NotAllowed
+from approvals.policy.standing import standing_terms_from_form
+from approvals.record.verify import verify_run
+from approvals.review.freshness import desk_version, fragment_etag, tagged, unchanged
+from approvals.review.guards import guard_context
+from approvals.review.selectors import (
     DECIDE_PERMISSION,
     approval_context,
     approval_for_page,
@@ -29,11 +34,6 @@ from approvals.decisions.selectors import (
     decide_refusal,
     may_break_claims,
 )
-from approvals.decisions.services import approval_decide
-from approvals.models import ApprovalRequest
-from approvals.policy.errors import DecisionError, NotAllowed
-from approvals.policy.standing import standing_terms_from_form
-from approvals.record.verify import verify_run
 from runs.selectors import runs_visible_to
 from tools.registry import find_tool
 

@@ -22,7 +22,6 @@ from approvals.decisions.context_processors import NAV_KEY
 from approvals.decisions.context_processors import nav_counts as nav_counts_of
 from approvals.decisions.counts import BoundedCount
 from approvals.decisions.forms import ALL, YOURS, BulkDecisionForm, QueueFilterForm
-from approvals.decisions.freshness import desk_version, fragment_etag, query_key, tagged, unchanged
 from approvals.decisions.queue import (
     QueueCursor,
     QueueKey,
@@ -33,8 +32,9 @@ from approvals.decisions.queue import (
     queue_streams,
 )
 from approvals.decisions.rows import queue_rows
-from approvals.decisions.selectors import DECIDE_PERMISSION
 from approvals.models import ApprovalRequest, GateRule
+from approvals.review.freshness import desk_version, fragment_etag, query_key, tagged, unchanged
+from approvals.review.selectors import DECIDE_PERMISSION
 from tools.registry import all_agents
 
 PAGE_SIZE = 50

@@ -1,7 +1,7 @@
 from django.db import migrations
 
 # The proposals that are edits (a reviewer's, never the model's first): the in-flight
-# repeat check reads a pending edit from here (approvals.decisions.duplicates), not by
+# repeat check reads a pending edit from here (approvals.review.duplicates), not by
 # walking the pending approvals of its tool. Edits are few beside the calls.
 
 

@@ -1,4 +1,4 @@
-"""The notify room: email (notifications, digests, preferences, inbox), webhooks,
-Slack (messages, their outbox and the interaction endpoint), SLA sweeps and their
-Celery tasks. The top room: may import decisions, policy, record and models; decisions
-calls it by name through ``notify.announcer`` (``DESK_ANNOUNCER``)."""
+"""The notify room: email (notifications, digests, preferences, inbox), webhooks and
+Slack messages, their outbox and its Celery tasks. Records what to tell people when
+decisions calls it (``announce``); reads review, policy, record and the models, never
+decisions."""

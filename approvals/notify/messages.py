@@ -12,11 +12,6 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
-from approvals.decisions.arguments import arg_value
-from approvals.decisions.bulk import shown_warnings
-from approvals.decisions.duplicates import warnings_as_made
-from approvals.decisions.guards import guard_context
-from approvals.decisions.selectors import approval_sla_minutes, group_names, input_changes, proposal_threshold
 from approvals.models import ApprovalRequest
 from approvals.notify.inbox import notification_path
 from approvals.notify.kinds import REVIEWER_KINDS, Kind
@@ -31,6 +26,16 @@ from approvals.record.outcome import (
     not_done_what,
     outcome_lines_of_calls,
     run_outcome,
+)
+from approvals.review.arguments import arg_value
+from approvals.review.duplicates import warnings_as_made
+from approvals.review.guards import guard_context
+from approvals.review.selectors import (
+    approval_sla_minutes,
+    group_names,
+    input_changes,
+    proposal_threshold,
+    shown_warnings,
 )
 from runs.history import live_at
 from runs.models import Message, Run, ToolCall

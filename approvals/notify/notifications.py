@@ -12,24 +12,24 @@ Message-ID: ``notification_send``).
 The tasks run on the ``notify`` queue (CELERY_TASK_ROUTES), apart from the runs' nudges.
 
 Events, recipients, and the one place that records each, in the event's
-transaction: where an approval moves, ``approvals.decisions`` calls its announcer
-(``approvals.decisions.announce``, implemented by ``approvals.notify.announcer``),
+transaction: where an approval moves, ``approvals.decisions`` calls
+``approvals.notify.announce``,
 which calls the function here; the others are direct calls:
 
 - ``approval:<id>:opened``: the reviewers allowed to decide
   (``selectors.eligible_reviewers``: permission, every required group, not the
   requester unless self-approval is allowed, not already approved);
-  ``opening.approval_open`` (``announcer().approval_opened``), called by ``RuleGate.hold``
+  ``opening.approval_open`` (``announce.approval_opened``), called by ``RuleGate.hold``
   in the transaction that saves the model's reply, or ``opening.approval_open_guard``
   (the same), called by ``RuleGate.open_guard`` in the transaction that stops
   the run on a guard (the subject and body say what the guard found:
   ``guards.guard_headline``);
 - ``approval:<id>:reminder`` / ``:escalated``: the same people; ``sla``;
 - ``approval:<id>:proposal:<n>``: a reviewer's edit made proposal n; the people who
-  may approve it now; ``services._propose`` (``announcer().proposal_made``);
+  may approve it now; ``services._propose`` (``announce.proposal_made``);
 - ``approval:<id>:declined``: the run's requester, when a reviewer declines the
   call or the request times out with a decline; ``services._close``
-  (``announcer().call_declined``), in the decision's (or the expiry's) transaction;
+  (``announce.call_declined``), in the decision's (or the expiry's) transaction;
 - ``run:<id>:g<generation>:done`` / ``:failed`` / ``:handed_over`` (naming who
   took it): the run's requester;
   ``RuleGate.run_ended``, in the transition's transaction. The generation is in
@@ -61,15 +61,15 @@ from django.db import IntegrityError, transaction
 from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
-from approvals.decisions.duplicates import repeats_of, stored_warnings, warnings_as_made
-from approvals.decisions.guards import guard_headline
-from approvals.decisions.selectors import eligible_reviewers
 from approvals.models import ApprovalRequest
 from approvals.notify.kinds import PREFERENCE_KIND_NAMES, REVIEWER_KINDS, Kind
 from approvals.notify.messages import _name, notification_message
 from approvals.notify.models import Notification, NotificationPreference
 from approvals.notify.webhooks import webhook_run_ended
 from approvals.record.outcome import run_outcome
+from approvals.review.duplicates import repeats_of, stored_warnings, warnings_as_made
+from approvals.review.guards import guard_headline
+from approvals.review.selectors import eligible_reviewers
 from core.logs import log_context
 from runs.models import Run
 from runs.reasons import reason_text

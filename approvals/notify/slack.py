@@ -1,6 +1,6 @@
 """Slack approvals: the desk's third outbox, beside email and webhooks.
 
-Recording, inside the transaction of what it reports (called by the announcer and the
+Recording, inside the transaction of what it reports (called by ``announce`` and the
 SLA sweep): when an approval opens, one ``SlackMessage`` post per channel its groups
 map to (``DESK_SLACK_CHANNELS``, extended by ``SlackChannel`` rows); when it moves (a
 vote, a new proposal, a close: decided, expired, approved by policy), one update of
@@ -38,10 +38,10 @@ from django.utils import timezone
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 
-from approvals.decisions.selectors import required_groups_of
 from approvals.models import ApprovalRequest
 from approvals.notify.models import SlackChannel, SlackMessage
 from approvals.notify.slack_blocks import approval_blocks, closed_blocks, thread_blocks
+from approvals.review.selectors import required_groups_of
 from core.logs import log_context
 from runs.failpoints import failpoint
 

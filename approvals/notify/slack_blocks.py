@@ -19,13 +19,12 @@ from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
 
-from approvals.decisions.arguments import arg_value
-from approvals.decisions.bulk import shown_warnings
-from approvals.decisions.duplicates import warnings_as_made
-from approvals.decisions.guards import action_label
-from approvals.decisions.selectors import call_notes, group_names, proposal_threshold
 from approvals.models import ApprovalRequest
 from approvals.policy.decided import rule_as_decided
+from approvals.review.arguments import arg_value
+from approvals.review.duplicates import warnings_as_made
+from approvals.review.guards import action_label
+from approvals.review.selectors import call_notes, group_names, proposal_threshold, shown_warnings
 from tools.registry import arguments_in_order, find_tool
 
 APPROVE, DECLINE, OPEN = "countersign_approve", "countersign_decline", "countersign_open"

@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 
 from approvals.notify.notifications import digests_record
 from approvals.notify.outbox import outbox_sweep
-from approvals.notify.sla import approvals_sweep_sla
 from approvals.notify.webhooks import webhooks_record
 from approvals.record.anchors import anchor_append
-
-
-@shared_task(name="approvals.tasks.sweep_sla", ignore_result=True)
-def sweep_sla() -> dict:
-    """Beat, every DESK_SLA_SWEEP_SECONDS: reminders, escalations, expiries."""
-    return asdict(approvals_sweep_sla())
 
 
 @shared_task(name="approvals.tasks.send_digests", ignore_result=True)

@@ -98,7 +98,7 @@ def preferences(request):
         "deliveries": NotificationPreference.Delivery.choices,
         "error": error,
         "email": request.user.email,
-        # The Slack accounts that decide as this user (approvals.notify.slack_interactions).
+        # The Slack accounts that decide as this user (approvals.decisions.slack_interactions).
         "slack_links": SlackIdentity.objects.filter(user=request.user),
         # Not "inbox": the nav marks the page a link leads to, and none leads here.
         "nav_section": "preferences",

@@ -23,14 +23,14 @@ Events (``data`` has ``run`` and, for approval events, ``approval``; each with i
 ``link`` into the desk, ``DESK_BASE_URL`` + path; no tool arguments, no secrets):
 
 - ``approval.opened``: a gated call waits for a decision (``opening.approval_open``,
-  ``announcer().approval_opened``); ``approval.reason`` says why in words, and
+  ``announce.approval_opened``); ``approval.reason`` says why in words, and
   ``approval.figures`` an aggregate rule's figures as plain decimal strings
   (so_far, this, total, value; None for other rules), for receivers that compare;
 - ``approval.decided``: a person decided it: ``approval.status`` approved (also when
   the approved arguments are a reviewer's edit: ``approval.edited`` true), declined
   or responded; on a guard or a hand-over, ``approval.action`` says what
   (grant, stop, continue, accept, send_back, happened, not_happened, hand_over)
-  (``services._close`` / ``services._act``, ``announcer().approval_closed``);
+  (``services._close`` / ``services._act``, ``announce.approval_closed``);
 - ``approval.expired``: it timed out with no decision: ``approval.status`` expired
   (declined by the timeout) or approved (by policy, ``approval.by_policy`` true);
 - ``run.finished``: a run ended done; ``run.failed``: it failed. Both, and a hand-over

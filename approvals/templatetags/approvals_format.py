@@ -13,7 +13,7 @@ from django.utils.html import conditional_escape
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 
-from approvals.decisions import arguments, guards
+from approvals.review import arguments, guards
 from core import money
 from runs import reasons
 from runs.reasons import is_amount

@@ -11,9 +11,9 @@ import pytest
 from django.core.management.base import CommandError
 
 from approvals.decisions.decision import Decision
-from approvals.decisions.selectors import approvals_decidable_by, decide_refusal
 from approvals.decisions.services import approval_expire
 from approvals.models import ApprovalRequest, GateRule, Notification, Proposal
+from approvals.review.selectors import approvals_decidable_by, decide_refusal
 from core.models import AuditEvent
 from runs.engine import run_advance_until_settled
 from runs.models import Run, ToolCall
@@ -458,7 +458,7 @@ def test_a_plain_approve_approves_what_was_shown_whatever_the_fields_say(users):
 def test_a_vote_stops_counting_when_its_voter_may_no_longer_decide(users):
     from datetime import timedelta
 
-    from approvals.notify.sla import approvals_sweep_sla
+    from approvals.decisions.sla import approvals_sweep_sla
 
     GateRule.objects.filter(name="Refunds over ₹500").update(approvers_required=2, sla_minutes=30)
     run = start(REFUND_600, requester=users["requester"])
@@ -481,7 +481,7 @@ def test_an_edit_after_escalation_keeps_the_rules_group(users):
 
     from django.contrib.auth.models import Group
 
-    from approvals.notify.sla import approvals_sweep_sla
+    from approvals.decisions.sla import approvals_sweep_sla
 
     finance = Group.objects.create(name="finance")
     GateRule.objects.filter(name="Refunds over ₹5,000").update(required_group=finance)

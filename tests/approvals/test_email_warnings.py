@@ -15,8 +15,8 @@ from django.contrib.auth.models import Group
 from django.core import mail
 
 from approvals.decisions.decision import Decision
-from approvals.decisions.selectors import call_notes
-from approvals.notify.sla import approval_escalate, approval_remind
+from approvals.decisions.sla import approval_escalate, approval_remind
+from approvals.review.selectors import call_notes
 from tests.helpers import decide, decide_and_advance, deliver, pending, script, start, turn
 
 pytestmark = [
@@ -145,7 +145,7 @@ def test_the_requester_s_decline_email_has_no_warning_box(users):
     assert "Check before deciding" not in email.body
 
 
-# --- a refund that repeats one waiting in another run (decisions.duplicates) ------------
+# --- a refund that repeats one waiting in another run (review.duplicates) ------------
 def test_a_refund_waiting_in_another_run_is_a_warning_in_the_second_s_email(users):
     first = pending(run_of(users, ("refund_item", PART)))
     deliver()

@@ -12,10 +12,10 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from approvals.decisions import freshness
 from approvals.decisions.claims import approval_claim
 from approvals.decisions.queue import after_decision
 from approvals.models import ApprovalRequest
+from approvals.review import freshness
 from tests.helpers import (
     client_for,
     decide,

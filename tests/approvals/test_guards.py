@@ -23,9 +23,9 @@ from approvals.decisions.claims import approval_claim
 from approvals.decisions.decision import Decision
 from approvals.decisions.errors import AlreadyDecided, RunMovedOn, WrongAction
 from approvals.decisions.services import approval_decide
+from approvals.decisions.sla import approvals_sweep_sla
 from approvals.gate import RuleGate
 from approvals.models import GUARD_ACTIONS, ApprovalRequest, GuardAction, GuardKind, Notification
-from approvals.notify.sla import approvals_sweep_sla
 from approvals.policy.errors import DecisionError, NotAllowed
 from approvals.record.verify import verify_run
 from core.models import AuditEvent

@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals.decisions.decision import Decision
+from approvals.decisions.sla import approvals_sweep_sla
 from approvals.models import ApprovalRequest, Notification
 from approvals.notify.kinds import Kind
 from approvals.notify.notifications import (
@@ -28,7 +29,6 @@ from approvals.notify.notifications import (
     sending_deadline,
 )
 from approvals.notify.outbox import outbox_sweep
-from approvals.notify.sla import approvals_sweep_sla
 from core.models import AuditEvent
 from runs.engine import run_advance, run_advance_until_settled
 from runs.llm import PermanentLLMError

@@ -22,10 +22,10 @@ from django.core.management import CommandError, call_command
 
 from approvals.decisions.bulk import approvals_bulk_decide, approvals_bulk_preview
 from approvals.decisions.claims import approval_claim
-from approvals.decisions.selectors import APPROVED_ALREADY, decide_refusal
 from approvals.models import ApprovalRequest, ApprovalVote, GateRule
 from approvals.notify.slack_blocks import APPROVE
 from approvals.policy.errors import NotAllowed
+from approvals.review.selectors import APPROVED_ALREADY, decide_refusal
 from core.models import AuditEvent
 from tests.api.api_client import Api
 from tests.approvals.slack_kit import REFUND_600, REFUND_6000, REVIEWERS, TEAM, link, post_signed

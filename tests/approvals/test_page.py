@@ -17,8 +17,8 @@ from django.utils import timezone
 
 from approvals.decisions.decision import Decision
 from approvals.decisions.queue import next_decidable
-from approvals.decisions.selectors import approval_context, call_notes
 from approvals.models import ApprovalRequest, GateRule
+from approvals.review.selectors import approval_context, call_notes
 from approvals.templatetags.approvals_format import arg_text, elapsed, money_reason, rupees, undo_kind_help
 from tests.helpers import (
     client_for,

@@ -16,8 +16,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals.decisions.decision import Decision
-from approvals.decisions.selectors import call_notes
 from approvals.models import ApprovalRequest, Proposal
+from approvals.review.selectors import call_notes
 from runs.external import external_call_submit, external_session_open
 from tests.helpers import client_for, decide, decide_and_advance, get_html, pending, script, start, turn
 from tools import registry
@@ -89,7 +89,7 @@ def test_the_page_and_the_stored_proposal_agree_and_the_page_reads_little(users)
     assert len(default) == 1
 
 
-# --- in flight: a refund that repeats one not made yet (decisions.duplicates) -----------
+# --- in flight: a refund that repeats one not made yet (review.duplicates) -----------
 # The attack: the same refund asked in two runs at once. Neither is made, so the world
 # shows no repeat; the desk warns of the second wherever a person decides it.
 SIX_HUNDRED = {"order_id": "A-1001", "amount": 600, "reason": "Scratched case"}

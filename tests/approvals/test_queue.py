@@ -21,12 +21,12 @@ from approvals.decisions.claims import approval_claim
 from approvals.decisions.opening import approval_open_guard
 from approvals.decisions.queue import Neighbours, neighbours, queue_pending
 from approvals.decisions.rows import queue_rows
-from approvals.decisions.selectors import (
+from approvals.models import ApprovalRequest, GateRule, GuardKind, Proposal
+from approvals.review.selectors import (
     approvals_decidable_by,
     approvals_visible_to,
     decide_refusal,
 )
-from approvals.models import ApprovalRequest, GateRule, GuardKind, Proposal
 from runs.services import run_create
 from tests.helpers import client_for, decide, get_html, pending, refund_script, script, start, turn
 

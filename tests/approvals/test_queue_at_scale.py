@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from approvals.decisions.selectors import approvals_decidable_by, approvals_visible_to
+from approvals.review.selectors import approvals_decidable_by, approvals_visible_to
 from approvals.models import ApprovalRequest
 from tests.approvals.bulk_pending import seed_pending
 from tests.helpers import client_for, get_html

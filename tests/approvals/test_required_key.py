@@ -13,12 +13,12 @@ from django.apps import apps
 from django.contrib.auth.models import Group, Permission
 from django.db import connection
 
-from approvals.decisions import selectors
 from approvals.decisions.decision import Decision
-from approvals.decisions.selectors import approvals_decidable_by, decide_refusal
+from approvals.decisions.sla import approvals_sweep_sla
 from approvals.models import ApprovalRequest, GateRule
-from approvals.notify.sla import approvals_sweep_sla
 from approvals.record.verify import verify_run
+from approvals.review import selectors
+from approvals.review.selectors import approvals_decidable_by, decide_refusal
 from runs.models import Run
 from tests.approvals.test_views import many_pending
 from tests.helpers import client_for, decide, get_html, pending, refund_script, start

@@ -11,9 +11,9 @@ from django.conf import settings
 from django.core import mail
 from django.utils import timezone
 
+from approvals.decisions.sla import approval_remind, approvals_sweep_sla
+from approvals.decisions.tasks import sweep_sla
 from approvals.models import ApprovalRequest, GateRule, Notification
-from approvals.notify.sla import approval_remind, approvals_sweep_sla
-from approvals.notify.tasks import sweep_sla
 from approvals.policy.errors import NotAllowed
 from core.models import AuditEvent
 from runs.engine import run_advance_until_settled

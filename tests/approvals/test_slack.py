@@ -19,7 +19,6 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from approvals.decisions.selectors import call_notes
 from approvals.decisions.services import approval_expire
 from approvals.models import ApprovalRequest, GateRule
 from approvals.notify import slack as slack_module
@@ -27,6 +26,7 @@ from approvals.notify.models import SlackChannel, SlackMessage
 from approvals.notify.outbox import outbox_sweep
 from approvals.notify.slack import slack_message_send
 from approvals.notify.slack_blocks import APPROVE, DECLINE
+from approvals.review.selectors import call_notes
 from core.models import AuditEvent
 from runs.engine import run_advance_until_settled
 from runs.models import Run
@@ -128,7 +128,7 @@ def test_an_irreversible_call_has_no_approve_button_unless_the_setting_allows_it
 
 
 def test_an_escalation_rewrites_the_message_replies_in_its_thread_and_posts_to_the_new_group(fake, users):
-    from approvals.notify.sla import approvals_sweep_sla
+    from approvals.decisions.sla import approvals_sweep_sla
 
     GateRule.objects.filter(name="Refunds over ₹500").update(sla_minutes=30)
     approval = pending(start(REFUND_600, requester=users["requester"]))

@@ -19,11 +19,11 @@ import pytest
 from django.test import Client
 
 from approvals.decisions.decision import Decision
-from approvals.decisions.selectors import APPROVED_ALREADY
+from approvals.decisions.slack_interactions import slack_link_token
 from approvals.models import ApprovalRequest, ApprovalVote, GateRule
 from approvals.notify.models import SlackIdentity
 from approvals.notify.slack_blocks import APPROVE, DECLINE
-from approvals.notify.slack_interactions import slack_link_token
+from approvals.review.selectors import APPROVED_ALREADY
 from core.models import AuditEvent
 from tests.approvals.slack_kit import (
     REFUND_600,

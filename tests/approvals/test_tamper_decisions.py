@@ -104,7 +104,7 @@ def test_a_pending_approvals_authority_changed_in_the_database_is_named(users, c
 def test_an_escalation_and_an_edit_are_legitimate_changes_of_authority(users):
     from django.utils import timezone
 
-    from approvals.notify.sla import approval_escalate
+    from approvals.decisions.sla import approval_escalate
 
     run = a_waiting_refund(users)
     approval = pending(run)

@@ -75,7 +75,7 @@ def test_the_per_source_answers_still_come_from_their_own_sources(users, django_
 
 
 def test_the_users_groups_come_with_the_same_query(users):
-    from approvals.decisions.selectors import _group_ids
+    from approvals.review.selectors import _group_ids
 
     held = set(users["reviewer"].groups.values_list("pk", flat=True))
     reviewer = fresh(users["reviewer"])

@@ -11,8 +11,8 @@ from django.contrib.auth.models import Group
 from django.utils import timezone
 from playwright.sync_api import expect
 
+from approvals.decisions.sla import approval_escalate
 from approvals.models import ApprovalRequest, GateRule
-from approvals.notify.sla import approval_escalate
 from runs.engine import run_advance_until_settled
 from runs.models import Run
 from tests.helpers import decide_and_advance, pending, script, start, tool_results, turn

@@ -17,9 +17,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from approvals.decisions.decision import Decision
+from approvals.decisions.sla import approvals_sweep_sla
 from approvals.models import ApprovalRequest, GateRule, WebhookDelivery, WebhookEndpoint
 from approvals.notify.notifications import notify_run_finished
-from approvals.notify.sla import approvals_sweep_sla
 from approvals.record.outcome import NOT_DONE, run_outcome, run_outcome_lines
 from runs.models import CallStatus, Run, ToolCall
 from runs.saga import run_rewind

@@ -153,7 +153,7 @@ def test_paging_costs_the_same_few_queries_on_any_page(users, django_assert_max_
         {"q": "order", "created_from": "2000-01-01"},
     ]:
         # Two of them load the viewer's permissions: who may see which runs; one reads
-        # the desk's version, for the nav's refresh (approvals.decisions.freshness).
+        # the desk's version, for the nav's refresh (approvals.review.freshness).
         with django_assert_max_num_queries(13):
             response = client.get("/runs/", query)
         assert response.status_code == 200

@@ -7,11 +7,11 @@ from django.core.management.base import BaseCommand, CommandError
 
 from approvals.decisions.decision import Decision, DecisionResult
 from approvals.decisions.errors import DecisionInvalid
-from approvals.decisions.guards import actions_text
 from approvals.decisions.services import approval_decide
 from approvals.models import ApprovalRequest, GuardAction, StandingApproval
 from approvals.policy.errors import DecisionError, UnconfirmedIrreversible
 from approvals.policy.standing import StandingTerms, standing_terms
+from approvals.review.guards import actions_text
 from runs.engine import run_advance_until_settled
 from runs.management.commands._common import is_id, text_argument, user_by_name
 from runs.tasks import broker_warm

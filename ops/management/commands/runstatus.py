@@ -4,10 +4,10 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from approvals.decisions.guards import guard_summary
-from approvals.decisions.selectors import group_names
 from approvals.models import ApprovalRequest
 from approvals.record.outcome import run_outcome, run_outcome_lines
+from approvals.review.guards import guard_summary
+from approvals.review.selectors import group_names
 from runs.integrity import retention_note
 from runs.management.commands._common import run_by_id
 from runs.models import Run

@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from approvals.decisions.selectors import TranscriptEntry, group_names, transcript_entries
 from approvals.models import GUARD_ACTIONS, ApprovalRequest, GuardAction, GuardKind, finite_number
+from approvals.review.selectors import TranscriptEntry, group_names, transcript_entries
 from runs.history import transcript_messages
 
 # --- guards: what a guard found, for people ----------------------------------------

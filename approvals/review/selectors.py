@@ -18,11 +18,11 @@ from django.db.models import Exists, OuterRef, Prefetch, Q, StringAgg, Subquery,
 from django.db.models.functions import Cast, JSONArray
 from django.utils import timezone
 
-from approvals.decisions.duplicates import Repeat, repeats_of
-from approvals.decisions.freshness import desk_version_read
-from approvals.decisions.quoting import note_quotes
 from approvals.models import DECIDE_PERMISSION, ApprovalRequest, ApprovalVote, GateRule, Proposal
 from approvals.policy.decided import RULE_NONE, RULE_RECORDED, DecidedRule, rule_as_decided
+from approvals.review.duplicates import Repeat, repeats_of, stored_warnings
+from approvals.review.freshness import desk_version_read
+from approvals.review.quoting import note_quotes
 from core.sealing import find_locked
 from runs.history import through_reply, transcript_messages
 from runs.models import CallStatus, Message, ToolCall
@@ -549,7 +549,7 @@ class ApprovalContext:
     # (call_notes); warnings only while it waits for a decision.
     facts: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    # The calls in flight what would run repeats (decisions.duplicates), read now, each
+    # The calls in flight what would run repeats (review.duplicates), read now, each
     # with the approval to link to; only while it waits for a decision.
     repeats: list[Repeat] = field(default_factory=list)
     # The rule the request was asked under, as recorded (``rule_as_decided``), and the
@@ -680,3 +680,16 @@ def proposal_threshold(approval: ApprovalRequest, proposal: Proposal | None, rul
     if live is not None and live.label == proposal.rule_label:
         return money_reason(live.condition)
     return "not recorded (the rule changed since this edit)"
+
+
+def shown_warnings(approval: ApprovalRequest) -> list[str]:
+    """Every warning a person deciding ``approval`` is shown: those stored with its
+    current proposal (its queue row), those its tool reads from the world now (its
+    page), the calls in flight it repeats and the notes for the record of its run it
+    quotes, read now (both), each once."""
+    warnings = stored_warnings(approval.proposal if approval.proposal_id else None)
+    if approval.tool_call_id:
+        warnings += [str(w) for w in call_notes(approval)[1] if w]
+        warnings += [repeat.text for repeat in repeats_of(approval)]
+        warnings += note_quotes(approval)
+    return list(dict.fromkeys(warnings))

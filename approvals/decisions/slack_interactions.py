@@ -36,7 +36,6 @@ from django.urls import reverse
 from django.utils import timezone
 from slack_sdk.errors import SlackClientError
 
-from approvals.decisions.bulk import shown_warnings
 from approvals.decisions.decision import Decision
 from approvals.decisions.errors import DecisionInvalid, StaleDecision
 from approvals.decisions.services import approval_decide
@@ -45,6 +44,7 @@ from approvals.notify.models import SlackIdentity, SlackRequestSeen
 from approvals.notify.slack import slack_client
 from approvals.notify.slack_blocks import APPROVE, DECLINE, mrkdwn_escape, slack_approve_refusal
 from approvals.policy.errors import DecisionError
+from approvals.review.selectors import shown_warnings
 from core.models import AuditEvent
 from tools.registry import find_tool
 

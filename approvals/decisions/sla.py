@@ -35,13 +35,13 @@ from django.utils import timezone
 
 from approvals.decisions.claims import release_claim_if_ineligible
 from approvals.decisions.errors import AlreadyDecided
-from approvals.decisions.selectors import ESCALATION_GROUP, approval_sla_minutes, group_names
 from approvals.decisions.services import approval_expire
 from approvals.models import ApprovalRequest, GateRule, GuardKind
 from approvals.notify.kinds import Kind
 from approvals.notify.notifications import notify_reviewers
 from approvals.notify.slack import slack_approval_changed, slack_approval_opened, slack_thread_reply
 from approvals.record.audit import approval_with_facts
+from approvals.review.selectors import ESCALATION_GROUP, approval_sla_minutes, group_names
 from core.models import AuditEvent
 
 log = logging.getLogger(__name__)

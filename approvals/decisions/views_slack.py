@@ -18,14 +18,14 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from slack_sdk.signature import SignatureVerifier
 
-from approvals.notify.models import SlackMessage
-from approvals.notify.slack_interactions import (
+from approvals.decisions.slack_interactions import (
     slack_interaction,
     slack_link_confirm,
     slack_link_read,
     slack_request_first_time,
     slack_unlink,
 )
+from approvals.notify.models import SlackMessage
 from approvals.notify.slack_preview import blocks_shown
 
 # An interaction payload carries the message it came from: a few kB, far less than this.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 
 from approvals.models import ApprovalRequest, GateRule
 from runs.models import Run
@@ -15,6 +16,15 @@ pytestmark = pytest.mark.django_db(databases=["default", "world"])
 
 def reviewer():
     return get_user_model().objects.get(username="reviewer")
+
+
+@pytest.fixture(autouse=True)
+def fresh_desk():
+    """A desk seeddemo has not been run on: the suite's databases start seeded
+    (tests/conftest.py), so its users, groups and rules go, in this test's transaction."""
+    GateRule.objects.all().delete()
+    get_user_model().objects.all().delete()
+    Group.objects.all().delete()
 
 
 @pytest.fixture

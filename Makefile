@@ -124,17 +124,19 @@ clean:
 # of the integration tests' workers. Needs the servers of .ci/services running.
 # The browser tests ran in `make test` already: what they add is pages and scripts,
 # which do not change with the database (the pages' queries run here through the
-# test client); leaving them out keeps CI under 40 minutes on 2 cores.
+# test client); leaving them out keeps CI under 40 minutes on 2 cores. So do the
+# `newcomer` tests: the docs' sessions on `make run`'s set-up (SQLite, the embedded
+# broker) and a generated agent package's own tests (SQLite whatever runs them).
 # `make test-production PRODUCTION_MARKS=` runs them here too.
 PG_URL ?= postgres://countersign:countersign@127.0.0.1:5432
-PRODUCTION_MARKS ?= not e2e
+PRODUCTION_MARKS ?= not e2e and not newcomer
 test-production: install-dev
 	DATABASE_URL=$(PG_URL)/countersign WORLD_DATABASE_URL=$(PG_URL)/countersign_world \
 	DESK_TEST_BROKER_URL=redis://127.0.0.1:6379/15 $(PYTEST) -m "$(PRODUCTION_MARKS)" $(PYTEST_ARGS)
 
 # The random-kill soak (bench/soak.py): real workers SIGKILLed at random moments on
 # PostgreSQL + Redis, invariants checked after every trial; exits 1 on a violation.
-# CI runs 20 trials; `make soak SOAK_TRIALS=200` for the full proof, in one run.
+# CI runs 12 trials; `make soak SOAK_TRIALS=200` for the full proof, in one run.
 # `make soak-embedded SOAK_TRIALS=100`: the same on `make run`'s SQLite + embedded broker.
 SOAK_TRIALS ?= 20
 soak: install

@@ -20,6 +20,7 @@ from tests.support import ROOT
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.newcomer,
     pytest.mark.django_db(databases=["default", "world"], transaction=True),
 ]
 

@@ -44,6 +44,7 @@ from tools.registry import compensation_key
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.newcomer,
     pytest.mark.django_db(databases=["default", "world"], transaction=True),
 ]
 

@@ -15,7 +15,7 @@ import pytest
 from tests.helpers import run_command
 from tests.support import ROOT
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.newcomer]
 
 
 def team_pytest(folder: Path, env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -262,7 +262,8 @@ def queue_counts(*, user, nav: bool = False, **filters) -> dict[str, BoundedCoun
 # it. But it is a merge of a few orders that an index does hold: the approvals whose
 # rules share one SLA are due in the order they were created (due = created + SLA),
 # and those without an SLA wait in that order too. So a page of the queue is read as
-# one short query per stream (escalated; each distinct SLA; no SLA), each walking the
+# one short query per stream (escalated; the calls of each distinct SLA; the guards;
+# no SLA), each walking the
 # pending approvals by (created_at, id) from where the page starts and stopping after
 # a page, and the streams merged here. The cost follows the page size and the number
 # of distinct SLAs among the rules, not the number of pending approvals.
@@ -335,27 +336,21 @@ def streams_of(with_sla) -> list[_Stream]:
     for pk, minutes in with_sla:
         by_sla.setdefault(minutes, []).append(pk)
     call, guard, calm = Q(kind=GuardKind.CALL), ~Q(kind=GuardKind.CALL), Q(escalated_at__isnull=True)
+    # The calls and the guards due after the same time are two streams, not one
+    # OR: each alone is what an index walks (a tool's calls under a rule along
+    # approval_pending_tool_rule, the guards along approval_pending_guards); one OR of
+    # both is a scan of every pending approval for a tool no rule of that SLA covers.
     streams = [_Stream(URGENCY_ESCALATED, None, Q(escalated_at__isnull=False))]
-    for minutes in sorted(set(by_sla) | ({guard_sla} if guard_sla else set())):
-        parts = []
-        if minutes in by_sla:
-            parts.append(call & Q(rule_id__in=by_sla[minutes]))
-        if minutes == guard_sla:
-            parts.append(guard)
-        streams.append(_Stream(URGENCY_DUE, minutes, calm & _any(parts)))
+    for minutes in sorted(by_sla):
+        streams.append(_Stream(URGENCY_DUE, minutes, calm & call & Q(rule_id__in=by_sla[minutes])))
+    if guard_sla:
+        streams.append(_Stream(URGENCY_DUE, guard_sla, calm & guard))
     sla_rules = [pk for pks in by_sla.values() for pk in pks]
-    parts = [call & ~Q(rule_id__in=sla_rules) if sla_rules else call]
+    calls = call & ~Q(rule_id__in=sla_rules) if sla_rules else call
+    streams.append(_Stream(URGENCY_NO_SLA, 0, calm & calls))
     if guard_sla is None:
-        parts.append(guard)
-    streams.append(_Stream(URGENCY_NO_SLA, 0, calm & _any(parts)))
+        streams.append(_Stream(URGENCY_NO_SLA, 0, calm & guard))
     return streams
-
-
-def _any(parts: list[Q]) -> Q:
-    where = parts[0]
-    for part in parts[1:]:
-        where |= part
-    return where
 
 
 def _stream_reads(

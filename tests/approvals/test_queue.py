@@ -262,6 +262,33 @@ def test_j_and_k_on_the_approval_page_follow_the_queues_order(users):
 
 
 # --- search ---------------------------------------------------------------------------
+@pytest.mark.django_db
+def test_on_postgresql_the_searches_indexes_keep_no_pending_list():
+    """The GIN indexes the queue's search and its in-flight repeats look up keep no
+    pending list (``fastupdate = off``): with one, every lookup reads, unsorted,
+    everything added since the last vacuum, and after 20,000 new calls a page of refunds
+    took a sequential scan (318 ms instead of 3.5; docs/performance.md). Nor do the
+    (tool, rule, kind) statistics that made the planner walk a rule's stream to prove
+    a tool absent from it."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("GIN indexes are PostgreSQL's (SQLite matches the tokens as text)")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT relname, reloptions FROM pg_class WHERE relname = ANY(%s)",
+            [["approval_pending_search", "toolcall_in_flight_facts"]],
+        )
+        options = dict(cursor.fetchall())
+        cursor.execute("SELECT count(*) FROM pg_statistic_ext WHERE stxname = 'approval_tool_rule'")
+        statistics = cursor.fetchone()[0]
+    assert options == {
+        "approval_pending_search": ["fastupdate=off"],
+        "toolcall_in_flight_facts": ["fastupdate=off"],
+    }
+    assert statistics == 0
+
+
 def test_search_finds_by_task_customer_arguments_and_run_id(users):
     ada = waiting(
         users["requester"],
@@ -462,6 +489,36 @@ def test_next_links_walk_every_item_once_in_the_queues_order_though_some_are_dec
     assert pages == 3
     assert seen == [pk for pk in order if pk != later.pk]
     assert "Page 3 of 3" in page  # 8 left: the number follows the walk, the total the count
+
+
+def test_guards_due_after_the_same_time_as_a_rules_calls_merge_into_one_order(users, settings, monkeypatch):
+    """The guards and a rule's calls due after the same SLA are read as two streams (one
+    OR of both is a scan at scale): the pages still walk them as one order, by due
+    time, every item once, and the tool and kind filters each keep their own."""
+    settings.DESK_GUARD_SLA_MINUTES = 60
+    GateRule.objects.filter(name="Refunds over ₹500").update(sla_minutes=60)
+    monkeypatch.setattr(views_queue, "PAGE_SIZE", 2)
+    requester = users["requester"]
+    refunds = [waiting(requester, refund_script(600 + i)) for i in range(3)]
+    guards = [a_guard(requester) for _ in range(2)]
+    email_one = waiting(requester, email())
+    for minutes, approval in zip((50, 5, 30, 40, 10, 20), [*refunds, *guards, email_one], strict=True):
+        age(approval, minutes)
+    due_first = [refunds[0], guards[0], refunds[2], guards[1], refunds[1]]  # oldest due first
+    client = client_for(users["admin"])
+
+    def walk(params: dict) -> list[int]:
+        page = get_html(client, "/desk/", params)
+        seen = shown(page)
+        while (link := next_link(page)) is not None:
+            page = get_html(client, link)
+            seen += shown(page)
+        return seen
+
+    assert walk({"tab": "all"}) == [a.pk for a in due_first] + [email_one.pk]
+    assert walk({"tab": "all"}) == ids(queue_pending(user=users["admin"]))
+    assert walk({"tab": "all", "tool": "refund_item"}) == [refunds[0].pk, refunds[2].pk, refunds[1].pk]
+    assert walk({"tab": "all", "kind": "budget"}) == [guards[0].pk, guards[1].pk]
 
 
 def test_previous_links_walk_back_the_same_pages(users, spread, monkeypatch):

@@ -263,10 +263,10 @@ def queue_counts(*, user, nav: bool = False, **filters) -> dict[str, BoundedCoun
 # rules share one SLA are due in the order they were created (due = created + SLA),
 # and those without an SLA wait in that order too. So a page of the queue is read as
 # one short query per stream (escalated; the calls of each distinct SLA; the guards;
-# no SLA), each walking the
-# pending approvals by (created_at, id) from where the page starts and stopping after
-# a page, and the streams merged here. The cost follows the page size and the number
-# of distinct SLAs among the rules, not the number of pending approvals.
+# no SLA), each walking the pending approvals by (created_at, id) from where the page
+# starts and stopping after a page, and the streams merged here. The cost follows the
+# page size and the number of distinct SLAs among the rules, not the number of pending
+# approvals.
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 CURSOR = re.compile(r"(\d{1,9})\.([012])\.(\d{1,16})\.(\d{1,18})")
 

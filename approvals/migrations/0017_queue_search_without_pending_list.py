@@ -9,7 +9,8 @@ from django.db import migrations
 #    (approvals.decisions.queue.streams_of). On the streams as they are read now they
 #    made the planner expect no row for a tool no rule of that SLA covers and walk every
 #    pending approval to prove it: the filtered queue's SQL took 208 ms at 120,000
-#    pending with them, 124 without (the other pages' the same, bench/desk.py).
+#    pending with them, 124 without, the other pages' the same (in-process, median of
+#    7; docs/performance.md, issue 34's fourth pass).
 INDEX = "approval_pending_search"
 STATISTICS = "CREATE STATISTICS approval_tool_rule (mcv) ON tool_name, rule_id, kind FROM approvals_approvalrequest"
 

@@ -5,7 +5,8 @@ from django.db import migrations
 # meanwhile. After 20,000 new calls without a vacuum (autovacuum's count starts again
 # when PostgreSQL restarts), each lookup of the in-flight facts cost ~1.5 ms instead of
 # ~0.01, and a queue page of 33 refunds took a sequential scan (318 ms instead of 3.5).
-# Without the list, an insert costs the same here (bench/desk.py, docs/performance.md).
+# Without the list, inserting 5,000 rows cost the same (a scratch table of 100,000 on
+# the same server; docs/performance.md, issue 34's fourth pass).
 INDEX = "toolcall_in_flight_facts"
 
 

@@ -75,6 +75,18 @@ def _commits(item) -> bool:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
+    if _commits(item):
+        # SQLite's flush deletes row by row, which the audit trail's append-only
+        # triggers refuse; tests that need the triggers install them again
+        # (``append_only_triggers``). PostgreSQL's flush truncates: they stay.
+        from django.db import connections
+        from pytest_django.plugin import blocking_manager_key
+
+        from core.triggers import drop_append_only_triggers
+
+        with item.config.stash[blocking_manager_key].unblock():
+            if connections["default"].vendor == "sqlite":
+                drop_append_only_triggers(connections["default"])
     yield
     # After the last test the databases are gone with the session's fixtures.
     if nextitem is not None and _commits(item):

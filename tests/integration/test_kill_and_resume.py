@@ -86,9 +86,9 @@ def test_a_killed_worker_resumes_from_the_step_it_died_in(desk, point):
     refund = ToolCall.objects.get(run_id=run_id, tool_name="refund_item")
     assert refund.status == "committed" and refund.result["amount"] == "250.00"
 
-    # Every checkpoint loads from the command line and shows what the model had seen.
+    # Every checkpoint loads through `showcheckpoint` and shows what the model had seen.
     for number in range(6):
-        data = json.loads(desk.manage("showcheckpoint", str(run_id), "--step", str(number), "--json").stdout)
+        data = json.loads(desk.read("showcheckpoint", str(run_id), "--step", str(number), "--json"))
         assert data["message_count"] == 2 * number + 1
         assert data["seen"][0]["content"][0]["text"] == TASK
         assert data["reply"][0]["text"] == SCENARIO["turns"][number]["text"]

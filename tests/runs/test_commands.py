@@ -397,3 +397,20 @@ def test_fork_and_rewind_need_to_know_who_asks(users, command, step):
         run_command(command, str(run.pk), step, "2")
     assert Run.objects.count() == 1
     assert the_world() == DEMO_DONE
+
+
+def test_every_command_of_the_desk_starts_without_djangos_system_checks():
+    """An operator's command costs a fifth less without them (core/commands.py); a new
+    command that derives from BaseCommand instead would quietly pay for them again."""
+    from django.core.management import get_commands, load_command_class
+
+    from core.commands import DeskCommand
+
+    ours = {
+        name: app
+        for name, app in get_commands().items()
+        if app in {"tools", "runs", "approvals", "api", "ops"}
+    }
+    assert {"startrun", "decide", "runstatus", "world", "verify"} <= set(ours)
+    slow = [name for name, app in ours.items() if not isinstance(load_command_class(app, name), DeskCommand)]
+    assert slow == []

@@ -1,9 +1,10 @@
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from api.models import ApiToken
 from api.tokens import apitoken_create, apitoken_revoke
+from core.commands import DeskCommand
 from runs.management.commands._common import is_id, text_argument, user_by_name
 
 NAME_MAX = ApiToken._meta.get_field("name").max_length
@@ -13,7 +14,7 @@ def when(moment) -> str:
     return moment.strftime("%Y-%m-%d %H:%M") if moment else "-"
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = (
         "API tokens for the JSON API and the MCP gateway: create one for a person (printed "
         "once, on the first line), list them, revoke one."

@@ -11,10 +11,11 @@ import argparse
 
 import anyio
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from mcp.server.stdio import stdio_server
 
 from api.mcp_gateway import DEFAULT_SESSION, Gateway, gateway_server
+from core.commands import DeskCommand
 from runs.external import SESSION_PATTERN, external_session_disconnected
 from runs.management.commands._common import text_argument, user_by_name
 from runs.models import Run
@@ -34,7 +35,7 @@ def wait_seconds(text: str) -> float:
     return value
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = (
         "Serve an agent's tools as an MCP server over stdio, for one user: every call is "
         "reviewed by the desk's gate and run by the desk at most once."

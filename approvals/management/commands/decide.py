@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from approvals.decisions.decision import Decision, DecisionResult
 from approvals.decisions.errors import DecisionInvalid
@@ -12,6 +12,7 @@ from approvals.models import ApprovalRequest, GuardAction, StandingApproval
 from approvals.policy.errors import DecisionError, UnconfirmedIrreversible
 from approvals.policy.standing import StandingTerms, standing_terms
 from approvals.review.guards import actions_text
+from core.commands import DeskCommand
 from runs.engine import run_advance_until_settled
 from runs.management.commands._common import is_id, text_argument, user_by_name
 from runs.tasks import broker_warm
@@ -20,7 +21,7 @@ from tools.inputs import UnsafeJSON, parse_json
 ACTIONS = [action for action in GuardAction.values if action]
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = (
         "Approve or decline a pending approval. --edit JSON merges over the arguments shown "
         "and makes a new proposal, reviewed by the gate like the desk's edit. --act ACTION "

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import json
 
-from django.core.management.base import BaseCommand
-
 from approvals.policy.agents import AgentShown, RuleShown, ToolShown, agents_shown
+from core.commands import DeskCommand
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = "List the agents loaded here, their tools and the gate rules that name them."
 
     def add_arguments(self, parser):

@@ -2,12 +2,13 @@ from __future__ import annotations
 
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from core.commands import DeskCommand
 from ops.keys import CLEAR, census
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = (
         "Which encryption keys the stored values are still sealed with, across every sealed column "
         "of both databases: per key id, the number of values (clear: written unencrypted). A key "

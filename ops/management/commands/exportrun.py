@@ -2,15 +2,16 @@ from __future__ import annotations
 
 from contextlib import closing
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from approvals.record.errors import ExportRefused
 from approvals.record.export import run_export_lines
+from core.commands import DeskCommand
 from ops.sealed_export import read_key, seal_export
 from runs.management.commands._common import run_by_id
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = (
         "Write a finished run as JSON Lines to stdout (exportrun RUN_ID > run.jsonl): a header, "
         "then the run, its whole transcript (superseded messages too), steps, tool calls, approvals, "

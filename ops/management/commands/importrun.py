@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import re
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from approvals.record.errors import ImportRefused
 from approvals.record.importer import run_import
+from core.commands import DeskCommand
 from ops.sealed_export import open_export, read_key, sealed_key_id
 
 # A sealed export is its header line and one line of URL-safe base64, nothing else.
@@ -24,7 +25,7 @@ def sealed_body_refusal(body: str) -> str:
     return ""
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = (
         "Import a run written by exportrun. Everything is checked before anything is written: the "
         "format, every line's seal, every checkpoint digest and the audit chain up to the heads in "

@@ -3,16 +3,17 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.utils import timezone
 
 from approvals.models import GateRule, Proposal
 from approvals.record.verify import verify_run
+from core.commands import DeskCommand
 from core.models import AuditEvent
 from runs import retention
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = (
         "Retention. --older-than AGE (90d, 12h): delete the transcript and blank the tool payloads of "
         "finished runs whose last activity is older, keeping the run, each call's outcome, the "

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from core.commands import DeskCommand
 from core.sealing import ring
 from ops.keys import rotate
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = (
         "Re-seal every sealed value of both databases under the first key of DESK_ENCRYPTION_KEYS "
         "(clear values written before encryption too) and rebuild the search indexes of the rows "

@@ -2,12 +2,11 @@ from __future__ import annotations
 
 import json
 
-from django.core.management.base import BaseCommand
-
 from approvals.models import ApprovalRequest
 from approvals.record.outcome import run_outcome, run_outcome_lines
 from approvals.review.guards import guard_summary
 from approvals.review.selectors import group_names
+from core.commands import DeskCommand
 from runs.integrity import retention_note
 from runs.management.commands._common import run_by_id
 from runs.models import Run
@@ -15,7 +14,7 @@ from runs.reasons import aggregate_figures, reason_text
 from runs.selectors import dry_run_preview
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = "Show a run's status, usage and pending approvals."
 
     def add_arguments(self, parser):

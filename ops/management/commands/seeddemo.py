@@ -5,10 +5,11 @@ import secrets
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import transaction
 
 from approvals.models import GateRule
+from core.commands import DeskCommand
 from runs.engine import run_advance_until_settled
 from runs.models import Run
 from runs.services import run_create
@@ -70,7 +71,7 @@ RETIRED_RULES = {
 RULE_FIELDS = ("name", "tool", "field", "operator", "value", "effect", "priority", "group")
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = "Demo users, gate rules and world data. Idempotent."
 
     def add_arguments(self, parser):

@@ -26,7 +26,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import transaction
 from django.utils import timezone
 
@@ -37,6 +37,7 @@ from approvals.notify.kinds import PREFERENCE_KIND_NAMES
 from approvals.notify.models import NotificationPreference
 from approvals.policy.rules import RULE_COLUMNS, RuleTerms, enabled_rules_by_mode
 from approvals.policy.shadow import shadow_verdicts
+from core.commands import DeskCommand
 from runs.gate import ALLOW, NEEDS_APPROVAL
 from runs.models import SEEDED_HISTORY_VERSION, Run, ToolCall
 from tools.registry import find_tool, idempotency_key, input_hash
@@ -95,7 +96,7 @@ class Batch:
     approvals: list[tuple] = field(default_factory=list)
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = "A recorded history of gated calls for gate analytics (after seeddemo). Deterministic with --seed."
 
     def add_arguments(self, parser):

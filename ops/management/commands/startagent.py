@@ -14,8 +14,9 @@ import tempfile
 from pathlib import Path
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from core.commands import DeskCommand
 from tools.registry import agent_names
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "agent_template"
@@ -57,14 +58,13 @@ def project_package(path: Path) -> Path | None:
     return None
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = (
         "Write a package for an agent of your own in --dir (default: the current folder): "
         "NAME/agent.py (a read tool and a compensable write tool against NAME_URL), "
         "NAME/scenario.json, NAME/tests (its gating, tested against a fake of the service) "
         "and NAME/README.md with the commands that load and test it."
     )
-    requires_system_checks = []
 
     def add_arguments(self, parser):
         parser.add_argument("name", help="the package's and the agent's name, e.g. subs")

@@ -2,15 +2,16 @@ from __future__ import annotations
 
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from approvals.record.anchors import anchor_read, anchor_write
 from approvals.record.errors import AnchorUnreadable
 from approvals.record.verify import verify_against, verify_everything, verify_run
+from core.commands import DeskCommand
 from runs.management.commands._common import run_by_id
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = (
         "Check the audit chains and every checkpoint digest; name the first broken link. "
         "--anchor FILE also writes the chains' heads, signed, outside the database; --against FILE "

@@ -2,15 +2,16 @@ from __future__ import annotations
 
 import sys
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from core.commands import DeskCommand
 from runs.engine import run_advance_until_settled
 from runs.saga import SagaError, run_fork
 
 from ._common import run_by_id, step_number, user_by_name
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = "Start a new run from step N's checkpoint; prints the new run's id on the first line."
 
     def add_arguments(self, parser):

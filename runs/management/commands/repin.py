@@ -1,14 +1,15 @@
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from core.commands import DeskCommand
 from runs.guard_decisions import GuardConflict
 from runs.repin import run_repin
 
 from ._common import run_by_id, user_by_name
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = (
         "Move a run to its agent's current version (admins only; audited). "
         "A run paused by the change resumes."

@@ -3,10 +3,11 @@ from __future__ import annotations
 import time
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import transaction
 from django.utils import timezone
 
+from core.commands import DeskCommand
 from runs.engine import run_advance_until_settled
 from runs.models import Run, RunGuard
 from runs.repin import version_mismatch
@@ -15,7 +16,7 @@ from runs.services import lease_release_for_resume, run_enqueue, run_wake_if_rea
 from ._common import run_by_id
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = "Resume a stopped run: waits for its lease to expire, or --steal it now."
 
     def add_arguments(self, parser):

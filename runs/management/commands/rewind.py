@@ -1,14 +1,15 @@
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from core.commands import DeskCommand
 from runs.engine import run_advance_until_settled
 from runs.saga import SagaError, run_rewind
 
 from ._common import run_by_id, step_number, user_by_name
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = "Undo the effects after step N and continue the run from step N's checkpoint."
 
     def add_arguments(self, parser):

@@ -3,15 +3,16 @@ from __future__ import annotations
 import time
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.utils import timezone
 
+from core.commands import DeskCommand
 from runs.saga import RollbackBusy, SagaError, run_rollback, undo_preview
 
 from ._common import run_by_id, step_number, user_by_name
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = "Undo a run's side effects (all of them, or those after step N), newest first."
 
     def add_arguments(self, parser):

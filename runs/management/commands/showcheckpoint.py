@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from core.commands import DeskCommand
 from runs.selectors import checkpoint
 
 from ._common import run_by_id, step_number
@@ -30,7 +31,7 @@ def _block_text(block: dict) -> str:
     return json.dumps(block, ensure_ascii=False)
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = "Show what the model had seen at step N of a run (and what it replied)."
 
     def add_arguments(self, parser):

@@ -3,8 +3,9 @@ from __future__ import annotations
 import json
 import sys
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from core.commands import DeskCommand
 from runs.engine import run_advance_until_settled
 from runs.forms import MAX_PARAMS, MAX_STEPS, MAX_TOKENS
 from runs.llm import ScenarioError, load_scenario
@@ -19,7 +20,7 @@ from ._common import amount, task_param, text_argument, user_by_name, whole_numb
 QUOTES = "'\""
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = "Start an agent run; prints the run id on the first line."
 
     def add_arguments(self, parser):

@@ -2,15 +2,14 @@ from __future__ import annotations
 
 import json
 
-from django.core.management.base import BaseCommand
-
+from core.commands import DeskCommand
 from tools import counters
 from tools.models import Note, Order, OutboxEmail, Payment, ReceivedWebhook, Ticket, WorldUser
 from tools.onboarding.actions import sandbox_files, sandbox_root
 from tools.payments import account_balance, refunded_total
 
 
-class Command(BaseCommand):
+class Command(DeskCommand):
     help = (
         "Show the sandbox world: orders, payments ledger, outbox, tickets, notes, users, "
         "files, webhook deliveries, counters."

@@ -9,6 +9,11 @@ from kombu.transport import TRANSPORT_ALIASES
 TRANSPORT_ALIASES["filesystem"] = "desk.broker:Transport"
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "desk.settings")
+# A worker starts without Django's system checks (Celery runs them at start unless
+# this is set): they import the web's URLconfs and the API's schemas, ~0.4 s of CPU
+# and ~8 MiB a worker, and check the deployment, which `manage.py check --deploy`
+# does (docs/operators.md). CELERY_SKIP_CHECKS= (empty) runs them again.
+os.environ.setdefault("CELERY_SKIP_CHECKS", "1")
 
 app = Celery("desk")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -14,7 +14,15 @@ from django.utils import timezone
 from tools.registry import Budget, get_agent
 
 from .models import Message, Run, RunGuard, RunStatus, ToolCall
-from .services import BUDGET_LIMITS, BudgetRefused, CancelResult, run_end, run_enqueue, run_wake_if_ready
+from .services import (
+    BUDGET_LIMITS,
+    BudgetRefused,
+    CancelResult,
+    run_end,
+    run_enqueue,
+    run_wake_if_ready,
+    tool_call_resolve_without_running,
+)
 from .transitions import call_transition, run_transition
 
 
@@ -166,9 +174,13 @@ def run_guard_accept(*, run_id: int, actor, reason: str) -> None:
     )
 
 
-def run_stop(*, run_id: int, actor, reason: str) -> None:
-    """A person stops a run that waits on a guard: it is cancelled."""
+def run_stop(*, run_id: int, actor, reason: str, guard: str) -> None:
+    """A person stops a run that waits on ``guard``: it is cancelled. A run that no
+    longer waits on it is not (GuardConflict): stopping on a stale page must not
+    cancel a run that went on."""
     run = Run.objects.select_for_update().get(pk=run_id)
+    if run.status != RunStatus.WAITING_APPROVAL or run.guard != guard:
+        raise GuardConflict(f"run {run.pk} is {run.status}, no longer waiting on this {guard} guard")
     run_transition(
         run_id=run.pk,
         old=run.status,
@@ -180,11 +192,22 @@ def run_stop(*, run_id: int, actor, reason: str) -> None:
     )
 
 
-def run_hand_over(*, run: Run, actor, note: str = "") -> CancelResult:
+def run_hand_over(*, run: Run, actor, note: str = "", call: ToolCall | None = None) -> CancelResult:
     """End the agent's work: a person (``actor``) takes it from here. The gate closes
-    what waits on it and the requester is told who took it."""
+    what waits on it and the requester is told who took it. ``call``: the gated call
+    the hand-over was decided on, declined first if it still waits (it will never run)."""
     if actor is None:
         raise ValueError("a hand-over names the person who takes the run")
+    if call is not None and call.status == ToolCall.Status.AWAITING_APPROVAL:
+        who = actor.get_full_name() or actor.get_username()
+        tool_call_resolve_without_running(
+            call=call,
+            actor=actor,
+            status=ToolCall.Status.DECLINED,
+            text=f"Handed over to {who}" + (f": {note}" if note else "") + ". The agent stops here.",
+            is_error=True,
+            wake=False,
+        )
     reason = f"handed over to {actor.get_username()}" + (f": {note.strip()}" if note.strip() else "")
     return run_end(run=run, new=RunStatus.HANDED_OVER, actor=actor, reason=reason, handed_over_to=actor)
 

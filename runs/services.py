@@ -328,11 +328,12 @@ def tool_call_approve(
     verdict_rule: str | None = None,
     verdict_reason: str | None = None,
     reason: str | None = None,
-) -> None:
+) -> bool:
     """Let the call run with exactly the approved arguments: the model's
     (``approved_input`` None) or a reviewer's edit of them, which the gate has
     reviewed (``verdict_rule``/``verdict_reason`` say how). The worker re-checks the
-    arguments against ``approved_hash`` before it executes."""
+    arguments against ``approved_hash`` before it executes. True if that woke the
+    run (``run_wake_if_ready``)."""
     fields: dict = {"approved_hash": call.input_hash}
     reason = reason or "approved"
     if approved_input is not None and input_hash(approved_input) != call.input_hash:
@@ -354,12 +355,14 @@ def tool_call_approve(
         }
         reason = "approved with edited arguments"
     call_transition(call=call, new=ToolCall.Status.APPROVED, actor=actor, reason=reason, **fields)
+    return run_wake_if_ready(run_id=call.run_id, actor=actor)
 
 
 def tool_call_resolve_without_running(
-    *, call: ToolCall, actor, status: str, text: str, is_error: bool
-) -> None:
-    """Decline (or answer) a call: the text becomes its tool_result; nothing runs."""
+    *, call: ToolCall, actor, status: str, text: str, is_error: bool, wake: bool = True
+) -> bool:
+    """Decline (or answer) a call: the text becomes its tool_result; nothing runs.
+    True if that woke the run (``wake``: try to; a run about to end does not)."""
     call_transition(
         call=call,
         new=status,
@@ -369,6 +372,7 @@ def tool_call_resolve_without_running(
         is_error=is_error,
         finished_at=timezone.now(),
     )
+    return wake and run_wake_if_ready(run_id=call.run_id, actor=actor)
 
 
 def run_wake_if_ready(*, run_id: int, actor=None) -> bool:

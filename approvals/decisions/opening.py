@@ -13,17 +13,15 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
 from approvals.decisions.decision import Requirement
-from approvals.models import ApprovalRequest, GateRule, GuardKind, Proposal
+from approvals.decisions.proposals import proposal_record
+from approvals.models import ApprovalRequest, GateRule, GuardKind
 from approvals.notify import announce
 from approvals.policy.decided import decided_rule_snapshot
 from approvals.record.audit import approval_with_facts
 from approvals.record.queue_index import queue_index_write
-from approvals.review.duplicates import proposal_repeats
-from approvals.review.quoting import note_quotes
 from core.models import AuditEvent
 from runs.gate import Verdict
 from runs.models import Run, ToolCall
-from tools.registry import ReviewContext, find_tool
 
 
 # --- opening ------------------------------------------------------------------------
@@ -137,49 +135,3 @@ def _audit_opened(approval: ApprovalRequest, *, after: str, detail: str) -> None
 def _json_safe(value) -> dict:
     """``value`` as it will read back from a JSONField (a Decimal becomes its exact text)."""
     return json.loads(json.dumps(value, cls=DjangoJSONEncoder))
-
-
-def proposal_record(
-    approval: ApprovalRequest,
-    *,
-    number: int,
-    tool_input,
-    tool_input_hash: str,
-    proposed_by,
-    verdict: Verdict,
-    rule: GateRule | None,
-    needed: Requirement,
-) -> Proposal:
-    """A proposal with the gate's review of its arguments, what approving them alone
-    takes (``needed``) and the tool's warnings about them, read from the world now, with
-    the calls in flight they repeat (an edit is a new proposal: its own warnings)."""
-    spec = find_tool(approval.tool_call.tool_name) if approval.tool_call_id else None
-    warnings = []
-    if spec is not None:
-        review = ReviewContext(
-            run_id=approval.run_id,
-            params=approval.run.params or {},
-            call_id=approval.tool_call_id,
-            task=str(approval.run.task or ""),
-        )
-        warnings = spec.reviewer_warnings(review, tool_input)
-        # And what it repeats that is not made yet (waiting, approved and not yet run).
-        warnings += proposal_repeats(approval, tool_input)
-        # And the reviewers' notes for the record of this run that it quotes.
-        warnings += note_quotes(approval, tool_input)
-    return Proposal.objects.create(
-        approval=approval,
-        number=number,
-        input=tool_input,
-        input_hash=tool_input_hash,
-        proposed_by=proposed_by,
-        verdict=verdict.effect,
-        rule=rule,
-        rule_label=verdict.rule,
-        reason=verdict.reason,
-        detail=verdict.detail,
-        required_group_id=next(iter(needed.groups), None),
-        approvers_required=needed.approvers,
-        allow_self_approval=needed.allow_self_approval,
-        warnings=warnings,
-    )

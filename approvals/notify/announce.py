@@ -42,11 +42,6 @@ def vote_recorded(approval: ApprovalRequest, proposal: Proposal, *, approved: in
     )
 
 
-def call_declined(approval: ApprovalRequest, *, timed_out: bool) -> None:
-    """A call was declined, by a reviewer or by its timeout."""
-    notify_call_declined(approval=approval, timed_out=timed_out)
-
-
 def approval_closed(
     approval: ApprovalRequest,
     *,
@@ -56,7 +51,11 @@ def approval_closed(
     action: str = "",
     by_policy: bool = False,
 ) -> None:
-    """A pending approval closed: decided, acted on, or timed out (not a cancellation)."""
+    """A pending approval closed: decided, acted on, or timed out (not a cancellation).
+    A call declined by a reviewer or by its timeout: its requester is emailed that
+    the run goes on without it."""
+    if not action and status in (approval.Status.DECLINED, approval.Status.EXPIRED):
+        notify_call_declined(approval=approval, timed_out=status == approval.Status.EXPIRED)
     webhook_approval_closed(
         approval=approval, status=status, actor=actor, comment=comment, action=action, by_policy=by_policy
     )

@@ -45,7 +45,7 @@ from tools.registry import arguments_in_order
 # The emails that ask a reviewer to decide a call: they carry its warnings.
 WARNED_KINDS = frozenset({*REVIEWER_KINDS, Kind.APPROVAL_PROPOSED})
 # Sent about the proposal just made: its warnings were read from the world in the
-# transaction that recorded this email (``opening.proposal_record``), so each email (one
+# transaction that recorded this email (``proposals.proposal_record``), so each email (one
 # per reviewer) uses them as stored instead of reading the world again. A reminder or an
 # escalation comes later, when the world may have moved: it reads them again.
 STORED_WARNINGS_KINDS = frozenset({Kind.APPROVAL_OPENED, Kind.APPROVAL_PROPOSED})

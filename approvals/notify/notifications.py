@@ -26,10 +26,10 @@ which calls the function here; the others are direct calls:
   ``guards.guard_headline``);
 - ``approval:<id>:reminder`` / ``:escalated``: the same people; ``sla``;
 - ``approval:<id>:proposal:<n>``: a reviewer's edit made proposal n; the people who
-  may approve it now; ``services._propose`` (``announce.proposal_made``);
+  may approve it now; ``proposals.proposal_from_edit`` (``announce.proposal_made``);
 - ``approval:<id>:declined``: the run's requester, when a reviewer declines the
   call or the request times out with a decline; ``services._close``
-  (``announce.call_declined``), in the decision's (or the expiry's) transaction;
+  (``announce.approval_closed``), in the decision's (or the expiry's) transaction;
 - ``run:<id>:g<generation>:done`` / ``:failed`` / ``:handed_over`` (naming who
   took it): the run's requester;
   ``RuleGate.run_ended``, in the transition's transaction. The generation is in

@@ -30,7 +30,7 @@ Events (``data`` has ``run`` and, for approval events, ``approval``; each with i
   the approved arguments are a reviewer's edit: ``approval.edited`` true), declined
   or responded; on a guard or a hand-over, ``approval.action`` says what
   (grant, stop, continue, accept, send_back, happened, not_happened, hand_over)
-  (``services._close`` / ``services._act``, ``announce.approval_closed``);
+  (``services.approval_decide`` and ``approval_expire``, ``announce.approval_closed``);
 - ``approval.expired``: it timed out with no decision: ``approval.status`` expired
   (declined by the timeout) or approved (by policy, ``approval.by_policy`` true);
 - ``run.finished``: a run ended done; ``run.failed``: it failed. Both, and a hand-over

@@ -244,7 +244,7 @@ def standing_allows(*, run, call, spec, facts: dict, verdict: Verdict) -> Verdic
 
 
 def _is_reviewers_edit(run, call, spec) -> bool:
-    """Whether ``call`` is a reviewer's edit of a waiting call (``services._propose``
+    """Whether ``call`` is a reviewer's edit of a waiting call (``proposals.proposal_from_edit``
     reviews one as an unsaved copy of it) rather than a new call of the model's."""
     if call.pk is None and not call.idempotency_key and not spec.is_read:
         return True  # the engine keys every write it reviews; an edit's copy has none

@@ -613,12 +613,24 @@ def test_a_decision_on_a_run_that_moved_on_is_refused_and_changes_nothing(users,
     assert approval.status == "pending"
 
 
+def test_stopping_on_a_request_the_run_no_longer_waits_on_is_refused(users):
+    run = a_run(users["requester"], max_tokens=200000)
+    approval = trip(run, GuardKind.BUDGET, reason="token budget spent", detail=TOKENS_SPENT)
+    # The run waits again, on another guard: the budget request's page is stale.
+    Run.objects.filter(pk=run.pk).update(guard=GuardKind.STUCK)
+    before = snapshot(run, approval)
+    with pytest.raises(RunMovedOn, match=r"no longer waiting on this budget guard"):
+        act(approval, users["reviewer"], "stop", "stale page")
+    assert snapshot(run, approval) == before
+    assert Run.objects.get(pk=run.pk).status == RunStatus.WAITING_APPROVAL
+
+
 def test_an_outcome_answered_elsewhere_is_refused(users):
     run = a_run(users["requester"])
     approval = unknown_outcome(run)
     ToolCall.objects.filter(run=run).update(status=ToolCall.Status.COMMITTED)
     before = snapshot(run, approval)
-    with pytest.raises(RunMovedOn):
+    with pytest.raises(RunMovedOn, match=r"already overtaken.*Nothing was changed"):
         act(approval, users["reviewer"], "not_happened")
     assert snapshot(run, approval) == before
     assert ToolCall.objects.get(run=run).status == ToolCall.Status.COMMITTED

@@ -90,7 +90,7 @@ class GuardAction(models.TextChoices):
 
 
 # What a person may do with each kind of request (ApprovalRequest.kind), applied by
-# approvals.decisions.services through runs' guard services. "call" keeps approve /
+# approvals.decisions.acting through runs' guard services. "call" keeps approve /
 # decline / respond.
 GUARD_ACTIONS: dict[str, tuple[str, ...]] = {
     "call": ("hand_over",),

@@ -1,8 +1,10 @@
 """What a person decided on a run that stopped for them (a guard: a budget spent,
 a loop that looks stuck, a verification that failed, a call whose outcome is unknown),
 and a hand-over: called by approvals inside ``approval_decide``'s transaction, and by
-commands. Each locks the run row and checks what it expects, so a stale or repeated
-decision changes nothing (``GuardConflict``).
+commands. Each checks what it expects, so a stale or repeated decision changes nothing
+(``GuardConflict``): a guard's services lock the run and check it still waits on that
+guard; the outcome's check the call's outcome is still unknown; a hand-over ends any
+run that has not finished.
 """
 
 from __future__ import annotations

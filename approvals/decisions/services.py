@@ -1,4 +1,6 @@
-"""Writes on approvals: opening, deciding, proposing edits, claiming.
+"""Deciding approvals (``approval_decide``), timing them out (``approval_expire``) and
+cancelling them; opening is ``opening``, a reviewer's edit ``proposals``, a guard's
+action ``acting``, claims ``claims``.
 
 The gate's promise: nothing runs unless the rules allow it or enough of the right
 people approved exactly what will run.
@@ -87,7 +89,7 @@ def approval_decide(
 ) -> DecisionResult:
     """Take ``reviewer``'s ``decision`` on one approval: approve (the current
     proposal, or an edit of it: a new proposal, reviewed by the gate; see the module
-    docstring), decline or respond. ``enqueue``: nudge a worker to continue the run
+    docstring), decline, respond, or act on a guard (``acting``). ``enqueue``: nudge a worker to continue the run
     once it commits (a command running the run itself passes False)."""
     if not isinstance(decision, Decision):
         raise TypeError(f"approval_decide takes a Decision, not {type(decision).__name__}")

@@ -28,8 +28,8 @@ which calls the function here; the others are direct calls:
 - ``approval:<id>:proposal:<n>``: a reviewer's edit made proposal n; the people who
   may approve it now; ``proposals.proposal_from_edit`` (``announce.proposal_made``);
 - ``approval:<id>:declined``: the run's requester, when a reviewer declines the
-  call or the request times out with a decline; ``services._close``
-  (``announce.approval_closed``), in the decision's (or the expiry's) transaction;
+  call or the request times out with a decline; ``services.approval_decide`` and
+  ``approval_expire`` (``announce.approval_closed``), in the decision's (or the expiry's) transaction;
 - ``run:<id>:g<generation>:done`` / ``:failed`` / ``:handed_over`` (naming who
   took it): the run's requester;
   ``RuleGate.run_ended``, in the transition's transaction. The generation is in

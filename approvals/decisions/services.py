@@ -89,8 +89,9 @@ def approval_decide(
 ) -> DecisionResult:
     """Take ``reviewer``'s ``decision`` on one approval: approve (the current
     proposal, or an edit of it: a new proposal, reviewed by the gate; see the module
-    docstring), decline, respond, or act on a guard (``acting``). ``enqueue``: nudge a worker to continue the run
-    once it commits (a command running the run itself passes False)."""
+    docstring), decline, respond, or act on a guard (``acting``). ``enqueue``: nudge a
+    worker to continue the run once it commits (a command running the run itself
+    passes False)."""
     if not isinstance(decision, Decision):
         raise TypeError(f"approval_decide takes a Decision, not {type(decision).__name__}")
     # The run's nudge is the first hook of the commit, before the emails and webhooks

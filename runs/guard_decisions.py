@@ -180,9 +180,7 @@ def run_stop(*, run_id: int, actor, reason: str, guard: str) -> None:
     """A person stops a run that waits on ``guard``: it is cancelled. A run that no
     longer waits on it is not (GuardConflict): stopping on a stale page must not
     cancel a run that went on."""
-    run = Run.objects.select_for_update().get(pk=run_id)
-    if run.status != RunStatus.WAITING_APPROVAL or run.guard != guard:
-        raise GuardConflict(f"run {run.pk} is {run.status}, no longer waiting on this {guard} guard")
+    run = _waiting_run(run_id, guard)
     run_transition(
         run_id=run.pk,
         old=run.status,

@@ -619,7 +619,7 @@ def test_stopping_on_a_request_the_run_no_longer_waits_on_is_refused(users):
     # The run waits again, on another guard: the budget request's page is stale.
     Run.objects.filter(pk=run.pk).update(guard=GuardKind.STUCK)
     before = snapshot(run, approval)
-    with pytest.raises(RunMovedOn, match=r"no longer waiting on this budget guard"):
+    with pytest.raises(RunMovedOn, match=r"overtaken: run \d+ is waiting_approval, not waiting on budget"):
         act(approval, users["reviewer"], "stop", "stale page")
     assert snapshot(run, approval) == before
     assert Run.objects.get(pk=run.pk).status == RunStatus.WAITING_APPROVAL
